@@ -1,0 +1,1 @@
+"""attention building blocks (see docs/)."""

@@ -1,0 +1,1 @@
+"""hopper building blocks (see docs/)."""

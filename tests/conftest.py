@@ -1,0 +1,57 @@
+"""Shared test configuration: markers, hypothesis profiles, and clean skips.
+
+- `gpu` tests skip with a reason where CUDA is absent.
+- `compile` tests skip where the CuTe DSL is not importable; they set CUTE_DSL_ARCH=sm_90a so
+  kernels compile for Hopper on a machine without a GPU.
+- With CI set, hypothesis runs the derandomized `ci` profile (no deadline).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    max_examples=100,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+)
+settings.register_profile("dev", deadline=None, max_examples=200)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def _cuda_available() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _dsl_available() -> bool:
+    return importlib.util.find_spec("cutlass") is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    have_cuda = _cuda_available()
+    have_dsl = _dsl_available()
+    for item in items:
+        if "gpu" in item.keywords:
+            if not have_cuda:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)"))
+            elif not have_dsl:
+                item.add_marker(pytest.mark.skip(reason="needs the CuTe DSL (nvidia-cutlass-dsl) importable"))
+        if "compile" in item.keywords and not have_dsl:
+            item.add_marker(pytest.mark.skip(reason="needs the CuTe DSL (nvidia-cutlass-dsl) to compile for sm_90a"))
+
+
+def pytest_configure(config):
+    # Compile-only builds target Hopper wherever no GPU says otherwise.
+    if not _cuda_available():
+        os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
