@@ -1,0 +1,212 @@
+"""`scaled_dot_product_attention`: PyTorch's SDPA on the attention ladder.
+
+The public function takes PyTorch's signature and (B, H, S, D) convention (also unbatched
+(H, S, D)); `attention_forward` is the internal entry that also returns the log-sum-exp the
+backward needs. Both check every argument and raise a clear error before anything launches,
+then hand the views (never copies) to the rung `dispatch` picks.
+
+Masks: `is_causal=True` is the causal mask aligned top-left, as in PyTorch; the bottom-right
+alignment comes as PyTorch spells it, `attn_mask=torch.nn.attention.bias.causal_lower_right(
+Sq, Sk)` (also accepted: `causal_upper_left`). An arbitrary dense `attn_mask` and `dropout_p > 0`
+are not implemented and say so.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+__all__ = ["AttentionProblem", "scaled_dot_product_attention", "attention_forward", "check_inputs"]
+
+_CAUSAL = (None, "top_left", "bottom_right")
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """The sizes and options of one attention forward, as rungs see it."""
+
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    head_dim_v: int
+    dtype: object
+    causal: str | None
+    scale: float
+
+    def describe(self) -> str:
+        causal = f", causal {self.causal}" if self.causal else ""
+        return (f"B={self.batch} Hq={self.heads_q} Hkv={self.heads_kv} Sq={self.seqlen_q} Sk={self.seqlen_k} "
+                f"D={self.head_dim} Dv={self.head_dim_v} {self.dtype}{causal}, scale {self.scale:g}")
+
+
+def _causal_from_mask(attn_mask, is_causal: bool) -> str | None:
+    """The causal alignment the (attn_mask, is_causal) pair asks for; errors for the rest."""
+    import torch
+
+    if attn_mask is None:
+        return "top_left" if is_causal else None
+    try:
+        from torch.nn.attention.bias import CausalBias, CausalVariant
+    except ImportError:  # pragma: no cover - older torch
+        CausalBias = None
+    if CausalBias is not None and isinstance(attn_mask, CausalBias):
+        if is_causal:
+            raise ValueError("scaled_dot_product_attention: pass either is_causal=True or a causal attn_mask, not both")
+        return "bottom_right" if attn_mask.variant == CausalVariant.LOWER_RIGHT else "top_left"
+    if isinstance(attn_mask, torch.Tensor):
+        raise NotImplementedError(
+            "scaled_dot_product_attention: an arbitrary dense attn_mask is not supported by the cute_kernels "
+            "attention kernels; use is_causal=True (top-left) or attn_mask=torch.nn.attention.bias."
+            "causal_lower_right(Sq, Sk) (bottom-right), or torch.nn.functional.scaled_dot_product_attention"
+        )
+    raise TypeError(f"scaled_dot_product_attention: attn_mask must be None, a tensor or a CausalBias, "
+                    f"got {type(attn_mask).__name__}")
+
+
+def _check_tensor(t, name: str) -> None:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"scaled_dot_product_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() not in (3, 4):
+        raise ValueError(
+            f"scaled_dot_product_attention: {name} must be 4-D (batch, heads, seq, head_dim) or 3-D "
+            f"(heads, seq, head_dim), got {t.dim()}-D shape {tuple(t.shape)}"
+        )
+    if not t.dtype.is_floating_point:
+        raise TypeError(f"scaled_dot_product_attention: {name} has dtype {t.dtype}; a floating dtype is needed")
+
+
+def check_inputs(q, k, v, *, causal: str | None, scale, enable_gqa: bool) -> AttentionProblem:
+    """Validate q, k, v (4-D, or all 3-D) and options; return the problem. Raises TypeError or
+    ValueError naming the offending argument. Device placement is checked last, so every shape
+    and dtype error is reported the same on CPU tensors."""
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        _check_tensor(t, name)
+    if not (q.dim() == k.dim() == v.dim()):
+        raise ValueError(f"scaled_dot_product_attention: query, key and value must have the same rank, got "
+                         f"{q.dim()}-D, {k.dim()}-D and {v.dim()}-D")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"scaled_dot_product_attention: query, key and value must share a dtype, got "
+                        f"{q.dtype}, {k.dtype} and {v.dtype}")
+    q4, k4, v4 = (t if t.dim() == 4 else t.unsqueeze(0) for t in (q, k, v))
+    b, hq, sq, d = q4.shape
+    bk, hk, sk, dk = k4.shape
+    bv, hv, sv, dv = v4.shape
+    if not (b == bk == bv):
+        raise ValueError(f"scaled_dot_product_attention: batch sizes differ: query {b}, key {bk}, value {bv}")
+    if hk != hv:
+        raise ValueError(f"scaled_dot_product_attention: key has {hk} heads but value has {hv}")
+    if sk != sv:
+        raise ValueError(f"scaled_dot_product_attention: key has sequence length {sk} but value has {sv}")
+    if dk != d:
+        raise ValueError(f"scaled_dot_product_attention: query head dim {d} differs from key head dim {dk}")
+    if hq != hk:
+        if not enable_gqa:
+            raise ValueError(
+                f"scaled_dot_product_attention: query has {hq} heads but key/value have {hk}; pass "
+                "enable_gqa=True for grouped-query attention"
+            )
+        if hk == 0 or hq % hk:
+            raise ValueError(
+                f"scaled_dot_product_attention: grouped-query attention needs the query heads ({hq}) to be a "
+                f"multiple of the key/value heads ({hk})"
+            )
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(
+                f"scaled_dot_product_attention: {name} has head-dim stride {t.stride(-1)}; it must be 1 (the "
+                f"head dim contiguous; a (B, S, H, D) tensor transposed to (B, H, S, D) is fine). Call .contiguous()"
+            )
+    if causal not in _CAUSAL:
+        raise ValueError(f"causal must be one of {_CAUSAL}, got {causal!r}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+    elif not isinstance(scale, numbers.Real) or isinstance(scale, bool):
+        raise TypeError(f"scaled_dot_product_attention: scale must be a real number or None, got {type(scale).__name__}")
+    devices = {t.device for t in (q, k, v)}
+    if len(devices) > 1:
+        raise ValueError(f"scaled_dot_product_attention: query, key and value are on different devices {sorted(map(str, devices))}")
+    if q.device.type != "cuda":
+        raise ValueError(f"scaled_dot_product_attention: tensors are on '{q.device}'; the cute_kernels attention "
+                         "kernels run on CUDA devices only (move them with .cuda())")
+    return AttentionProblem(b, hq, hk, sq, sk, d, dv, q.dtype, causal, float(scale))
+
+
+def _result(t, name: str, shape: tuple, dtype, device, unbatched: bool):
+    """A preallocated result checked (and viewed 4-D / 3-D), or a fresh one."""
+    import torch
+
+    if t is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    want = shape[1:] if unbatched else shape
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(want) or t.dtype != dtype or t.device != device:
+        got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"attention_forward: {name} must be a {tuple(want)} {dtype} tensor on {device}, got {got}")
+    if not t.is_contiguous():
+        raise ValueError(f"attention_forward: {name} must be contiguous")
+    return t.unsqueeze(0) if unbatched else t
+
+
+def attention_forward(q, k, v, *, causal: str | None = None, scale=None, enable_gqa: bool = False,
+                      kernel: str = "auto", out=None, lse=None):
+    """(out, lse): out = softmax(q k^T * scale + mask) v per head, lse = logsumexp over keys of
+    the masked, scaled scores (fp32, natural log, shape q.shape[:-1]).
+
+    causal: None, "top_left" (row i sees keys j <= i) or "bottom_right" (j <= i + Sk - Sq;
+    rows that see no key give out 0 and lse -inf). Query head h reads key/value head
+    h // (Hq / Hkv). The shape conventions and errors are those of `scaled_dot_product_attention`.
+    out, lse: optional preallocated results (contiguous, shapes and dtypes as returned), which
+    every launch overwrites entirely (tests pass NaN-poisoned ones to prove it).
+    """
+    import torch
+
+    from .dispatch import resolve
+
+    problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa)
+    unbatched = q.dim() == 3
+    q4, k4, v4 = (t.unsqueeze(0) if unbatched else t for t in (q, k, v))
+    p = problem
+    out_shape = (p.batch, p.heads_q, p.seqlen_q, p.head_dim_v)
+    out = _result(out, "out", out_shape, q.dtype, q.device, unbatched)
+    lse = _result(lse, "lse", out_shape[:3], torch.float32, q.device, unbatched)
+    if lse.numel() == 0:
+        pass
+    elif p.seqlen_k == 0:
+        # Softmax over no keys: an empty sum, so out is 0 and lse is log(0).
+        out.zero_()
+        lse.fill_(-math.inf)
+    else:
+        rung = resolve(kernel, q4, k4, v4, problem)
+        rung(q4, k4, v4, out, lse, problem)
+    if unbatched:
+        out, lse = out[0], lse[0]
+    return out, lse
+
+
+def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale=None, enable_gqa: bool = False, *, kernel: str = "auto"):
+    """torch.nn.functional.scaled_dot_product_attention on the cute_kernels ladder.
+
+    q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv) (or all without B), fp16/bf16 on
+    one CUDA device, head dim contiguous (other strides free: (B, S, H, D) tensors transposed
+    to (B, H, S, D) are used in place). Returns out (B, Hq, Sq, Dv). `kernel`: "auto" or a rung
+    name from `cute_kernels.attention.KERNELS`. Raises NotImplementedError for dropout and an
+    arbitrary dense attn_mask, and ValueError/TypeError for bad inputs, before any launch.
+    """
+    if not isinstance(dropout_p, numbers.Real) or isinstance(dropout_p, bool):
+        raise TypeError(f"scaled_dot_product_attention: dropout_p must be a float, got {type(dropout_p).__name__}")
+    if dropout_p != 0.0:
+        raise NotImplementedError(
+            f"scaled_dot_product_attention: dropout_p={dropout_p} is not supported by the cute_kernels attention "
+            "kernels (inference forward only); pass dropout_p=0.0"
+        )
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"scaled_dot_product_attention: is_causal must be a bool, got {type(is_causal).__name__}")
+    causal = _causal_from_mask(attn_mask, is_causal)
+    out, _ = attention_forward(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, kernel=kernel)
+    return out

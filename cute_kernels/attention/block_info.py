@@ -1,0 +1,96 @@
+"""Which K/V blocks a Q block visits, and which of them need a mask.
+
+Definitions (0-based rows i of Q, columns j of K; see `mask` for `offset`):
+
+- A (Q block m, K/V block n) tile covers rows [m*bm, m*bm + bm) and columns [n*bn, n*bn + bn).
+- Visited blocks are n in [0, n_block_max): every block holding an allowed (i, j) for some row
+  i < seqlen_q of the Q block. Without causality that is ceil(seqlen_k / bn); with it, also at
+  most ceil((min(seqlen_q, (m+1)*bm) + offset) / bn), since row i reaches column i + offset.
+- Unmasked blocks are n in [0, n_unmasked_end) with n_unmasked_end <= n_block_max: every
+  (i, j) of the tile with i in the Q block is allowed, so no element needs a test. The rest,
+  [n_unmasked_end, n_block_max), need the mask (the causal diagonal or the sequence end).
+
+Kernels visit the masked blocks first, from n_block_max - 1 down, then the unmasked ones: the
+one partial K/V block (the sequence end) is then the first loaded, and the steady-state loop
+carries no predicate.
+
+The functions take the integer operations as arguments so the same arithmetic runs on Python
+ints (tests, the workbench) and on the DSL's Int32 inside a kernel (`cutlass.min`/`max`). Every
+value divided here is >= 0, so `//` means floor division in both worlds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["BlockRange", "n_block_range", "block_range", "visited_pairs"]
+
+
+def _ceil_div(a, b):
+    return (a + (b - 1)) // b
+
+
+def n_block_range(m_block, seqlen_q, seqlen_k, offset, *, block_m: int, block_n: int, causal: bool,
+                  minimum=min, maximum=max):
+    """(n_block_max, n_unmasked_end) for Q block `m_block` (definitions in the module docstring).
+
+    `offset` is the causal diagonal's column shift (0 top-left, seqlen_k - seqlen_q bottom-right);
+    it is ignored without causality. Post-conditions: 0 <= n_unmasked_end <= n_block_max <=
+    ceil(seqlen_k / block_n); n_block_max may be 0 (a Q block whose rows see no key).
+    """
+    n_block_max = _ceil_div(seqlen_k, block_n)
+    n_unmasked_end = seqlen_k // block_n
+    if causal:
+        last_row_end = minimum(seqlen_q, (m_block + 1) * block_m)
+        reach = maximum(last_row_end + offset, 0)
+        n_block_max = minimum(n_block_max, _ceil_div(reach, block_n))
+        # Block n is fully below the diagonal when its last column (n+1)*bn - 1 is at most the
+        # first row's last column m*bm + offset.
+        first_reach = maximum(m_block * block_m + offset + 1, 0)
+        n_unmasked_end = minimum(n_unmasked_end, first_reach // block_n)
+    n_unmasked_end = minimum(n_unmasked_end, n_block_max)
+    return n_block_max, n_unmasked_end
+
+
+@dataclass(frozen=True)
+class BlockRange:
+    """The K/V blocks of one Q block: visited [0, n_block_max), unmasked [0, n_unmasked_end)."""
+
+    m_block: int
+    n_block_max: int
+    n_unmasked_end: int
+
+    @property
+    def masked(self) -> range:
+        """The masked blocks, in the order kernels visit them (descending)."""
+        return range(self.n_block_max - 1, self.n_unmasked_end - 1, -1)
+
+    @property
+    def unmasked(self) -> range:
+        return range(self.n_unmasked_end - 1, -1, -1)
+
+    @property
+    def order(self) -> list[int]:
+        """Every visited block in visiting order."""
+        return [*self.masked, *self.unmasked]
+
+
+def block_range(m_block: int, seqlen_q: int, seqlen_k: int, *, block_m: int, block_n: int,
+                causal: bool = False, align: str = "top_left") -> BlockRange:
+    """`n_block_range` for Python ints, with the causal alignment named (see `mask.causal_offset`)."""
+    from .mask import causal_offset
+
+    offset = causal_offset(seqlen_q, seqlen_k, align) if causal else 0
+    n_max, n_unmasked = n_block_range(m_block, seqlen_q, seqlen_k, offset, block_m=block_m, block_n=block_n,
+                                      causal=causal)
+    return BlockRange(m_block, n_max, n_unmasked)
+
+
+def visited_pairs(seqlen_q: int, seqlen_k: int, *, block_m: int, block_n: int, causal: bool = False,
+                  align: str = "top_left") -> list[tuple[int, int, bool]]:
+    """(m_block, n_block, masked) for every tile a kernel computes, in launch-then-visit order."""
+    out = []
+    for m in range(_ceil_div(seqlen_q, block_m)):
+        r = block_range(m, seqlen_q, seqlen_k, block_m=block_m, block_n=block_n, causal=causal, align=align)
+        out += [(m, n, True) for n in r.masked] + [(m, n, False) for n in r.unmasked]
+    return out

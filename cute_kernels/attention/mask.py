@@ -1,0 +1,88 @@
+"""Attention masks: which (query i, key j) pairs a row may attend to.
+
+Definitions, for seqlen_q rows and seqlen_k columns:
+
+- Sequence end: j < seqlen_k always (columns past the end are padding of the last K block).
+- Causal, aligned top-left (PyTorch's `is_causal=True`): j <= i.
+- Causal, aligned bottom-right (`torch.nn.attention.bias.causal_lower_right`, FlashAttention's
+  convention): j <= i + (seqlen_k - seqlen_q), so the last query sees every key. With
+  seqlen_q > seqlen_k the first seqlen_q - seqlen_k rows see no key at all: their output is 0
+  and their log-sum-exp is -inf (PyTorch's math path would give NaN there; see docs/attention.md).
+- Sliding window of `window_left` keys (causal only): also j >= i + offset - window_left.
+
+Both causal alignments are one rule with a column `offset` (0 or seqlen_k - seqlen_q), which
+kernels receive as a runtime value: one compiled kernel serves both.
+
+`allowed` and `dense_mask` are the reference definitions (Python, torch); `apply_mask` is the
+kernel-side implementation on an accumulator tile viewed as (rows, columns).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+
+__all__ = ["ALIGNMENTS", "causal_offset", "allowed", "dense_mask", "apply_mask"]
+
+ALIGNMENTS = ("top_left", "bottom_right")
+
+
+def causal_offset(seqlen_q: int, seqlen_k: int, align: str) -> int:
+    """The column shift of the causal diagonal: row i sees columns j <= i + offset."""
+    if align == "top_left":
+        return 0
+    if align == "bottom_right":
+        return seqlen_k - seqlen_q
+    raise ValueError(f"causal alignment must be one of {ALIGNMENTS}, got {align!r}")
+
+
+def allowed(i: int, j: int, seqlen_q: int, seqlen_k: int, *, causal: bool = False, align: str = "top_left",
+            window_left: int | None = None) -> bool:
+    """Whether query row i may attend to key column j (the module docstring's definition)."""
+    if not (0 <= i < seqlen_q and 0 <= j < seqlen_k):
+        return False
+    if not causal:
+        if window_left is not None:
+            raise ValueError("a sliding window is defined here for causal attention only")
+        return True
+    offset = causal_offset(seqlen_q, seqlen_k, align)
+    if j > i + offset:
+        return False
+    return window_left is None or j >= i + offset - window_left
+
+
+def dense_mask(seqlen_q: int, seqlen_k: int, *, causal: bool = False, align: str = "top_left",
+               window_left: int | None = None, device=None):
+    """The boolean (seqlen_q, seqlen_k) torch tensor of `allowed` (True = attend)."""
+    import torch
+
+    i = torch.arange(seqlen_q, device=device)[:, None]
+    j = torch.arange(seqlen_k, device=device)[None, :]
+    keep = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if causal:
+        offset = causal_offset(seqlen_q, seqlen_k, align)
+        keep &= j <= i + offset
+        if window_left is not None:
+            keep &= j >= i + offset - window_left
+    elif window_left is not None:
+        raise ValueError("a sliding window is defined here for causal attention only")
+    return keep
+
+
+@cute.jit
+def apply_mask(acc_s_mn: cute.Tensor, coord_mn: cute.Tensor, row_base: cutlass.Int32, col_base: cutlass.Int32,
+               seqlen_k: cutlass.Int32, offset: cutlass.Int32, causal: cutlass.Constexpr):
+    """Set acc_s_mn[r, c] = -inf wherever (row, column) is not allowed.
+
+    `acc_s_mn` is this thread's scores viewed (rows, columns); `coord_mn` the same view of the
+    tile's identity tensor (tile-local (row, col) per element); row_base/col_base the tile's
+    origin. Only the sequence end and the causal diagonal are tested (rows past seqlen_q are
+    never stored, so they need no mask).
+    """
+    for r in cutlass.range_constexpr(cute.size(acc_s_mn.shape[0])):
+        col_limit = seqlen_k - col_base
+        if cutlass.const_expr(causal):
+            col_limit = cutlass.min(col_limit, row_base + coord_mn[r, 0][0] + offset + 1 - col_base)
+        for c in cutlass.range_constexpr(cute.size(acc_s_mn.shape[1])):
+            if coord_mn[0, c][1] >= col_limit:
+                acc_s_mn[r, c] = -cutlass.Float32.inf

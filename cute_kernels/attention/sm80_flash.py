@@ -1,0 +1,503 @@
+"""Rung `sm80_flash`: FlashAttention-2's forward pass with Ampere's warp-level tensor cores.
+
+One CTA of `num_warps` warps owns a block of `block_m` query rows of one (batch, head); each
+warp owns 16 * (block_m / 16 / num_warps) of those rows, so softmax statistics never leave the
+warp. The CTA walks the K/V blocks its rows can see (`block_info`), masked blocks first:
+
+    prologue   cp.async Q and the first K block to shared memory (rows past the ends zeroed)
+    per block  wait K; cp.async V            S = Q K^T      (ldmatrix + mma.sync m16n8k16)
+               wait V; cp.async next K       mask, online softmax (fp32, base 2, `softmax`)
+                                             O += P V^T     (P: bf16/fp16 registers as A)
+    epilogue   O /= l; O -> smem (Q's buffer) -> 128-bit stores; LSE (natural log) per row
+
+K and V have one shared-memory buffer each, and each one's load overlaps the other's use: the
+V copy runs under the S GEMM, the next K copy under softmax and the P V GEMM. Shared memory is
+swizzled (`Swizzle(B, 3, 3)` over 16-byte chunks, from `cute_kernels.layouts.smem_atoms`) so
+both the row-wise cp.async writes and the column-wise ldmatrix reads are conflict-free; V is
+read transposed (`ldmatrix.trans`) through a transposed view of the same buffer.
+
+Layouts are computed with `cute_kernels.layouts` in `FlashSm80Layouts` (printable from the
+workbench) and converted with `runtime.to_cute` while tracing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync, warp
+
+from cute_kernels.layouts import Layout, composition, tile_to_shape
+from cute_kernels.runtime import to_cute
+
+from . import block_info
+from .fragments import accumulator_as_a, mn_view
+from .mask import apply_mask
+from .softmax import LOG2_E, OnlineSoftmax
+
+__all__ = ["FlashSm80Config", "FlashSm80Layouts", "FlashAttentionSm80", "config_for", "HEAD_DIMS"]
+
+# Head dims with a tuned tile; any multiple of 16 up to 256 is accepted.
+HEAD_DIMS = (64, 96, 128, 192, 256)
+_DTYPES = ("float16", "bfloat16")
+_CUTLASS = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
+
+
+@dataclass(frozen=True)
+class FlashSm80Config:
+    """The static shape of one compiled `sm80_flash` kernel.
+
+    head_dim: D of Q, K and V (a multiple of 16, at most 256); dtype: "float16" | "bfloat16";
+    causal: whether the causal diagonal is tested (its alignment is a runtime offset);
+    block_m x block_n: the Q rows of a CTA x the K/V rows of one step; num_warps: warps per CTA,
+    splitting the Q rows (each warp needs a multiple of 16 rows).
+    """
+
+    head_dim: int = 128
+    dtype: str = "bfloat16"
+    causal: bool = False
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 4
+
+    def validate(self) -> "FlashSm80Config":
+        d = self.head_dim
+        if not isinstance(d, int) or d < 16 or d > 256 or d % 16:
+            raise ValueError(f"FlashSm80Config.head_dim must be a multiple of 16 in [16, 256], got {d!r}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"FlashSm80Config.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if not isinstance(self.causal, bool):
+            raise ValueError(f"FlashSm80Config.causal must be a bool, got {self.causal!r}")
+        if self.num_warps not in (1, 2, 4, 8):
+            raise ValueError(f"FlashSm80Config.num_warps must be 1, 2, 4 or 8, got {self.num_warps!r}")
+        if self.block_m % (16 * self.num_warps):
+            raise ValueError(
+                f"FlashSm80Config.block_m = {self.block_m} must be a multiple of 16 * num_warps = {16 * self.num_warps}"
+            )
+        if self.block_n % 16 or self.block_n < 16:
+            raise ValueError(f"FlashSm80Config.block_n must be a positive multiple of 16, got {self.block_n}")
+        rows_per_copy = self.threads // (self.smem_atom_width // 8)
+        for name in ("block_m", "block_n"):
+            if getattr(self, name) % rows_per_copy:
+                raise ValueError(
+                    f"FlashSm80Config.{name} = {getattr(self, name)} must be a multiple of {rows_per_copy}, "
+                    f"the rows {self.threads} threads copy per pass"
+                )
+        if self.smem_bytes > 227 * 1024:
+            raise ValueError(f"FlashSm80Config needs {self.smem_bytes} bytes of shared memory, over sm_90's 227 KiB")
+        return self
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.num_warps
+
+    @property
+    def smem_atom_width(self) -> int:
+        """Elements per swizzle row: the widest of 64/32/16 (128/64/32 bytes) dividing head_dim."""
+        return next(w for w in (64, 32, 16) if self.head_dim % w == 0)
+
+    @property
+    def smem_bytes(self) -> int:
+        return 2 * self.head_dim * (self.block_m + 2 * self.block_n)
+
+
+def config_for(head_dim: int, dtype: str, causal: bool) -> FlashSm80Config:
+    """The tile for a head dim, chosen so the SASS has no spills (checked by the variants):
+    128 x 64 with 4 warps up to D = 64; 128 x 64 with 8 warps (16 Q rows per warp) up to
+    D = 128; 64 x 64 with 4 warps above. The fp32 accumulators alone take
+    (rows per warp / 8) * (D + block_n) / 2 registers per thread."""
+    if head_dim <= 64:
+        block_m, num_warps = 128, 4
+    elif head_dim <= 128:
+        block_m, num_warps = 128, 8
+    else:
+        block_m, num_warps = 64, 4
+    return FlashSm80Config(head_dim=head_dim, dtype=dtype, causal=causal, block_m=block_m, block_n=64,
+                           num_warps=num_warps).validate()
+
+
+@dataclass(frozen=True)
+class FlashSm80Layouts:
+    """Every layout `FlashAttentionSm80` runs, as `cute_kernels.layouts` objects.
+
+    smem_q_layout (block_m, D), smem_kv_layout (block_n, D): the swizzled atom tiled row-major
+    over the tile; smem_vt_layout (D, block_n): the same V buffer read transposed;
+    copy_thread_layout: thread -> (row, 16-byte chunk) of a gmem <-> smem pass, each thread
+    moving copy_value_layout (1 x 8 elements, one 128-bit access); tiled_mma: the warp MMA atom
+    tiled num_warps x 1 (picture with `.tiled_mma.picture()`).
+    """
+
+    config: FlashSm80Config
+    smem_q_layout: object = field(init=False)
+    smem_kv_layout: object = field(init=False)
+    smem_vt_layout: object = field(init=False)
+    copy_thread_layout: Layout = field(init=False)
+    copy_value_layout: Layout = field(init=False)
+    tiled_mma: object = field(init=False)
+
+    def __post_init__(self):
+        from cute_kernels.layouts.atoms import atom
+        from cute_kernels.layouts.smem_atoms import gmma_smem_atom
+        from cute_kernels.layouts.tiled import make_tiled_mma
+
+        c = self.config.validate()
+        kind = {64: "K_SW128", 32: "K_SW64", 16: "K_SW32"}[c.smem_atom_width]
+        # The element-offset form: a DSL smem tensor of 16-bit elements indexes elements.
+        atom_layout = gmma_smem_atom(kind, "bf16").element_layout
+        kv = tile_to_shape(atom_layout, (c.block_n, c.head_dim))
+        chunks = c.smem_atom_width // 8
+        set_ = object.__setattr__
+        set_(self, "smem_q_layout", tile_to_shape(atom_layout, (c.block_m, c.head_dim)))
+        set_(self, "smem_kv_layout", kv)
+        set_(self, "smem_vt_layout", composition(kv, Layout((c.head_dim, c.block_n), (c.block_n, 1))))
+        set_(self, "copy_thread_layout", Layout((c.threads // chunks, chunks), (chunks, 1)))
+        set_(self, "copy_value_layout", Layout((1, 8), (8, 1)))
+        name = "SM80_16x8x16_F32F16F16F32_TN" if c.dtype == "float16" else "SM80_16x8x16_F32BF16BF16F32_TN"
+        set_(self, "tiled_mma", make_tiled_mma(atom(name), (c.num_warps, 1, 1), (16 * c.num_warps, 16, 16)))
+
+
+class FlashAttentionSm80:
+    """out, lse = attention(q, k, v) for q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D), out like q,
+    lse (B, Hq, Sq) fp32; head h reads K/V head h // qhead_per_kvhead."""
+
+    def __init__(self, config: FlashSm80Config):
+        self.config = config.validate()
+        self.layouts = FlashSm80Layouts(self.config)
+        self.dtype = _CUTLASS[config.dtype]
+
+    # ---- host side -----------------------------------------------------------------------------
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, qhead_per_kvhead: cutlass.Int32,
+                 stream):
+        c = self.config
+        # The host checked every non-unit stride is a multiple of 8 elements (16 bytes), so each
+        # row of every tile starts 16-byte aligned: tell the compiler, or no 128-bit access.
+        mQ, mK, mV, mO = [self._assume_aligned_rows(t) for t in (mQ, mK, mV, mO)]
+        lay = self.layouts
+        smem_q_layout = to_cute(lay.smem_q_layout)
+        smem_kv_layout = to_cute(lay.smem_kv_layout)
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_q_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_kv_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_kv_layout)], 1024]
+
+        g2s_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
+                                       num_bits_per_copy=128)
+        store_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        thr, val = to_cute(lay.copy_thread_layout), to_cute(lay.copy_value_layout)
+        gmem_load = cute.make_tiled_copy_tv(g2s_atom, thr, val)
+        gmem_store = cute.make_tiled_copy_tv(store_atom, thr, val)
+        tiled_mma = cute.make_tiled_mma(
+            warp.MmaF16BF16Op(self.dtype, cutlass.Float32, (16, 8, 16)),
+            (c.num_warps, 1, 1),
+            permutation_mnk=(16 * c.num_warps, 16, 16),
+        )
+        grid = (cute.ceil_div(mQ.shape[2], c.block_m), mQ.shape[1], mQ.shape[0])
+        self.kernel(mQ, mK, mV, mO, mLSE, softmax_scale * LOG2_E, causal_offset, qhead_per_kvhead,
+                    gmem_load, gmem_store, tiled_mma, SharedStorage).launch(
+            grid=grid, block=[c.threads, 1, 1], stream=stream)
+
+    @staticmethod
+    def _assume_aligned_rows(t: cute.Tensor) -> cute.Tensor:
+        stride = tuple(cute.assume(s, divby=8) for s in t.stride[:-1]) + (t.stride[-1],)
+        return cute.make_tensor(t.iterator, cute.make_layout(t.shape, stride=stride))
+
+    # ---- device side ---------------------------------------------------------------------------
+
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+               scale_log2: cutlass.Float32, causal_offset: cutlass.Int32, qhead_per_kvhead: cutlass.Int32,
+               gmem_load: cute.TiledCopy, gmem_store: cute.TiledCopy, tiled_mma: cute.TiledMma,
+               SharedStorage: cutlass.Constexpr):
+        c = self.config
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = cute.arch.block_idx()
+        kv_head = head // qhead_per_kvhead
+        seqlen_q, seqlen_k = mQ.shape[2], mK.shape[2]
+        n_block_max, n_unmasked_end = block_info.n_block_range(
+            m_block, seqlen_q, seqlen_k, causal_offset, block_m=c.block_m, block_n=c.block_n, causal=c.causal,
+            minimum=cutlass.min, maximum=cutlass.max)
+
+        # ---- partition ----
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(to_cute(self.layouts.smem_q_layout))
+        sK = storage.sK.get_tensor(to_cute(self.layouts.smem_kv_layout))
+        sV = storage.sV.get_tensor(to_cute(self.layouts.smem_kv_layout))
+        sVt = cute.make_tensor(sV.iterator, to_cute(self.layouts.smem_vt_layout))
+
+        gQ = cute.local_tile(mQ[batch, head, None, None], (c.block_m, c.head_dim), (m_block, 0))
+        gK = cute.local_tile(mK[batch, kv_head, None, None], (c.block_n, c.head_dim), (None, 0))
+        gV = cute.local_tile(mV[batch, kv_head, None, None], (c.block_n, c.head_dim), (None, 0))
+
+        thr_load = gmem_load.get_slice(tidx)
+        tQgQ, tQsQ = thr_load.partition_S(gQ), thr_load.partition_D(sQ)
+        tKgK, tKsK = thr_load.partition_S(gK), thr_load.partition_D(sK)
+        tVgV, tVsV = thr_load.partition_S(gV), thr_load.partition_D(sV)
+        tQcQ = thr_load.partition_S(cute.make_identity_tensor((c.block_m, c.head_dim)))
+        tKVcKV = thr_load.partition_S(cute.make_identity_tensor((c.block_n, c.head_dim)))
+
+        thr_mma = tiled_mma.get_slice(tidx)
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
+        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
+        acc_o = cute.make_rmem_tensor(thr_mma.partition_shape_C((c.block_m, c.head_dim)), cutlass.Float32)
+        acc_o.fill(0.0)
+
+        ldsm = warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4)
+        ldsm_t = warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4)
+        copy_q = cute.make_tiled_copy_A(cute.make_copy_atom(ldsm, self.dtype), tiled_mma)
+        copy_k = cute.make_tiled_copy_B(cute.make_copy_atom(ldsm, self.dtype), tiled_mma)
+        copy_v = cute.make_tiled_copy_B(cute.make_copy_atom(ldsm_t, self.dtype), tiled_mma)
+        # (tiled copy, this thread's smem source, its register destination) per operand.
+        thr_q, thr_k, thr_v = copy_q.get_slice(tidx), copy_k.get_slice(tidx), copy_v.get_slice(tidx)
+        frags = (
+            (copy_q, thr_q.partition_S(sQ), thr_q.retile(tSrQ)),
+            (copy_k, thr_k.partition_S(sK), thr_k.retile(tSrK)),
+            (copy_v, thr_v.partition_S(sVt), thr_v.retile(tOrVt)),
+        )
+
+        # Tile-local (row, col) of each score this thread holds, for the mask and the LSE rows.
+        t_coord_s = mn_view(thr_mma.partition_C(cute.make_identity_tensor((c.block_m, c.block_n))))
+        softmax = OnlineSoftmax(cute.size(t_coord_s.shape[0]), scale_log2)
+
+        # ---- prologue: Q and the first (highest) K block ----
+        if n_block_max > 0:
+            self.load_rows(gmem_load, tQgQ, tQsQ, tQcQ, seqlen_q - m_block * c.block_m)
+            self.load_rows(gmem_load, tKgK[None, None, None, n_block_max - 1], tKsK, tKVcKV,
+                           seqlen_k - (n_block_max - 1) * c.block_n)
+        cute.arch.cp_async_commit_group()
+
+        # ---- main loop: masked blocks (descending), then the unmasked ones ----
+        for i in cutlass.range(n_block_max - n_unmasked_end, unroll=1):
+            self.compute_block(n_block_max - 1 - i, True, m_block, seqlen_k, causal_offset, gmem_load,
+                               tKgK, tKsK, tVgV, tVsV, tKVcKV, tiled_mma, thr_mma, tSrQ, tSrK, tOrVt, frags,
+                               acc_o, t_coord_s, softmax)
+        for i in cutlass.range(n_unmasked_end, unroll=1):
+            self.compute_block(n_unmasked_end - 1 - i, False, m_block, seqlen_k, causal_offset, gmem_load,
+                               tKgK, tKsK, tVgV, tVsV, tKVcKV, tiled_mma, thr_mma, tSrQ, tSrK, tOrVt, frags,
+                               acc_o, t_coord_s, softmax)
+
+        # ---- epilogue ----
+        lse = cute.make_rmem_tensor((softmax.num_rows,), cutlass.Float32)
+        softmax.finalize(mn_view(acc_o), lse)
+        self.store_lse(mLSE[batch, head, None], lse, t_coord_s, m_block * c.block_m, seqlen_q, tidx)
+        self.store_o(mO[batch, head, None, None], acc_o, sQ, gmem_store, tiled_mma, m_block, seqlen_q, tidx)
+
+    @cute.jit
+    def load_rows(self, gmem_load: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor, coord: cute.Tensor,
+                  rows_left: cutlass.Int32):
+        """cp.async the tile rows below `rows_left`; zero the rest (a P of 0 times garbage V could
+        be NaN). src/dst/coord: this thread's (CPY, CPY_ROWS, CPY_COLS) partitions."""
+        for r in cutlass.range_constexpr(cute.size(dst.shape[1])):
+            if coord[0, r, 0][0] < rows_left:
+                cute.copy(gmem_load, src[None, r, None], dst[None, r, None])
+            else:
+                dst[None, r, None].fill(0)
+
+    @cute.jit
+    def compute_block(self, n_block: cutlass.Int32, masked: cutlass.Constexpr, m_block: cutlass.Int32,
+                      seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32, gmem_load: cute.TiledCopy,
+                      tKgK: cute.Tensor, tKsK: cute.Tensor, tVgV: cute.Tensor, tVsV: cute.Tensor,
+                      tKVcKV: cute.Tensor, tiled_mma: cute.TiledMma, thr_mma, tSrQ: cute.Tensor,
+                      tSrK: cute.Tensor, tOrVt: cute.Tensor, frags, acc_o: cute.Tensor, t_coord_s: cute.Tensor,
+                      softmax: OnlineSoftmax):
+        """One K/V block: S = Q K^T, mask, online softmax, O += P V^T, with the copies overlapped."""
+        c = self.config
+        (ldsm_q, tSsQ, tSrQ_view), (ldsm_k, tSsK, tSrK_view), (ldsm_v, tOsVt, tOrVt_view) = frags
+        acc_s = cute.make_rmem_tensor(thr_mma.partition_shape_C((c.block_m, c.block_n)), cutlass.Float32)
+        acc_s.fill(0.0)
+
+        # K[n] landed, and every warp is done reading V of the previous block: refill V.
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()
+        if cutlass.const_expr(masked):
+            self.load_rows(gmem_load, tVgV[None, None, None, n_block], tVsV, tKVcKV, seqlen_k - n_block * c.block_n)
+        else:
+            cute.copy(gmem_load, tVgV[None, None, None, n_block], tVsV)
+        cute.arch.cp_async_commit_group()
+
+        # S = Q K^T
+        steps = cute.size(tSsQ.shape[2])
+        cute.copy(ldsm_q, tSsQ[None, None, 0], tSrQ_view[None, None, 0])
+        cute.copy(ldsm_k, tSsK[None, None, 0], tSrK_view[None, None, 0])
+        for k in cutlass.range_constexpr(steps):
+            if cutlass.const_expr(k + 1 < steps):
+                cute.copy(ldsm_q, tSsQ[None, None, k + 1], tSrQ_view[None, None, k + 1])
+                cute.copy(ldsm_k, tSsK[None, None, k + 1], tSrK_view[None, None, k + 1])
+            cute.gemm(tiled_mma, acc_s, tSrQ[None, None, k], tSrK[None, None, k], acc_s)
+
+        # V[n] landed, and every warp is done reading K[n]: prefetch K[n - 1] under softmax and P V.
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()
+        if n_block > 0:
+            self.load_rows(gmem_load, tKgK[None, None, None, n_block - 1], tKsK, tKVcKV,
+                           seqlen_k - (n_block - 1) * c.block_n)
+        cute.arch.cp_async_commit_group()
+
+        acc_s_mn = mn_view(acc_s)
+        if cutlass.const_expr(masked):
+            apply_mask(acc_s_mn, t_coord_s, m_block * c.block_m, n_block * c.block_n, seqlen_k, causal_offset,
+                       c.causal)
+        softmax.step(acc_s_mn, mn_view(acc_o))
+
+        # O += P V^T, P converted to the input type in registers and used as the A operand.
+        r_p = cute.make_fragment_like(acc_s, self.dtype)
+        r_p.store(acc_s.load().to(self.dtype))
+        t_p = accumulator_as_a(r_p)
+        steps = cute.size(t_p.shape[2])
+        cute.copy(ldsm_v, tOsVt[None, None, 0], tOrVt_view[None, None, 0])
+        for k in cutlass.range_constexpr(steps):
+            if cutlass.const_expr(k + 1 < steps):
+                cute.copy(ldsm_v, tOsVt[None, None, k + 1], tOrVt_view[None, None, k + 1])
+            cute.gemm(tiled_mma, acc_o, t_p[None, None, k], tOrVt[None, None, k], acc_o)
+
+    @cute.jit
+    def store_lse(self, gLSE: cute.Tensor, lse: cute.Tensor, t_coord_s: cute.Tensor, row_base: cutlass.Int32,
+                  seqlen_q: cutlass.Int32, tidx: cutlass.Int32):
+        """lse[r] of this thread's rows to gLSE (seqlen_q,); one thread of each quad writes."""
+        if tidx % 4 == 0:
+            for r in cutlass.range_constexpr(cute.size(lse)):
+                row = row_base + t_coord_s[r, 0][0]
+                if row < seqlen_q:
+                    gLSE[row] = lse[r]
+
+    @cute.jit
+    def store_o(self, mO: cute.Tensor, acc_o: cute.Tensor, sQ: cute.Tensor, gmem_store: cute.TiledCopy,
+                tiled_mma: cute.TiledMma, m_block: cutlass.Int32, seqlen_q: cutlass.Int32, tidx: cutlass.Int32):
+        """acc_o (normalized) -> input type -> Q's smem buffer -> 128-bit stores of rows < seqlen_q."""
+        c = self.config
+        r_o = cute.make_fragment_like(acc_o, self.dtype)
+        r_o.store(acc_o.load().to(self.dtype))
+        # Q's buffer is free once every warp is past its last S GEMM, and the prologue's copies
+        # into it have landed (a CTA with no K block never waited for them).
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()
+        sO = sQ
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), tiled_mma)
+        thr_r2s = r2s.get_slice(tidx)
+        cute.copy(r2s, thr_r2s.retile(r_o), thr_r2s.partition_D(sO))
+        cute.arch.barrier()
+        gO = cute.local_tile(mO, (c.block_m, c.head_dim), (m_block, 0))
+        thr_store = gmem_store.get_slice(tidx)
+        tOsO, tOgO = thr_store.partition_S(sO), thr_store.partition_D(gO)
+        tOcO = thr_store.partition_D(cute.make_identity_tensor((c.block_m, c.head_dim)))
+        tOrO = cute.make_fragment_like(tOgO, self.dtype)
+        cute.copy(gmem_store, tOsO, tOrO)
+        rows_left = seqlen_q - m_block * c.block_m
+        for r in cutlass.range_constexpr(cute.size(tOgO.shape[1])):
+            if tOcO[0, r, 0][0] < rows_left:
+                cute.copy(gmem_store, tOrO[None, r, None], tOgO[None, r, None])
+
+
+# ---- compile-only variants ------------------------------------------------------------------------
+
+
+def build_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False, **tile):
+    """A CompileJob for `sm80_flash` over fake (B, H, S, D) tensors with symbolic sizes; `tile`
+    (block_m, block_n, num_warps) overrides the tuned tile of `config_for`."""
+    from dataclasses import replace
+
+    from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
+
+    config = replace(config_for(head_dim, dtype, causal), **tile).validate()
+    t = _CUTLASS[dtype]
+    qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16, stride_divisibility=8) for _ in range(4)]
+    lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
+    args = (*qkvo, lse, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(0), cutlass.Int32(1), fake_stream())
+    return CompileJob(FlashAttentionSm80(config), args, ("attention.sm80_flash", config))
+
+
+VARIANT_CONFIGS = {
+    f"d{d}_{dt}{'_causal' if causal else ''}": {"head_dim": d, "dtype": dt, "causal": causal}
+    for d, dt, causal in (
+        (64, "bfloat16", False), (64, "float16", True), (128, "bfloat16", False), (128, "bfloat16", True),
+        (128, "float16", False), (256, "bfloat16", True),
+    )
+}
+
+
+def _register() -> None:
+    from cute_kernels.runtime import register_variant
+
+    register_variant("attention.sm80_flash", build_variant, configs=VARIANT_CONFIGS,
+                     requires={"HMMA", "LDSM", "LDGSTS"})
+
+
+_register()
+
+
+# ---- the rung --------------------------------------------------------------------------------------
+
+_MAX_GRID_YZ = 65535
+
+
+class Sm80FlashRung:
+    """The `sm80_flash` rung of the attention ladder (interface in `cute_kernels.attention.registry`)."""
+
+    name = "sm80_flash"
+    min_capability = (8, 0)
+
+    @property
+    def dtypes(self):
+        import torch
+
+        return (torch.float16, torch.bfloat16)
+
+    def supports(self, q, k, v, problem) -> str | None:
+        if problem.dtype not in self.dtypes:
+            return f"dtype {problem.dtype} not supported (float16, bfloat16)"
+        d = problem.head_dim
+        if d % 16 or not 16 <= d <= 256:
+            return f"head dim {d} not supported (a multiple of 16 from 16 to 256)"
+        if problem.head_dim_v != d:
+            return f"value head dim {problem.head_dim_v} differs from the query/key head dim {d}"
+        if not (math.isfinite(problem.scale) and problem.scale > 0):
+            return f"scale {problem.scale} must be finite and > 0 (the running max is taken before scaling)"
+        if problem.heads_q > _MAX_GRID_YZ or problem.batch > _MAX_GRID_YZ:
+            return f"batch {problem.batch} and heads {problem.heads_q} must each be at most {_MAX_GRID_YZ} (grid y/z)"
+        if max(problem.seqlen_q, problem.seqlen_k) >= 2**31 - 256:
+            return "sequence lengths must be below 2**31 (32-bit row indices)"
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if t.data_ptr() % 16:
+                return f"{name}'s data pointer is not 16-byte aligned (128-bit loads); call .contiguous() on it"
+            # A size-1 mode's stride never multiplies a nonzero index, so only the others matter.
+            bad = [s for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1 and s % 8]
+            if bad:
+                return (f"{name}'s strides {tuple(t.stride())} are not multiples of 8 elements (16 bytes) outside "
+                        "the head dim; call .contiguous() on it")
+        return None
+
+    def __call__(self, q, k, v, out, lse, problem):
+        """Write out (B, Hq, Sq, D) and lse (B, Hq, Sq) fp32 on torch's current stream."""
+        from cute_kernels.runtime import compile_kernel, current_stream, from_torch
+
+        config = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), problem.causal is not None)
+        kernel = _kernel_for(config)
+        tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in (q, k, v, out)]
+        tensors.append(from_torch(lse, assumed_align=4, leading_dim=2))
+        offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
+        args = (*tensors, cutlass.Float32(problem.scale), cutlass.Int32(offset),
+                cutlass.Int32(problem.heads_q // problem.heads_kv))
+        stream = current_stream()
+        compiled = compile_kernel(kernel, *args, stream, key=("attention.sm80_flash", config))
+        compiled(*args, stream)
+        return out, lse
+
+
+_KERNELS: dict = {}
+
+
+def _kernel_for(config: FlashSm80Config) -> FlashAttentionSm80:
+    if config not in _KERNELS:
+        _KERNELS[config] = FlashAttentionSm80(config)
+    return _KERNELS[config]
+
+
+RUNG = Sm80FlashRung()

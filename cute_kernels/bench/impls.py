@@ -1,0 +1,243 @@
+"""Implementations the harness can time: ours (discovered from the kernel registries) and peers.
+
+An `Impl` is a name, a kind ('ours' or 'peer'), an `available()` check (None, or why it cannot
+run here, e.g. a peer that is not importable) and `prepare(case, inputs) -> Prepared`, which
+builds a zero-argument callable over the case's shared input tensors. `prepare` raises
+`Unsupported(reason)` when the implementation does not take this case (dtype, head dim, ...).
+
+Ours are discovered at call time, so a rung added to `cute_kernels.gemm.KERNELS` (or
+`cute_kernels.attention.KERNELS`) is benchmarkable by name without touching the harness:
+- GEMM rungs are called as `KERNELS[name](a, b, out, alpha=1.0, beta=0.0, c=None)` on 3-D views
+  (L=1) with a preallocated `out`, after `rung.supports(a, b, out)` returns None;
+- attention kernels through `scaled_dot_product_attention(q, k, v, is_causal=..., kernel=name)`;
+- the copy through `cute_kernels.elementwise.copy(src, dst)` (impl name `cute_kernels`).
+
+Peers: `cublas` (torch.matmul), `cublas_fp8` (torch._scaled_mm), `quack` (quack-kernels'
+untuned default GEMM), `sdpa_flash` and `sdpa_cudnn` (PyTorch SDPA pinned to one backend with
+torch.nn.attention.sdpa_kernel), `fa4` (FlashAttention-4's flash_attn.cute.flash_attn_func, which
+takes (B, S, H, D): it gets transposed views of the same tensors), `torch_copy` (dst.copy_(src)).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from cute_kernels.bench.cases import Case, torch_dtype
+
+PEER_NAMES = ("cublas", "cublas_fp8", "quack", "sdpa_flash", "sdpa_cudnn", "fa4", "torch_copy")
+
+
+class Unsupported(Exception):
+    """The implementation does not take this case; the message says why (the case is skipped)."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A ready call. `fn()` runs the implementation once on torch's current stream.
+
+    When `out` is given, fn writes it (the harness fills it with NaN before the correctness
+    call, so a kernel that skips elements is caught); otherwise fn returns the output.
+    `canonical` maps the output to the case's reference layout (e.g. FA4's (B, S, H, D) back
+    to (B, H, S, D)).
+    """
+
+    fn: Callable[[], Any]
+    out: Any = None
+    canonical: Callable[[Any], Any] | None = None
+
+    def result(self, returned: Any) -> Any:
+        value = self.out if self.out is not None else returned
+        return self.canonical(value) if self.canonical is not None else value
+
+
+@dataclass(frozen=True)
+class Impl:
+    name: str
+    kind: str  # "ours" | "peer"
+    prepare: Callable[[Case, dict[str, Any]], Prepared]
+    available: Callable[[], str | None] = lambda: None
+
+    def __post_init__(self):
+        if self.kind not in ("ours", "peer"):
+            raise ValueError(f"impl {self.name!r}: kind must be 'ours' or 'peer', got {self.kind!r}")
+
+
+def _needs_module(module: str) -> Callable[[], str | None]:
+    def check() -> str | None:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        return None if found else f"{module} is not importable"
+
+    return check
+
+
+# ---------------------------------------------------------------------------------------- GEMM
+
+
+def our_gemm_rungs() -> tuple[list[str], str | None]:
+    """Names in cute_kernels.gemm.KERNELS (ladder order), or ([], why) when it cannot load."""
+    try:
+        gemm = importlib.import_module("cute_kernels.gemm")
+        return list(gemm.KERNELS), None
+    except Exception as err:  # the DSL may be absent, or the package unfinished
+        return [], f"cute_kernels.gemm.KERNELS unavailable: {type(err).__name__}: {err}"
+
+
+def _prepare_gemm_rung(name: str, case, inputs) -> Prepared:
+    from cute_kernels.gemm import KERNELS
+
+    rung = KERNELS[name]
+    out = case.empty_out(inputs)
+    a3, b3, out3 = inputs["a"].unsqueeze(0), inputs["b"].T.unsqueeze(0), out.unsqueeze(0)
+    reason = rung.supports(a3, b3, out3)
+    if reason:
+        raise Unsupported(reason)
+    return Prepared(lambda: rung(a3, b3, out3, alpha=1.0, beta=0.0, c=None), out=out)
+
+
+def _prepare_cublas(case, inputs) -> Prepared:
+    import torch
+
+    if case.dtype.startswith("fp8"):
+        raise Unsupported("fp8 inputs run through cublas_fp8 (torch._scaled_mm)")
+    a, bt = inputs["a"], inputs["b"].T
+    out = case.empty_out(inputs)
+    # fp32 runs without TF32: the runner holds float32 matmul precision at 'highest'.
+    return Prepared(lambda: torch.matmul(a, bt, out=out), out=out)
+
+
+def _prepare_cublas_fp8(case, inputs) -> Prepared:
+    import torch
+
+    if not case.dtype.startswith("fp8"):
+        raise Unsupported("cublas_fp8 takes fp8 inputs only")
+    a, bt = inputs["a"], inputs["b"].T  # _scaled_mm wants A row-major and B column-major
+    one = torch.ones((), dtype=torch.float32, device=a.device)
+    out_dtype = torch_dtype(case.result_dtype)
+    return Prepared(lambda: torch._scaled_mm(a, bt, scale_a=one, scale_b=one, out_dtype=out_dtype))
+
+
+def _prepare_quack(case, inputs) -> Prepared:
+    if case.dtype == "fp32":
+        raise Unsupported("quack's GEMM takes 16-bit or fp8 inputs")
+    from quack.gemm_interface import gemm as quack_gemm
+
+    a, b_kn = inputs["a"], inputs["b"].mT  # quack takes B as (K, N); this view is K-major
+    out = case.empty_out(inputs)
+    return Prepared(lambda: quack_gemm(a, b_kn, out=out, tuned=False), out=out)
+
+
+def gemm_impls() -> dict[str, Impl]:
+    """Ours (every rung in cute_kernels.gemm.KERNELS) then the GEMM peers."""
+    impls = {name: Impl(name, "ours", partial(_prepare_gemm_rung, name)) for name in our_gemm_rungs()[0]}
+    impls["cublas"] = Impl("cublas", "peer", _prepare_cublas)
+    impls["cublas_fp8"] = Impl("cublas_fp8", "peer", _prepare_cublas_fp8)
+    impls["quack"] = Impl("quack", "peer", _prepare_quack, _needs_module("quack"))
+    return impls
+
+
+# ----------------------------------------------------------------------------------- attention
+
+
+def our_attention_kernels() -> tuple[list[str], str | None]:
+    """Names in cute_kernels.attention.KERNELS, or ([], why) when it does not exist yet."""
+    try:
+        attention = importlib.import_module("cute_kernels.attention")
+        kernels = getattr(attention, "KERNELS", None)
+        if kernels is None or not hasattr(attention, "scaled_dot_product_attention"):
+            return [], "cute_kernels.attention has no KERNELS / scaled_dot_product_attention yet"
+        return list(kernels), None
+    except Exception as err:
+        return [], f"cute_kernels.attention unavailable: {type(err).__name__}: {err}"
+
+
+def _prepare_attention_kernel(name: str, case, inputs) -> Prepared:
+    from cute_kernels.attention import scaled_dot_product_attention
+
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    causal = case.causal
+    return Prepared(lambda: scaled_dot_product_attention(q, k, v, is_causal=causal, kernel=name))
+
+
+def _prepare_sdpa(backend_name: str, case, inputs) -> Prepared:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, backend_name)
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    causal = case.causal
+
+    def fn():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return Prepared(fn)
+
+
+def _prepare_fa4(case, inputs) -> Prepared:
+    from flash_attn.cute import flash_attn_func
+
+    # FA4 takes (B, S, H, D) with unit stride on D: transposed views of the same storage.
+    q, k, v = (inputs[n].transpose(1, 2) for n in ("q", "k", "v"))
+    causal = case.causal
+
+    def fn():
+        r = flash_attn_func(q, k, v, causal=causal)
+        return r[0] if isinstance(r, tuple) else r
+
+    return Prepared(fn, canonical=lambda o: o.transpose(1, 2))
+
+
+def attention_impls() -> dict[str, Impl]:
+    """Ours (cute_kernels.attention.KERNELS when it exists) then the attention peers."""
+    impls = {name: Impl(name, "ours", partial(_prepare_attention_kernel, name)) for name in our_attention_kernels()[0]}
+    impls["sdpa_flash"] = Impl("sdpa_flash", "peer", partial(_prepare_sdpa, "FLASH_ATTENTION"))
+    impls["sdpa_cudnn"] = Impl("sdpa_cudnn", "peer", partial(_prepare_sdpa, "CUDNN_ATTENTION"))
+    impls["fa4"] = Impl("fa4", "peer", _prepare_fa4, _needs_module("flash_attn.cute"))
+    return impls
+
+
+# ---------------------------------------------------------------------------------------- copy
+
+
+def _our_copy_available() -> str | None:
+    try:
+        elementwise = importlib.import_module("cute_kernels.elementwise")
+    except Exception as err:
+        return f"cute_kernels.elementwise unavailable: {type(err).__name__}: {err}"
+    return None if hasattr(elementwise, "copy") else "cute_kernels.elementwise has no copy yet"
+
+
+def _prepare_our_copy(case, inputs) -> Prepared:
+    from cute_kernels.elementwise import copy
+
+    src = inputs["src"]
+    out = case.empty_out(inputs)
+    return Prepared(lambda: copy(src, out), out=out)
+
+
+def _prepare_torch_copy(case, inputs) -> Prepared:
+    src = inputs["src"]
+    out = case.empty_out(inputs)
+    return Prepared(lambda: out.copy_(src), out=out)
+
+
+def copy_impls() -> dict[str, Impl]:
+    return {
+        "cute_kernels": Impl("cute_kernels", "ours", _prepare_our_copy, _our_copy_available),
+        "torch_copy": Impl("torch_copy", "peer", _prepare_torch_copy),
+    }
+
+
+FAMILY_IMPLS: dict[str, Callable[[], dict[str, Impl]]] = {
+    "gemm": gemm_impls,
+    "attention": attention_impls,
+    "copy": copy_impls,
+}

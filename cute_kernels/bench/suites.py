@@ -1,0 +1,114 @@
+"""Named benchmark suites: a case list, a family of implementations, and a default selection.
+
+| suite | cases | default implementations |
+| --- | --- | --- |
+| `gemm` | the 7 bf16 shapes of the device README, C = A·Bᵀ | our rungs except the slow ones, every GEMM peer |
+| `attention` | the 8 bf16 forward cases (B, H, S, D) × causal | ours, sdpa_flash, sdpa_cudnn, fa4 |
+| `copy` | 16 MiB to 1 GiB bf16 | cute_kernels (our vectorized copy), torch_copy |
+| `skinny` | M ∈ {16, 64, 128}, N = K = 8192, bf16 | as `gemm` |
+| `fp8` | e4m3 4096³ and 8192³ (bf16 out) | as `gemm` (cublas_fp8 is the peer) |
+| `ladder` | fp32 and bf16 at 4096³ and 8192³ | every rung and cublas (fp32 without TF32) |
+
+`--impl` takes a comma list of names and these keywords: `default`, `all`, `ours`, `peers`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cute_kernels.bench.cases import AttentionCase, Case, CopyCase, GemmCase
+from cute_kernels.bench.impls import FAMILY_IMPLS, Impl
+
+# Rungs too slow for the big default shapes (seconds per call at 8192×28672×8192); the ladder
+# suite and an explicit --impl still run them.
+SLOW_RUNGS = frozenset({"naive", "simt_smem"})
+
+GEMM_SHAPES = ((2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (8192, 28672, 8192),
+               (8192, 8192, 28672), (4096, 14336, 4096), (16384, 4096, 4096))
+ATTENTION_SHAPES = ((4, 32, 2048, 128), (2, 16, 8192, 128), (8, 16, 2048, 64), (2, 16, 4096, 256))
+COPY_MIB = (16, 64, 256, 1024)
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    family: str  # "gemm" | "attention" | "copy"
+    cases: tuple[Case, ...]
+    description: str
+    default: Callable[[Impl], bool]  # which discovered impls run without --impl
+
+    def impls(self) -> dict[str, Impl]:
+        """Every implementation of this suite's family, ours first (discovered now)."""
+        return FAMILY_IMPLS[self.family]()
+
+    def parse_cases(self, spec: str) -> tuple[Case, ...]:
+        """Cases from a comma list of case names, each optionally suffixed `:dtype`
+        (e.g. `1024x1024x1024:fp32`); without a suffix, the suite's first case's dtype."""
+        kind = {"gemm": GemmCase, "attention": AttentionCase, "copy": CopyCase}[self.family]
+        default_dtype = self.cases[0].dtype if self.cases else "bf16"
+        names = [s.strip() for s in spec.split(",") if s.strip()]
+        if not names:
+            raise ValueError("--cases needs at least one case name")
+        cases = []
+        for text in names:
+            name, _, dtype = text.partition(":")
+            cases.append(kind.parse(name, dtype or default_dtype))
+        return tuple(cases)
+
+
+def select_impls(available: dict[str, Impl], spec: str | None, default: Callable[[Impl], bool], *,
+                 strict: bool = True) -> dict[str, Impl]:
+    """The impls named by `spec` (comma list; keywords default, all, ours, peers), in the
+    order of `available`. Raises ValueError naming an unknown impl and listing the known ones
+    (with `strict` False, unknown names are ignored: for `--impl` over several suites).
+    """
+    words = [w.strip() for w in (spec or "default").split(",") if w.strip()]
+    if not words:
+        raise ValueError("--impl needs at least one name")
+    chosen: set[str] = set()
+    for w in words:
+        if w == "default":
+            chosen |= {n for n, i in available.items() if default(i)}
+        elif w == "all":
+            chosen |= set(available)
+        elif w in ("ours", "peers"):
+            kind = "ours" if w == "ours" else "peer"
+            chosen |= {n for n, i in available.items() if i.kind == kind}
+        elif w in available:
+            chosen.add(w)
+        elif strict:
+            raise ValueError(f"unknown impl {w!r}; known here: {', '.join(available) or '(none)'} "
+                             "(and the keywords default, all, ours, peers)")
+    return {n: i for n, i in available.items() if n in chosen}
+
+
+def _fast(impl: Impl) -> bool:
+    return impl.kind == "peer" or impl.name not in SLOW_RUNGS
+
+
+def _ladder_default(impl: Impl) -> bool:
+    return impl.kind == "ours" or impl.name == "cublas"
+
+
+def _everything(impl: Impl) -> bool:
+    return True
+
+
+SUITES: dict[str, Suite] = {
+    "gemm": Suite("gemm", "gemm", tuple(GemmCase(m, n, k, "bf16") for m, n, k in GEMM_SHAPES),
+                  "bf16 C = A·Bᵀ at the device README's 7 shapes", _fast),
+    "attention": Suite("attention", "attention",
+                       tuple(AttentionCase(b, h, s, d, causal, "bf16") for b, h, s, d in ATTENTION_SHAPES
+                             for causal in (False, True)),
+                       "bf16 attention forward, 4 shapes × causal", _everything),
+    "copy": Suite("copy", "copy", tuple(CopyCase((mib << 20) // 2, "bf16") for mib in COPY_MIB),
+                  "device-to-device copy (memory side of the roofline), GB/s", _everything),
+    "skinny": Suite("skinny", "gemm", tuple(GemmCase(m, 8192, 8192, "bf16") for m in (16, 64, 128)),
+                    "bf16 GEMM with small M (memory-bound: B is read once)", _fast),
+    "fp8": Suite("fp8", "gemm", tuple(GemmCase(s, s, s, "fp8_e4m3") for s in (4096, 8192)),
+                 "fp8 e4m3 GEMM, bf16 out, vs torch._scaled_mm", _fast),
+    "ladder": Suite("ladder", "gemm",
+                    tuple(GemmCase(s, s, s, dt) for dt in ("fp32", "bf16") for s in (4096, 8192)),
+                    "every GEMM rung vs cuBLAS (fp32 without TF32) at 4096³ and 8192³", _ladder_default),
+}

@@ -1,0 +1,104 @@
+"""`cute-kernels demo`: a tour of the workbench that works on any machine.
+
+Without a GPU it explores layouts, an MMA atom and a bank-conflict analysis, then compiles a
+Hopper kernel for sm_90a and summarizes its SASS. With a GPU it also runs our GEMM beside cuBLAS
+on the same tensors and prints the ratio.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("demo", help="a tour: layouts, atoms, bank conflicts, SASS, and a GEMM vs cuBLAS on a GPU")
+    p.add_argument("--kernel", default=None, help="GEMM rung to compile and (on a GPU) time; default: the top rung available")
+    p.add_argument("--size", type=int, default=4096, help="square GEMM size for the GPU part")
+    p.set_defaults(func=run)
+
+
+def _section(title: str) -> None:
+    print(f"\n== {title} ==")
+
+
+def _layouts_part() -> None:
+    from cute_kernels import layouts as L
+
+    _section("A layout and its algebra")
+    tv = L.Layout((4, (2, 2)), (2, (1, 8)))
+    print(f">>> L = Layout((4, (2, 2)), (2, (1, 8)))\n{tv}")
+    print(f">>> [L(i) for i in range(size(L))]\n{[tv(i) for i in range(L.size(tv))]}")
+    print(f">>> coalesce(L)          -> {L.coalesce(tv)}")
+    print(f">>> complement(L, 32)    -> {L.complement(tv, 32)}")
+    print(f">>> logical_divide(Layout(16), 4) -> {L.logical_divide(L.Layout(16), L.Layout(4))}")
+
+    atom = getattr(L, "atom", None)
+    if atom is not None:
+        _section("An MMA atom's thread-value layouts")
+        print(atom("SM80_16x8x16_F32BF16BF16F32_TN"))
+
+    bank_conflicts = getattr(L, "bank_conflicts", None)
+    if bank_conflicts is not None:
+        _section("Bank conflicts of an ldmatrix read: swizzled vs plain row-major bf16 8x64 tile")
+        plain = L.Layout((8, 64), (64, 1))
+        swizzled = L.ComposedLayout(L.Swizzle(3, 4, 3), 0, plain)
+        for name, smem in (("row-major", plain), ("Sw<3,4,3>", swizzled)):
+            print(f"{name:>10}: {bank_conflicts(smem, 'ldmatrix_x4', dtype='bf16')}")
+
+
+def _sass_part(kernel: str | None) -> str | None:
+    try:
+        from cute_kernels.runtime import registry
+    except ImportError as err:  # the DSL is an optional dependency
+        print(f"(skipping SASS: {err})")
+        return None
+    names = registry.list_variants()
+    if not names:
+        print("(no kernel variants registered)")
+        return None
+    preferred = [kernel] if kernel else ["gemm.sm90_persistent", "gemm.sm90_tma_wgmma", "gemm.naive", "elementwise.copy"]
+    name = next((n for n in preferred if n in names), names[0])
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    _section(f"Compiling {name} for {os.environ.get('CUTE_DSL_ARCH')}")
+    t0 = time.perf_counter()
+    report = registry.compile_variant(name, "default")
+    print(f"compiled in {time.perf_counter() - t0:.1f} s")
+    print(report)
+    return name
+
+
+def _gpu_part(size: int, kernel: str | None) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("\n(no CUDA device: skipping the timed GEMM; on a GPU this part runs our GEMM beside cuBLAS)")
+        return
+    from cute_kernels.gemm import KERNELS, matmul
+
+    names = [kernel] if kernel else [n for n in reversed(list(KERNELS))]
+    _section(f"GEMM {size}^3 bf16 on {torch.cuda.get_device_name()}")
+    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    ref = a.float() @ b.float()
+    flops = 2.0 * size**3
+    from cute_kernels.bench.timing import time_ms
+
+    t_cublas = time_ms(lambda: torch.matmul(a, b))
+    print(f"{'cublas':>24}: {flops / t_cublas / 1e9:7.1f} TFLOP/s")
+    for name in names:
+        if KERNELS[name].supports(a[None], b[None], None) is not None:
+            continue
+        out = matmul(a, b, kernel=name)
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        t = time_ms(lambda: matmul(a, b, kernel=name))
+        print(f"{name:>24}: {flops / t / 1e9:7.1f} TFLOP/s  ({t_cublas / t:.2f}x cuBLAS, rel_err {err:.1e})")
+        if kernel is None:
+            break
+
+
+def run(args) -> int:
+    _layouts_part()
+    _sass_part(args.kernel and f"gemm.{args.kernel}")
+    _gpu_part(args.size, args.kernel)
+    return 0

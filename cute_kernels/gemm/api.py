@@ -1,0 +1,150 @@
+"""`matmul`: torch.matmul semantics on the GEMM ladder.
+
+`matmul` checks its arguments (types, ranks, dtypes, shapes, strides, devices) and raises a
+clear error before anything launches, normalizes the operands to the 3-D views every rung takes
+(a: (L, M, K), b: (L, K, N), out: (L, M, N), each with one of its last two strides equal to 1;
+a 2-D operand or a batch of 1 broadcasts against the other's batch with stride 0), picks the
+rung (`dispatch`), and runs it.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+__all__ = ["matmul", "as_unit_stride"]
+
+def as_unit_stride(t, what: str):
+    """`t` (3-D) with one of its last two strides equal to 1, and which one (2: row-major, 1: col).
+
+    The stride of a mode of extent 1 is arbitrary, so such a mode is given stride 1 when that
+    makes the view unit-stride. Raises ValueError naming `what` when neither of the last two
+    modes can have unit stride.
+    """
+    shape, stride = list(t.shape), list(t.stride())
+    if stride[2] == 1:
+        return t, 2
+    if stride[1] == 1:
+        return t, 1
+    for mode in (2, 1):
+        if shape[mode] == 1:
+            stride[mode] = 1
+            return t.as_strided(shape, stride), mode
+    raise ValueError(
+        f"matmul: {what} has strides {tuple(t.stride())} for shape {tuple(t.shape)}; one of its last "
+        "two strides must be 1 (row- or column-major). Call .contiguous() on it first."
+    )
+
+
+def _check_operand(t, what: str) -> None:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"matmul: {what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() not in (2, 3):
+        raise ValueError(f"matmul: {what} must be 2-D (M, K) or 3-D (batch, M, K), got {t.dim()}-D shape {tuple(t.shape)}")
+    if not t.dtype.is_floating_point:
+        raise TypeError(f"matmul: {what} has dtype {t.dtype}; the GEMM kernels take floating-point inputs")
+
+
+def _check_cuda(t, what: str, device) -> None:
+    if t.device.type != "cuda":
+        raise ValueError(
+            f"matmul: {what} is on device '{t.device}'; cute_kernels GEMMs run on CUDA devices only "
+            "(move it with .cuda())"
+        )
+    if t.device != device:
+        raise ValueError(f"matmul: {what} is on {t.device} but a is on {device}; all tensors must share one device")
+
+
+def _batch(a, b) -> int:
+    la = a.shape[0] if a.dim() == 3 else 1
+    lb = b.shape[0] if b.dim() == 3 else 1
+    if la != lb and la != 1 and lb != 1:
+        raise ValueError(f"matmul: batch sizes differ and neither is 1: a {tuple(a.shape)}, b {tuple(b.shape)}")
+    return max(la, lb)
+
+
+def _as_3d(t, batch: int):
+    t3 = t if t.dim() == 3 else t.unsqueeze(0)
+    return t3.expand(batch, t3.shape[1], t3.shape[2]) if t3.shape[0] != batch else t3
+
+
+def matmul(a, b, *, kernel: str = "auto", out_dtype=None, alpha: float = 1.0, beta: float = 0.0, c=None):
+    """`alpha * (a @ b) + beta * c` with torch.matmul's shape semantics for 2-D and 3-D operands.
+
+    a: (M, K) or (L, M, K); b: (K, N) or (L, K, N), same floating dtype, same CUDA device. A 2-D
+    operand (or a batch of 1) broadcasts over the other's batch. The result is (M, N) when both
+    are 2-D, else (L, M, N); its dtype is `out_dtype` (default: the input dtype). Products are
+    accumulated in fp32 (fp64 inputs aside, which no rung takes yet).
+
+    c: needed when beta != 0, ignored when beta == 0 (as in torch.addmm: NaN in c does not leak
+    through beta = 0); broadcastable to the result's shape, dtype `out_dtype`.
+    kernel: "auto" (the best rung of the ladder that supports the problem on this device) or a
+    rung name from `cute_kernels.gemm.KERNELS`.
+
+    Every check happens before any launch; errors name the offending argument.
+    """
+    import torch
+
+    from .dispatch import resolve
+
+    _check_operand(a, "a")
+    _check_operand(b, "b")
+    if a.dtype != b.dtype:
+        raise TypeError(f"matmul: a has dtype {a.dtype} but b has dtype {b.dtype}; they must match")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(
+            f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not compose: a's K = {a.shape[-1]} "
+            f"but b's K = {b.shape[-2]}"
+        )
+    batch = _batch(a, b)
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    batched = a.dim() == 3 or b.dim() == 3
+    out_shape = (batch, m, n) if batched else (m, n)
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
+        raise TypeError(f"matmul: out_dtype must be a floating torch.dtype, got {out_dtype!r}")
+    for nm, v in (("alpha", alpha), ("beta", beta)):
+        if not isinstance(v, numbers.Real) or isinstance(v, bool):
+            raise TypeError(f"matmul: {nm} must be a real number, got {type(v).__name__}")
+    use_c = beta != 0
+    if use_c:
+        if c is None:
+            raise ValueError(f"matmul: beta={beta} needs c (the addend); pass c or use beta=0")
+        if not isinstance(c, torch.Tensor):
+            raise TypeError(f"matmul: c must be a torch.Tensor, got {type(c).__name__}")
+        if c.dtype != out_dtype:
+            raise TypeError(f"matmul: c has dtype {c.dtype} but the output dtype is {out_dtype}")
+        try:
+            torch.broadcast_shapes(c.shape, out_shape)
+        except RuntimeError:
+            raise ValueError(f"matmul: c of shape {tuple(c.shape)} does not broadcast to the output shape {out_shape}") from None
+        if c.dim() > len(out_shape) or torch.broadcast_shapes(c.shape, out_shape) != torch.Size(out_shape):
+            raise ValueError(f"matmul: c of shape {tuple(c.shape)} does not broadcast to the output shape {out_shape}")
+
+    a3, _ = as_unit_stride(_as_3d(a, batch), "a")
+    b3, _ = as_unit_stride(_as_3d(b, batch), "b")
+    c3 = None
+    if use_c:
+        c_full = c.expand(out_shape)
+        c3, _ = as_unit_stride(c_full if batched else c_full.unsqueeze(0), "c")
+
+    device = a.device
+    _check_cuda(a, "a", device)
+    _check_cuda(b, "b", device)
+    if use_c:
+        _check_cuda(c, "c", device)
+
+    out3 = torch.empty((batch, m, n), dtype=out_dtype, device=device)
+    if out3.numel() == 0:
+        return out3 if batched else out3[0]
+    if k == 0:
+        # An empty sum: alpha * 0 + beta * c, as torch.addmm gives.
+        out3.zero_()
+        if use_c:
+            out3.copy_((beta * c3.to(torch.float32)).to(out_dtype))
+        return out3 if batched else out3[0]
+
+    rung = resolve(kernel, a3, b3, out3)
+    rung(a3, b3, out3, alpha=float(alpha), beta=float(beta), c=c3)
+    return out3 if batched else out3[0]

@@ -1,0 +1,132 @@
+"""Configurations of the Hopper GEMM rungs, and the heuristic that picks one per problem.
+
+`Sm90GemmConfig` fixes everything static about a kernel build (tile, cluster, pipeline depth,
+schedule, rasterization); problem sizes stay dynamic. `pick_config` is the default heuristic
+used by the rungs when no config is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+SMEM_BYTES = 232448  # sm_90 opt-in shared memory per block (227 KiB)
+_BARRIER_BYTES = 1024
+
+SCHEDULES = ("cooperative", "pingpong")
+
+
+@dataclass(frozen=True)
+class Sm90GemmConfig:
+    """Static shape of one sm_90a GEMM build.
+
+    tile_m x tile_n x tile_k: the CTA tile (tile_k elements of K per pipeline stage).
+    cluster_m x cluster_n: CTAs per cluster; A is multicast along cluster_n, B along cluster_m.
+    stages: smem pipeline depth (0 = as many as fit beside the epilogue buffers).
+    epi_stages: TMA-store ring depth. schedule: "cooperative" (the consumer warpgroups split one
+    tile along M) or "pingpong" (each consumer warpgroup owns whole tiles, alternating).
+    raster: "m" or "n", the order tiles are walked; swizzle: clusters per L2 band (1 = none).
+    """
+
+    tile_m: int = 128
+    tile_n: int = 256
+    tile_k: int = 64
+    cluster_m: int = 2
+    cluster_n: int = 1
+    stages: int = 0
+    epi_stages: int = 4
+    schedule: str = "cooperative"
+    raster: str = "m"
+    swizzle: int = 1
+
+    def validate(self) -> "Sm90GemmConfig":
+        if self.tile_m not in (64, 128, 192, 256):
+            raise ValueError(f"tile_m must be 64, 128, 192 or 256, got {self.tile_m}")
+        if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
+            raise ValueError(f"tile_n must be a multiple of 16 in [16, 256], got {self.tile_n}")
+        if self.tile_k not in (32, 64, 128):
+            raise ValueError(f"tile_k must be 32, 64 or 128, got {self.tile_k}")
+        for c in (self.cluster_m, self.cluster_n):
+            if c not in (1, 2, 4):
+                raise ValueError(f"cluster dims must be 1, 2 or 4, got {self.cluster_m}x{self.cluster_n}")
+        if self.cluster_m * self.cluster_n > 4:
+            raise ValueError(f"at most 4 CTAs per cluster, got {self.cluster_m}x{self.cluster_n}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.schedule == "cooperative" and self.tile_m % 128:
+            raise ValueError(f"cooperative schedule splits tile_m across 2 warpgroups: tile_m must be 128 or 256, got {self.tile_m}")
+        if self.schedule == "pingpong" and self.tile_m * self.tile_n > 128 * 128:
+            raise ValueError(f"ping-pong: one warpgroup holds the whole {self.tile_m}x{self.tile_n} fp32 accumulator; "
+                             "at most 128x128 fits its registers")
+        if self.raster not in ("m", "n"):
+            raise ValueError(f"raster must be 'm' or 'n', got {self.raster!r}")
+        if self.swizzle < 1:
+            raise ValueError(f"swizzle must be >= 1, got {self.swizzle}")
+        if self.epi_stages < 1 or self.stages < 0:
+            raise ValueError("stages must be >= 0 (0 = auto) and epi_stages >= 1")
+        return self
+
+    @property
+    def consumer_warpgroups(self) -> int:
+        return 2 if self.schedule == "cooperative" else 1
+
+    def ab_stage_bytes(self, in_bytes: int) -> int:
+        return (self.tile_m + self.tile_n) * self.tile_k * in_bytes
+
+    def epi_tile(self, out_bits: int) -> tuple[int, int]:
+        if self.consumer_warpgroups == 2:
+            return (min(128, self.tile_m), min(32, self.tile_n))
+        return (min(64, self.tile_m), min(64 if out_bits == 8 else 32, self.tile_n))
+
+    def resolved_stages(self, in_bytes: int, out_bits: int) -> int:
+        """Pipeline depth: `stages`, or the most that fit; raises if fewer than 2 fit."""
+        em, en = self.epi_tile(out_bits)
+        epi_bytes = em * en * out_bits // 8 * self.epi_stages
+        fit = (SMEM_BYTES - _BARRIER_BYTES - epi_bytes) // self.ab_stage_bytes(in_bytes)
+        stages = self.stages or fit
+        if stages < 2 or stages > fit:
+            raise ValueError(f"{self}: {stages} stages requested, {fit} fit in shared memory (need >= 2)")
+        return stages
+
+
+def pick_config(m: int, n: int, k: int, in_bytes: int = 2) -> Sm90GemmConfig:
+    """The default config for an M x N x K problem (heuristic; an autotuner may override it).
+
+    Measured on H200 (docs/gemm_hopper.md): 128x256 tiles with a 2x1 cluster win once there is
+    more than one wave of them; on large outputs a raster along N in bands of 8 clusters keeps
+    the B panels of concurrently running CTAs in L2; with less than a wave of 128x256 tiles,
+    128x128 tiles fill the SMs; skinny M uses narrow N tiles (split-K is still to come).
+    """
+    if m <= 128:
+        return Sm90GemmConfig(tile_m=128, tile_n=64 if m > 64 else 128, cluster_m=1, cluster_n=1)
+    tiles_256 = -(-m // 128) * -(-n // 256)
+    if tiles_256 < 132:
+        return Sm90GemmConfig(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1)
+    if m * n >= 8192 * 8192:
+        return Sm90GemmConfig(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, swizzle=8, raster="n")
+    return Sm90GemmConfig(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1)
+
+
+def pick_split_k(m: int, n: int, k: int, l: int, config: Sm90GemmConfig, in_bytes: int = 2,
+                 num_sms: int = 132) -> int:
+    """How many K chunks to split a problem with less than one wave of tiles into (1 = none).
+
+    Splits only unbatched problems (the split becomes the kernel's batch mode), aiming at about
+    two waves of (tile, chunk) work units, with chunks of at least 8 k-tiles whose length keeps
+    TMA's 16-byte stride alignment.
+    """
+    tiles = -(-m // config.tile_m) * -(-n // config.tile_n)
+    if l != 1 or tiles >= num_sms:
+        return 1
+    best = 1
+    for s in (2, 3, 4, 6, 8, 12, 16):
+        if tiles * s > 2 * num_sms:
+            break
+        ks = k // s
+        if k % s or (ks * in_bytes) % 16 or ks < 8 * config.tile_k:
+            continue
+        best = s
+    return best
+
+
+def with_overrides(config: Sm90GemmConfig, **kw) -> Sm90GemmConfig:
+    return replace(config, **kw).validate()

@@ -1,0 +1,311 @@
+"""Rung 7, `sm90_persistent`: warp-specialized persistent GEMM with TMA multicast clusters.
+
+D[m, n, l] = alpha * sum_k A[m, k, l] * B[n, k, l], fp32 accumulation.
+
+Structure (one CTA per SM, walking output tiles with a static persistent scheduler):
+- warpgroup 0, the producer, gives up registers (setmaxnreg.dec) and one warp issues TMA loads
+  of A and B k-tiles into a ring of 128B-swizzled smem stages, multicast across the cluster
+  (A to the CTAs of a cluster row, B to a cluster column). It runs ahead into the next tile
+  while the consumers finish the current one, so loads overlap the epilogue.
+- warpgroups 1..2, the consumers (setmaxnreg.inc), split the tile along M (cooperative) and
+  issue `wgmma.mma_async` from smem, keeping one wgmma group in flight and releasing a stage
+  when the group that read it retires.
+- the epilogue scales by alpha, converts, writes 128x32 sub-tiles to smem with stmatrix and
+  one warp stores them with TMA through a ring of buffers; stores drain asynchronously under
+  the next tile's main loop.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+
+from cute_kernels.gemm.sm90_config import Sm90GemmConfig
+from cute_kernels.hopper import epilogue, smem_layouts, tile_scheduler, tma, wgmma
+from cute_kernels.hopper import pipeline as hpipe
+from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP, WarpRoles
+
+
+def _major(layout_enum, operand: str) -> str:
+    """'K' or 'MN' for A/B from the DSL LayoutEnum of the (rows, K, L) tensor."""
+    return "K" if layout_enum.sm90_mma_major_mode() == cute.nvgpu.OperandMajorMode.K else "MN"
+
+
+class Sm90PersistentGemm:
+    """The kernel for one static config; sizes, strides and alpha are runtime arguments."""
+
+    def __init__(self, config: Sm90GemmConfig, acc_dtype=cutlass.Float32):
+        self.config = config.validate()
+        self.pingpong = config.schedule == "pingpong"
+        if self.pingpong and (config.epi_stages % 2 or config.tile_m != 128):
+            raise ValueError("ping-pong splits the epilogue ring between 2 warpgroups (even epi_stages) "
+                             "and each warpgroup owns a whole tile_m = 128 tile")
+        self.acc_dtype = acc_dtype
+        self.roles = WarpRoles(consumer_warpgroups=2)
+        self.roles.validate()
+        # warpgroups per MMA tile: 2 split a tile (cooperative), 1 owns it (ping-pong)
+        self.mma_warpgroups = 1 if self.pingpong else 2
+        self.epi_threads = THREADS_PER_WARPGROUP * self.mma_warpgroups
+        self.tile_mnk = (config.tile_m, config.tile_n, config.tile_k)
+        self.cluster_mn = (config.cluster_m, config.cluster_n)
+
+    # ----- host side: layouts, TMA atoms, grid -------------------------------------------
+    def _setup(self, a, b, c):
+        cfg = self.config
+        self.a_dtype, self.b_dtype, self.c_dtype = a.element_type, b.element_type, c.element_type
+        self.c_layout = utils.LayoutEnum.from_tensor(c)
+        self.a_major = _major(utils.LayoutEnum.from_tensor(a), "A")
+        self.b_major = _major(utils.LayoutEnum.from_tensor(b), "B")
+        self.tiled_mma = wgmma.make_tiled_mma(
+            self.a_dtype, self.b_dtype, self.a_major, self.b_major, self.acc_dtype,
+            (self.mma_warpgroups, 1, 1), cfg.tile_n,
+        )
+        self.stages = cfg.resolved_stages(self.a_dtype.width // 8, self.c_dtype.width)
+        self.epi_tile = cfg.epi_tile(self.c_dtype.width)
+        tm, tn, tk = self.tile_mnk
+        self.atom_a = smem_layouts.gmma_atom(self.a_major, self.a_dtype, tk if self.a_major == "K" else tm)
+        self.atom_b = smem_layouts.gmma_atom(self.b_major, self.b_dtype, tk if self.b_major == "K" else tn)
+        c_major = "MN" if self.c_layout.is_m_major_c() else "K"
+        self.atom_c = smem_layouts.gmma_atom(c_major, self.c_dtype, self.epi_tile[0 if c_major == "MN" else 1])
+        self.smem_a_layout = smem_layouts.staged_smem_layout(self.atom_a, tm, tk, self.stages)
+        self.smem_b_layout = smem_layouts.staged_smem_layout(self.atom_b, tn, tk, self.stages)
+        self.smem_c_layout = smem_layouts.staged_epi_layout(self.atom_c, *self.epi_tile, cfg.epi_stages)
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, alpha: cutlass.Float32,
+                 max_active_clusters: cutlass.Constexpr, stream):
+        """a: (M, K, L), b: (N, K, L), c: (M, N, L); c = alpha * a . b^T per batch."""
+        self._setup(a, b, c)
+        cfg = self.config
+        tm, tn, tk = self.tile_mnk
+        tma_a, gA = tma.make_tma_load(a, self.smem_a_layout, (tm, tk), cfg.cluster_n)
+        tma_b, gB = tma.make_tma_load(b, self.smem_b_layout, (tn, tk), cfg.cluster_m)
+        tma_c, gC = tma.make_tma_store(c, self.smem_c_layout, self.epi_tile)
+        sched = tile_scheduler.make_params(c, (tm, tn), self.cluster_mn, cfg.swizzle, cfg.raster == "m")
+        grid = tile_scheduler.grid_shape(sched, max_active_clusters)
+
+        @cute.struct
+        class Storage:
+            mainloop_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.smem_a_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.smem_b_layout)], 1024]
+            sC: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(self.smem_c_layout)], 1024]
+
+        self.storage = Storage
+        self.kernel(
+            tma_a, gA, tma_b, gB, tma_c, gC, self.tiled_mma, cute.make_layout((*self.cluster_mn, 1)),
+            self.smem_a_layout, self.smem_b_layout, self.smem_c_layout, sched, alpha,
+        ).launch(grid=grid, block=[self.roles.threads, 1, 1], cluster=(*self.cluster_mn, 1),
+                 min_blocks_per_mp=1, stream=stream)
+
+    # ----- device side ------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
+               tma_c: cute.CopyAtom, mC: cute.Tensor, tiled_mma: cute.TiledMma, cluster_layout: cute.Layout,
+               smem_a_layout: cute.ComposedLayout, smem_b_layout: cute.ComposedLayout,
+               smem_c_layout: cute.ComposedLayout, sched_params: utils.PersistentTileSchedulerParams,
+               alpha: cutlass.Float32):
+        cfg = self.config
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            tma.prefetch(tma_a, tma_b, tma_c)
+
+        # --- shared storage and the mainloop pipeline
+        cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cluster_coord = cluster_layout.get_flat_coord(cta_rank)
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(self.storage)
+        a_stage = cute.slice_(smem_a_layout, (None, None, 0))
+        b_stage = cute.slice_(smem_b_layout, (None, None, 0))
+        tx_bytes = cute.size_in_bytes(self.a_dtype, a_stage) + cute.size_in_bytes(self.b_dtype, b_stage)
+        ab_pipe = hpipe.make_mainloop_pipeline(
+            storage.mainloop_barriers.data_ptr(), stages=self.stages, tx_bytes=tx_bytes,
+            consumer_warps=4 * self.mma_warpgroups, cluster_layout_mnk=cluster_layout,
+            mcast_a=cfg.cluster_n, mcast_b=cfg.cluster_m,
+        )
+        if cute.size(self.cluster_mn) > 1:
+            cute.arch.cluster_arrive_relaxed()
+
+        sA = storage.sA.get_tensor(smem_a_layout.outer, swizzle=smem_a_layout.inner)
+        sB = storage.sB.get_tensor(smem_b_layout.outer, swizzle=smem_b_layout.inner)
+        sC = storage.sC.get_tensor(smem_c_layout.outer, swizzle=smem_c_layout.inner)
+
+        # --- partition: global tiles (rows, K, RestRows, RestK, L) and their TMA views
+        tm, tn, tk = self.tile_mnk
+        gA = cute.local_tile(mA, (tm, tk), (None, None, None))
+        gB = cute.local_tile(mB, (tn, tk), (None, None, None))
+        gC = cute.local_tile(mC, (tm, tn), (None, None, None))
+        tAsA, tAgA = tma.partition_load(tma_a, cluster_layout, cluster_coord, 0, sA, gA)
+        tBsB, tBgB = tma.partition_load(tma_b, cluster_layout, cluster_coord, 1, sB, gB)
+        k_tiles = cute.size(gA, mode=[3])
+
+        if cute.size(self.cluster_mn) > 1:
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.sync_threads()
+
+        warpgroup = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+        if warpgroup == 0:
+            self.roles.become_producer()
+            if warp_idx == 0:
+                a_mask, b_mask = tma.multicast_masks(cluster_layout, cluster_coord, cfg.cluster_n > 1, cfg.cluster_m > 1)
+                self.produce(ab_pipe, sched_params, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, a_mask, b_mask, k_tiles)
+        else:
+            self.roles.become_consumer()
+            if cutlass.const_expr(self.pingpong):
+                # each consumer warpgroup runs its own copy of the loop over every other tile
+                if warpgroup == 1:
+                    self.consume(ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, alpha, k_tiles,
+                                 tidx - THREADS_PER_WARPGROUP, warp_idx, 0)
+                else:
+                    self.consume(ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, alpha, k_tiles,
+                                 tidx - 2 * THREADS_PER_WARPGROUP, warp_idx, 1)
+            else:
+                self.consume(ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, alpha, k_tiles,
+                             tidx - THREADS_PER_WARPGROUP, warp_idx, 0)
+
+    @cute.jit
+    def produce(self, ab_pipe, sched_params, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, a_mask, b_mask, k_tiles):
+        """Producer warp: for each scheduled tile, TMA every k-tile of A and B into the ring."""
+        sched = tile_scheduler.create(sched_params)
+        work = sched.initial_work_tile_info()
+        state = hpipe.producer_state(self.stages)
+        while work.is_valid_tile:
+            m, n, l = work.tile_idx
+            tAgA_t = tAgA[(None, m, None, l)]
+            tBgB_t = tBgB[(None, n, None, l)]
+            for kt in range(k_tiles):
+                ab_pipe.producer_acquire(state)
+                bar = ab_pipe.producer_get_barrier(state)
+                cute.copy(tma_a, tAgA_t[(None, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=a_mask)
+                cute.copy(tma_b, tBgB_t[(None, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mask)
+                ab_pipe.producer_commit(state)
+                state.advance()
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+        ab_pipe.producer_tail(state)
+
+    @cute.jit
+    def consume(self, ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, alpha, k_tiles, ctidx, warp_idx,
+                wg: cutlass.Constexpr):
+        """Consumer warpgroups: main loop of wgmma over the k-tiles, then the TMA-store epilogue.
+
+        Cooperative (`wg` = 0): both warpgroups run this on every tile, each on half its rows.
+        Ping-pong: warpgroup `wg` takes tiles wg, wg+2, ... of this CTA's sequence, so its
+        epilogue runs while the other warpgroup's main loop uses the tensor cores. The producer
+        fills stages in tile order, so a warpgroup skips the other's k_tiles stages in its
+        pipeline states; it then waits for exactly its own stages (phases make that exact).
+        """
+        cfg = self.config
+        ring = cfg.epi_stages // 2 if self.pingpong else cfg.epi_stages
+        epi_barrier = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=self.epi_threads)
+        thr_mma = tiled_mma.get_slice(ctidx)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        acc = cute.make_rmem_tensor(thr_mma.partition_C(gC).shape[:3], self.acc_dtype)
+
+        r2s = epilogue.make_r2s_copy(self.c_layout, self.c_dtype, self.acc_dtype, tiled_mma)
+        thr_r2s = r2s.get_slice(ctidx)
+        tRS_sC = thr_r2s.partition_D(sC)
+        tRS_acc = r2s.retile(acc)
+        frag_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
+        tRS_rAcc = cute.make_rmem_tensor(frag_shape, self.acc_dtype)
+        tRS_rC = cute.make_rmem_tensor(frag_shape, self.c_dtype)
+        frag_size = cute.size(tRS_rAcc)
+        store_pipe = hpipe.make_store_pipeline(stages=ring, threads=self.epi_threads)
+        store_warp = 4 + 4 * wg  # the first warp of the (first) consumer warpgroup issues TMA stores
+        stride = 2 if self.pingpong else 1
+
+        sched = tile_scheduler.create(sched_params)
+        read = hpipe.consumer_state(self.stages)
+        release = hpipe.consumer_state(self.stages)
+        if cutlass.const_expr(wg == 1):
+            sched.advance_to_next_work()
+            read.advance(k_tiles)
+            release.advance(k_tiles)
+        work = sched.get_current_work()
+        done = cutlass.Int32(0)
+        while work.is_valid_tile:
+            m, n, l = work.tile_idx
+            # main loop: the first k-tile overwrites acc; one wgmma group stays in flight
+            wgmma.fence()
+            ab_pipe.consumer_wait(read)
+            wgmma.mma_k_tile(tiled_mma, acc, tCrA, tCrB, read.index, zero_init=True)
+            wgmma.commit_group()
+            read.advance()
+            for kt in range(1, k_tiles):
+                ab_pipe.consumer_wait(read)
+                wgmma.mma_k_tile(tiled_mma, acc, tCrA, tCrB, read.index)
+                wgmma.commit_group()
+                wgmma.wait_group(1)
+                ab_pipe.consumer_release(release)
+                release.advance()
+                read.advance()
+            wgmma.wait_group(0)
+            ab_pipe.consumer_release(release)
+            release.advance()
+            if cutlass.const_expr(self.pingpong):
+                read.advance(k_tiles)
+                release.advance(k_tiles)
+
+            # epilogue: sub-tiles of epi_tile through the smem ring and TMA store
+            gC_tile = cute.zipped_divide(gC[(None, None, m, n, l)], self.epi_tile)
+            bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
+                tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_tile)
+            epi_count = cute.size(gC_tile, mode=[1])
+            epi_grid = gC_tile.shape[1]
+            epi_order = cute.make_layout(epi_grid, stride=(epi_grid[1], 1))
+            base = done * epi_count
+            for e in cutlass.range_constexpr(epi_count):
+                for v in cutlass.range_constexpr(frag_size):
+                    tRS_rAcc[v] = tRS_acc[e * frag_size + v] * alpha
+                tRS_rC.store(tRS_rAcc.load().to(self.c_dtype))
+                buf = (base + e) % ring + wg * ring
+                cute.copy(r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
+                cute.arch.fence_proxy("async.shared", space="cta")
+                epi_barrier.arrive_and_wait()
+                if warp_idx == store_warp:
+                    cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_order.get_hier_coord(e))])
+                    store_pipe.producer_commit()
+                    store_pipe.producer_acquire()
+                epi_barrier.arrive_and_wait()
+            done += 1
+            sched.advance_to_next_work(advance_count=stride)
+            work = sched.get_current_work()
+        store_pipe.producer_tail()
+
+
+
+def _make_rung():
+    from cute_kernels.gemm.sm90_rung import Sm90Rung
+
+    return Sm90Rung("sm90_persistent", Sm90PersistentGemm)
+
+
+rung = _make_rung()
+
+VARIANTS = {
+    "default": {},
+    "fp16": {"in_dtype": "fp16", "out_dtype": "fp16"},
+    "fp32_out": {"out_dtype": "fp32"},
+    "cluster_1x2": {"cluster_m": 1, "cluster_n": 2},
+    "tile_128x128": {"tile_n": 128},
+    "a_m_major": {"a_major": "MN"},
+    "b_n_major": {"b_major": "MN"},
+    "c_m_major": {"c_major": "M"},
+    "pingpong_128x128": {"tile_n": 128, "schedule": "pingpong"},
+    "pingpong_128x128_1x2": {"tile_n": 128, "schedule": "pingpong", "cluster_m": 1, "cluster_n": 2},
+}
+
+
+def _register() -> None:
+    from cute_kernels.gemm.sm90_rung import register_compile_variants
+
+    register_compile_variants("sm90_persistent", Sm90PersistentGemm, VARIANTS, {"HGMMA", "UTMALDG", "UTMASTG"})
+
+
+_register()

@@ -1,0 +1,102 @@
+"""CuTe's layout algebra in pure Python: layouts, swizzles and the operations that combine them.
+
+Everything public is re-exported here flat, named as in CuTe::
+
+    >>> from cute_kernels.layouts import Layout, composition
+    >>> composition(Layout((6, 2), (8, 2)), Layout((4, 3), (3, 1)))
+    Layout(((2, 2), 3), ((24, 2), 8))
+
+Importing this package imports neither torch nor the CuTe DSL nor hypothesis (the hypothesis
+strategies live in :mod:`cute_kernels.layouts.strategies`, imported explicitly).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import int_tuple
+from .basis import ArithTuple, E, ScaledBasis
+from .coalesce import coalesce, filter, filter_zeros
+from .complement import complement
+from .composed import ComposedLayout, make_swizzle_layout
+from .composition import composition, with_shape
+from .divide import flat_divide, logical_divide, tiled_divide, zipped_divide
+from .errors import LayoutError
+from .int_tuple import (
+    IntTuple,
+    ceil_div,
+    compatible,
+    congruent,
+    crd2crd,
+    crd2idx,
+    idx2crd,
+    inner_product,
+    prefix_product,
+    product,
+    shape_div,
+    shape_mod,
+    suffix_product,
+    weakly_compatible,
+    weakly_congruent,
+)
+from .inverse import left_inverse, max_common_layout, max_common_vector, nullspace, right_inverse
+from .layout import (
+    Layout,
+    append,
+    cosize,
+    depth,
+    flatten_layout,
+    get,
+    group,
+    is_layout,
+    make_identity_layout,
+    make_layout,
+    make_ordered_layout,
+    prepend,
+    rank,
+    replace,
+    same_function,
+    select,
+    shape,
+    size,
+    slice_and_offset,
+    stride,
+    take,
+)
+from .parse import parse_int_tuple, parse_layout
+from .product import (
+    blocked_product,
+    flat_product,
+    logical_product,
+    raked_product,
+    tile_to_shape,
+    tiled_product,
+    zipped_product,
+)
+from .recast import downcast, recast_layout, upcast
+from .swizzle import Swizzle, make_swizzle
+
+
+def flatten(x: Any) -> Any:
+    """CuTe's ``flatten``: a layout with depth <= 1 and the same function, or the leaves of an int tuple."""
+    if isinstance(x, Layout):
+        return flatten_layout(x)
+    if isinstance(x, ComposedLayout):
+        return x.with_inner(flatten(x.inner))
+    return int_tuple.flatten(x)
+
+
+__all__ = [
+    "ArithTuple", "ComposedLayout", "E", "IntTuple", "Layout", "LayoutError", "ScaledBasis", "Swizzle",
+    "append", "blocked_product", "ceil_div", "coalesce", "compatible", "complement", "composition",
+    "congruent", "cosize", "crd2crd", "crd2idx", "depth", "downcast", "filter", "filter_zeros",
+    "flat_divide", "flat_product", "flatten", "flatten_layout", "get", "group", "idx2crd",
+    "inner_product", "int_tuple", "is_layout", "left_inverse", "logical_divide", "logical_product",
+    "make_identity_layout", "make_layout", "make_ordered_layout", "make_swizzle", "make_swizzle_layout",
+    "max_common_layout", "max_common_vector", "nullspace", "parse_int_tuple", "parse_layout",
+    "prefix_product", "prepend", "product", "raked_product", "rank", "recast_layout", "replace",
+    "right_inverse", "same_function", "select", "shape", "shape_div", "shape_mod", "size",
+    "slice_and_offset", "stride", "suffix_product", "take", "tile_to_shape", "tiled_divide",
+    "tiled_product", "upcast", "weakly_compatible", "weakly_congruent", "with_shape",
+    "zipped_divide", "zipped_product",
+]

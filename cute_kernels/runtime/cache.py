@@ -1,0 +1,257 @@
+"""The compile cache: each kernel compiles once per (key, options, arch, DSL version).
+
+Lookup order: memory (a dict keyed by a cheap tuple, the warm path), then disk (an object
+file the DSL exported, loaded in milliseconds, so a second process starts warm), then the
+compiler. Problem sizes are not part of any key: kernels are compiled with dynamic sizes
+(see `tensors`), so a new M, N, K or sequence length reuses the compiled function.
+
+The disk cache lives in $CUTE_KERNELS_CACHE_DIR (default ~/.cache/cute_kernels); set
+CUTE_KERNELS_DISK_CACHE=0 to bypass it. A disk entry is keyed also by a fingerprint of the
+kernels' source, so editing a kernel never loads a stale binary.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from .arch import dsl_version, target_arch
+
+# (key, options, arch) -> compiled function. Never evicted: a process compiles a bounded
+# set of (kernel, config, dtype) combinations.
+_MEMORY: dict[tuple, Any] = {}
+_LOCK = threading.Lock()
+_ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+")
+
+# Counters tests and benchmarks read to prove what happened (no recompiles, warm starts).
+stats = {"compiled": 0, "disk_loaded": 0, "disk_stored": 0, "memory_hits": 0}
+
+
+def cache_dir() -> Path:
+    """The on-disk cache root: $CUTE_KERNELS_CACHE_DIR, else ~/.cache/cute_kernels."""
+    env = os.environ.get("CUTE_KERNELS_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "cute_kernels"
+
+
+def disk_cache_enabled() -> bool:
+    return os.environ.get("CUTE_KERNELS_DISK_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _check_key(key) -> None:
+    if not isinstance(key, tuple):
+        raise TypeError(f"compile key must be a tuple, got {type(key).__name__}")
+    try:
+        hash(key)
+    except TypeError as err:
+        raise TypeError(f"compile key must be hashable (use frozen dataclasses and tuples): {err}") from None
+
+
+def tvm_ffi_requested(options: str | None) -> bool:
+    return bool(options) and "enable-tvm-ffi" in options
+
+
+def lookup_kernel(key: tuple, options: str | None = None):
+    """The compiled function for `key` if this process already has it, else None."""
+    return _MEMORY.get((key, options, target_arch()))
+
+
+def compile_kernel(jit_fn: Callable, *args, key: tuple, options: str | None = None):
+    """`cute.compile(jit_fn, *args, options=...)`, cached in memory and on disk.
+
+    `key` identifies what is compiled: kernel name, frozen config, dtypes; anything that
+    changes the generated code other than problem sizes. The target arch and the DSL
+    version are added here. `args` may be fake tensors (compile-only) or real ones; on a
+    cache hit they are not touched. Returns the compiled function (a callable taking the
+    runtime arguments; with "--enable-tvm-ffi" in `options`, a TVM-FFI function taking
+    torch tensors directly).
+    """
+    memo = (key, options, target_arch())
+    try:
+        fn = _MEMORY.get(memo)
+    except TypeError:  # unhashable: say so in terms of the key
+        _check_key(key)
+        raise
+    if fn is not None:
+        stats["memory_hits"] += 1
+        return fn
+    _check_key(key)
+    with _LOCK:
+        fn = _MEMORY.get(memo)
+        if fn is None:
+            fn = _load_or_compile(jit_fn, args, key, options, memo[2])
+            _MEMORY[memo] = fn
+    return fn
+
+
+def clear_memory_cache() -> None:
+    """Forget every compiled function held in memory (the disk cache is kept)."""
+    _MEMORY.clear()
+
+
+def _load_or_compile(jit_fn, args, key, options, arch):
+    entry = _disk_entry(jit_fn, key, options, arch) if disk_cache_enabled() else None
+    if entry is not None:
+        fn = _disk_load(entry, options)
+        if fn is not None:
+            stats["disk_loaded"] += 1
+            return fn
+    compiled = compile_now(jit_fn, *args, options=options, arch=arch)
+    stats["compiled"] += 1
+    if entry is not None:
+        _disk_store(compiled, entry, options)
+    return _fast_callable(compiled)
+
+
+# Compiled functions whose raw TVM-FFI function is what the cache hands out; held so that
+# nothing they own is finalized while the raw function is in use.
+_KEEP_ALIVE: list = []
+
+
+def _fast_callable(compiled):
+    """The cheapest callable for a compiled function.
+
+    For a TVM-FFI compile that is the underlying `tvm_ffi.Function` (positional arguments,
+    no Python wrapper): the same object a disk-cache load returns, so warm calls behave
+    identically whichever way the function arrived.
+    """
+    get_raw = getattr(compiled, "__tvm_ffi_object__", None)
+    if get_raw is None:
+        return compiled
+    execution_args = getattr(compiled, "execution_args", None)
+    if execution_args is not None and getattr(execution_args, "has_pointer_address_arg_specs", False):
+        return compiled  # needs the wrapper's conversion of Python pointer arguments
+    raw = get_raw()
+    if raw is None:
+        return compiled
+    _KEEP_ALIVE.append(compiled)
+    return raw
+
+
+def compile_options(options: str | None, arch: str) -> str:
+    """The option string passed to `cute.compile`: ours plus the explicit target arch."""
+    text = (options or "").strip()
+    if "--gpu-arch" not in text:
+        text = f"--gpu-arch {arch} {text}".strip()
+    return text
+
+
+def compile_now(jit_fn: Callable, *args, options: str | None = None, arch: str | None = None):
+    """Compile without any cache (every call runs the DSL compiler)."""
+    import cutlass.cute as cute
+
+    return cute.compile(jit_fn, *args, options=compile_options(options, arch or target_arch()))
+
+
+# ---- disk -------------------------------------------------------------------------------
+
+
+def _stable_repr(key) -> str | None:
+    """repr(key), or None when it embeds an object address and so differs per process."""
+    text = repr(key)
+    return None if _ADDRESS_RE.search(text) else text
+
+
+_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+# Subpackages every kernel may trace through: the layout algebra, the Hopper building blocks,
+# and the runtime itself (to_cute).
+_SHARED_SUBPACKAGES = ("layouts", "hopper", "runtime")
+
+
+@functools.cache
+def _tree_fingerprint(directory: str) -> str:
+    """sha256 over the relative paths and contents of the .py files under `directory`."""
+    root = Path(directory)
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.cache
+def _file_fingerprint(path: str) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
+def _source_fingerprint(jit_fn) -> str:
+    """A digest of the source `jit_fn` can trace through.
+
+    That is the shared subpackages (layouts, hopper, runtime), plus the kernel's own
+    subpackage (e.g. all of cute_kernels/gemm) when it lives in cute_kernels, else its
+    defining file. Edits elsewhere (CLI, benchmarks, other kernel families) leave the
+    disk cache valid.
+    """
+    parts = [_tree_fingerprint(str(_PACKAGE_ROOT / name)) for name in _SHARED_SUBPACKAGES]
+    fn = getattr(jit_fn, "__func__", jit_fn)
+    module_name = getattr(fn, "__module__", None) or getattr(type(fn), "__module__", "") or ""
+    module = sys.modules.get(module_name)
+    path = getattr(module, "__file__", None)
+    if path:
+        resolved = Path(path).resolve()
+        try:
+            relative = resolved.relative_to(_PACKAGE_ROOT)
+        except ValueError:
+            parts.append(_file_fingerprint(str(resolved)))
+        else:
+            if len(relative.parts) > 1 and relative.parts[0] not in _SHARED_SUBPACKAGES:
+                parts.append(_tree_fingerprint(str(_PACKAGE_ROOT / relative.parts[0])))
+            elif len(relative.parts) == 1:
+                parts.append(_file_fingerprint(str(resolved)))
+    return hashlib.sha256("".join(parts).encode()).hexdigest()
+
+
+def _qualified_name(jit_fn) -> str:
+    """module.qualname of a function, bound method, or callable kernel object."""
+    fn = getattr(jit_fn, "__func__", jit_fn)
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{getattr(fn, '__module__', None) or type(fn).__module__}.{qualname}"
+
+
+def _disk_entry(jit_fn, key, options, arch) -> tuple[Path, str] | None:
+    """(object file path, symbol prefix) for this compile, or None if not disk-cacheable."""
+    text = _stable_repr(key)
+    if text is None:
+        return None
+    name = _qualified_name(jit_fn)
+    material = "\n".join([text, options or "", arch, dsl_version(), name, _source_fingerprint(jit_fn)])
+    digest = hashlib.sha256(material.encode()).hexdigest()[:32]
+    prefix = f"ck_{digest}"
+    return cache_dir() / arch / f"dsl-{dsl_version()}" / f"{prefix}.o", prefix
+
+
+def _disk_load(entry, options):
+    path, prefix = entry
+    if not path.is_file():
+        return None
+    from cutlass.cute.runtime import load_module
+
+    try:
+        module = load_module(str(path), enable_tvm_ffi=tvm_ffi_requested(options))
+        return getattr(module, prefix)
+    except Exception:  # noqa: BLE001 - a corrupt or foreign entry is recompiled, not fatal
+        return None
+
+
+def _disk_store(fn, entry, options) -> None:
+    path, prefix = entry
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.o")
+        if tvm_ffi_requested(options):
+            # TVM-FFI functions export under "__tvm_ffi_<name>", the symbol load_module looks up.
+            fn.export_to_c(str(tmp), function_name=prefix)
+        else:
+            tmp.write_bytes(fn.dump_to_object(prefix))
+        os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
+        stats["disk_stored"] += 1
+    except Exception:  # noqa: BLE001 - caching is an optimization; compile results stand
+        pass

@@ -1,0 +1,69 @@
+"""block_info: the K/V blocks a Q block visits, checked against the mask's definition by brute
+force (every tile's pairs enumerated with `mask.allowed`)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cute_kernels.attention.block_info import block_range, n_block_range, visited_pairs
+from cute_kernels.attention.mask import allowed
+
+
+def brute_force(m, sq, sk, bm, bn, causal, align):
+    """(n_block_max, n_unmasked_end) from the definitions: the last block with an allowed pair for
+    a real row of the Q block, and the length of the prefix of fully allowed blocks."""
+    rows = range(m * bm, min((m + 1) * bm, sq))
+    n_blocks = -(-sk // bn)
+    any_allowed = [any(allowed(i, j, sq, sk, causal=causal, align=align) for i in rows
+                       for j in range(n * bn, (n + 1) * bn)) for n in range(n_blocks)]
+    all_allowed = [all(allowed(i, j, sq, sk, causal=causal, align=align) for i in rows
+                       for j in range(n * bn, (n + 1) * bn)) for n in range(n_blocks)]
+    n_max = max((n + 1 for n, a in enumerate(any_allowed) if a), default=0)
+    prefix = 0
+    while prefix < n_max and all_allowed[prefix]:
+        prefix += 1
+    return n_max, prefix
+
+
+@given(
+    sq=st.integers(1, 70), sk=st.integers(1, 70), bm=st.sampled_from([16, 32, 64]),
+    bn=st.sampled_from([16, 32, 64]), causal=st.booleans(), align=st.sampled_from(["top_left", "bottom_right"]),
+)
+def test_block_range_matches_the_mask_definition(sq, sk, bm, bn, causal, align):
+    for m in range(-(-sq // bm)):
+        r = block_range(m, sq, sk, block_m=bm, block_n=bn, causal=causal, align=align)
+        assert (r.n_block_max, r.n_unmasked_end) == brute_force(m, sq, sk, bm, bn, causal, align)
+
+
+def test_visiting_order_is_masked_blocks_first_descending():
+    r = block_range(1, 256, 256, block_m=128, block_n=64, causal=True)
+    # Rows 128..255 reach column 255: blocks 0..3 visited; rows from 128 see blocks 0 and 1 whole.
+    assert (r.n_block_max, r.n_unmasked_end) == (4, 2)
+    assert r.order == [3, 2, 1, 0]
+    assert list(r.masked) == [3, 2] and list(r.unmasked) == [1, 0]
+
+
+def test_bottom_right_with_more_queries_than_keys_leaves_early_q_blocks_empty():
+    # Sq=300, Sk=100: rows 0..199 see no key (offset -200); Q block 0 (rows 0..127) visits nothing.
+    r0 = block_range(0, 300, 100, block_m=128, block_n=64, causal=True, align="bottom_right")
+    assert (r0.n_block_max, r0.n_unmasked_end) == (0, 0)
+    assert r0.order == []
+    r2 = block_range(2, 300, 100, block_m=128, block_n=64, causal=True, align="bottom_right")
+    # Rows 256..299 reach columns 56..99: blocks 0 and 1, and row 256 does not cover block 0 whole.
+    assert (r2.n_block_max, r2.n_unmasked_end) == (2, 0)
+
+
+def test_sequence_end_block_is_masked_without_causality():
+    assert n_block_range(0, 10, 130, 0, block_m=64, block_n=64, causal=False) == (3, 2)
+    assert n_block_range(0, 10, 128, 0, block_m=64, block_n=64, causal=False) == (2, 2)
+
+
+def test_visited_pairs_cover_exactly_the_allowed_pairs():
+    sq, sk, bm, bn = 50, 37, 16, 16
+    for causal, align in ((False, "top_left"), (True, "top_left"), (True, "bottom_right")):
+        tiles = {(m, n) for m, n, _ in visited_pairs(sq, sk, block_m=bm, block_n=bn, causal=causal, align=align)}
+        for i in range(sq):
+            for j in range(sk):
+                if allowed(i, j, sq, sk, causal=causal, align=align):
+                    assert (i // bm, j // bn) in tiles

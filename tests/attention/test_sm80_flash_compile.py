@@ -1,0 +1,58 @@
+"""sm80_flash without a GPU: its layouts (pure Python) and one compiled variant's SASS."""
+
+from __future__ import annotations
+
+import pytest
+
+from cute_kernels.layouts import Layout
+from cute_kernels.layouts.analysis import bank_conflicts  # noqa: F401  (import checks the API exists)
+
+
+def test_configs_validate_and_tile_each_head_dim():
+    pytest.importorskip("cutlass")
+    from cute_kernels.attention.sm80_flash import FlashSm80Config, config_for
+
+    for d in (16, 32, 64, 96, 128, 160, 192, 256):
+        c = config_for(d, "bfloat16", True)
+        assert c.smem_bytes <= 227 * 1024 and c.block_m % (16 * c.num_warps) == 0
+    with pytest.raises(ValueError, match="multiple of 16"):
+        FlashSm80Config(head_dim=72).validate()
+    with pytest.raises(ValueError, match=r"block_m = 48 must be a multiple of 16 \* num_warps = 64"):
+        FlashSm80Config(block_m=48, num_warps=4).validate()
+    with pytest.raises(ValueError, match="dtype"):
+        FlashSm80Config(dtype="float32").validate()
+
+
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_smem_layouts_are_bijections_and_vt_is_the_transpose(d):
+    pytest.importorskip("cutlass")
+    from cute_kernels.attention.sm80_flash import FlashSm80Layouts, config_for
+
+    lay = FlashSm80Layouts(config_for(d, "bfloat16", False))
+    c = lay.config
+    kv, vt = lay.smem_kv_layout, lay.smem_vt_layout
+    offsets = {kv(r + c.block_n * col) for r in range(c.block_n) for col in range(d)}
+    assert offsets == set(range(c.block_n * d))
+    for r in range(0, c.block_n, 7):
+        for col in range(0, d, 5):
+            assert vt(col + d * r) == kv(r + c.block_n * col)
+    # Every 8-element chunk a thread copies stays contiguous after the swizzle (one 128-bit access).
+    for r in range(c.block_n):
+        for chunk in range(0, d, 8):
+            base = kv(r + c.block_n * chunk)
+            assert base % 8 == 0
+            assert [kv(r + c.block_n * (chunk + e)) for e in range(8)] == list(range(base, base + 8))
+    assert lay.copy_thread_layout.size() == c.threads
+    assert lay.copy_value_layout == Layout((1, 8), (8, 1))
+
+
+@pytest.mark.compile
+def test_variant_uses_tensor_cores_ldmatrix_cp_async_without_spills():
+    from cute_kernels.runtime import check_variant, compile_variant, get_variant
+
+    import cute_kernels.attention.sm80_flash  # noqa: F401  (registers the variant)
+
+    report = compile_variant("attention.sm80_flash", "d64_float16_causal")
+    assert check_variant(report, get_variant("attention.sm80_flash")) == []
+    assert report.spill_store_bytes == 0 and report.local_memory == 0
+    assert report.dynamic_smem >= 2 * 64 * (128 + 2 * 64)

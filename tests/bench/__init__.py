@@ -1,0 +1,1 @@
+"""Tests of cute_kernels.bench (a package so test module names stay unique)."""

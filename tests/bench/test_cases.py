@@ -1,0 +1,83 @@
+"""cases: names, FLOP/byte counts, parsing, inputs, references and rel_err."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from cute_kernels.bench.cases import AttentionCase, CopyCase, GemmCase, rel_err
+
+
+def test_gemm_counts_and_name():
+    c = GemmCase(8192, 28672, 8192, "bf16")
+    assert c.name == "8192x28672x8192"
+    assert c.flops == 2 * 8192 * 28672 * 8192
+    assert c.bytes == 2 * (8192 * 8192 + 28672 * 8192) + 2 * 8192 * 28672
+    fp8 = GemmCase(4096, 4096, 4096, "fp8_e4m3")
+    assert fp8.result_dtype == "bf16" and fp8.bytes == 2 * 4096 * 4096 + 2 * 4096 * 4096
+
+
+def test_attention_counts_and_name():
+    c = AttentionCase(4, 32, 2048, 128, True)
+    assert c.name == "B4_H32_S2048_D128_causal"
+    assert c.flops == 4 * 4 * 32 * 2048**2 * 128 / 2
+    assert AttentionCase(4, 32, 2048, 128, False).flops == 2 * c.flops
+    assert c.bytes == 4 * 4 * 32 * 2048 * 128 * 2
+
+
+def test_copy_counts_and_name():
+    c = CopyCase((256 << 20) // 2, "bf16")
+    assert c.name == "256MiB" and c.bytes == 2 * (256 << 20) and c.flops == 0
+
+
+@pytest.mark.parametrize("case", [GemmCase(64, 32, 16, "fp32"), AttentionCase(2, 3, 17, 8, True), CopyCase(1000)])
+def test_parse_round_trips(case):
+    assert type(case).parse(case.name, case.dtype) == case
+
+
+@pytest.mark.parametrize("kind, text", [(GemmCase, "4096x4096"), (GemmCase, "0x1x1"), (AttentionCase, "B4_H32_S2048"),
+                                        (CopyCase, "12KB")])
+def test_parse_rejects_with_the_expected_form(kind, text):
+    with pytest.raises(ValueError):
+        kind.parse(text)
+
+
+def test_inputs_are_standard_normal_and_seeded():
+    c = GemmCase(256, 128, 512, "fp32")
+    x = c.make_inputs("cpu", seed=3)
+    y = c.make_inputs("cpu", seed=3)
+    assert torch.equal(x["a"], y["a"]) and x["a"].shape == (256, 512) and x["b"].shape == (128, 512)
+    a = x["a"]
+    assert abs(float(a.mean())) < 0.02 and abs(float(a.std()) - 1) < 0.02
+
+
+def test_rel_err_values():
+    ref = torch.randn(64, 64)
+    assert rel_err(ref.clone(), ref) == 0.0
+    noisy = ref * (1 + 1e-3)
+    assert rel_err(noisy, ref) == pytest.approx(1e-3, rel=1e-3)
+    bad = ref.clone()
+    bad[3, 5] = float("nan")
+    assert math.isnan(rel_err(bad, ref))
+    bad[3, 5] = float("inf")
+    assert math.isnan(rel_err(bad, ref))
+    with pytest.raises(ValueError, match="shape"):
+        rel_err(ref[:2], ref)
+
+
+def test_gemm_reference_is_a_times_b_transposed():
+    c = GemmCase(40, 24, 56, "bf16")
+    x = c.make_inputs("cpu")
+    expect = x["a"].double() @ x["b"].double().T
+    assert rel_err(c.reference(x), expect) < 1e-6
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_reference_matches_sdpa_in_float64(causal):
+    c = AttentionCase(2, 3, 33, 16, causal)
+    x = c.make_inputs("cpu")
+    expect = torch.nn.functional.scaled_dot_product_attention(
+        *(x[n].double() for n in ("q", "k", "v")), is_causal=causal)
+    assert rel_err(c.reference(x), expect) < 1e-6

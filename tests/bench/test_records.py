@@ -1,0 +1,90 @@
+"""records: the result JSON schema (write, read back, validate) and the file naming."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from cute_kernels.bench.records import BenchResult, Record, device_slug, load_result, result_stem, validate_result
+
+
+def _result(records=None) -> BenchResult:
+    if records is None:
+        records = [
+            Record("4096x4096x4096", "cublas", "bf16", tflops=700.5, ms=0.196, rel_err=2.1e-3, spread=0.012,
+                   gbps=300.0, pct_ceiling=93.2, ratio_to_best_peer=1.0),
+            Record("4096x4096x4096", "sm90_persistent", "bf16", tflops=None, ms=None, rel_err=0.7, ok=False,
+                   kind="ours", error="rel_err 0.7 above tolerance 0.01"),
+            Record("4096x4096x4096", "naive", "bf16", tflops=None, ms=None, rel_err=float("nan"), ok=False,
+                   kind="ours", error="output holds NaN", extra={"note": "poisoned"}),
+        ]
+    return BenchResult(date="2026-11-30", device="NVIDIA H200", versions={"torch": "2.11"}, suite="gemm",
+                       records=records, ceilings={"bf16": 752.0, "hbm_gbps": 4310.0})
+
+
+def test_write_read_back_round_trips(tmp_path):
+    path = _result().write(tmp_path / "r.json")
+    text = path.read_text()
+    def reject(token):
+        raise AssertionError(f"non-strict JSON token {token}")
+
+    data = json.loads(text, parse_constant=reject)  # strict JSON: no NaN/Infinity
+    assert set(data) >= {"date", "device", "versions", "suite", "records"}
+    assert data["device_slug"] == "h200"
+    back = load_result(path)
+    assert back.suite == "gemm" and back.device == "NVIDIA H200" and back.ceilings["bf16"] == 752.0
+    assert [r.key for r in back.records] == [r.key for r in _result().records]
+    first = back.records[0]
+    assert (first.tflops, first.ms, first.rel_err, first.spread) == (700.5, 0.196, 2.1e-3, 0.012)
+    assert first.timed and not back.records[1].timed
+    assert back.records[1].rel_err == 0.7 and back.records[1].kind == "ours"
+    # NaN is written as null, extras survive in `extra`
+    assert back.records[2].rel_err is None and back.records[2].extra == {"note": "poisoned"}
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.pop("suite"), "lacks keys"),
+        (lambda d: d.__setitem__("date", "30/11/2026"), "YYYY-MM-DD"),
+        (lambda d: d["records"][0].pop("rel_err"), "lacks keys"),
+        (lambda d: d["records"][0].__setitem__("ms", -1.0), "positive"),
+        (lambda d: d["records"][0].__setitem__("tflops", None), "tflops"),
+        (lambda d: d["records"][0].__setitem__("ms", float("inf")), "finite"),
+        (lambda d: d["records"][0].__setitem__("kind", "theirs"), "kind"),
+        (lambda d: d["records"].append(dict(d["records"][0])), "duplicate"),
+        (lambda d: d.__setitem__("versions", "2.11"), "versions"),
+    ],
+)
+def test_validate_rejects_with_a_named_problem(mutate, message):
+    data = _result().to_dict()
+    validate_result(data)
+    mutate(data)
+    with pytest.raises(ValueError, match=message):
+        validate_result(data)
+
+
+def test_load_names_the_file_on_bad_json(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json"):
+        load_result(bad)
+
+
+@pytest.mark.parametrize(
+    "name, slug",
+    [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"), ("cpu", "cpu"), ("NVIDIA GeForce RTX 4090", "4090")],
+)
+def test_device_slug(name, slug):
+    assert device_slug(name) == slug
+
+
+def test_result_stem_follows_docs_results_naming():
+    assert result_stem("2026-11-30", "attention", "NVIDIA H200") == "2026-11-30-attention-h200"
+
+
+def test_record_to_dict_keeps_required_nulls():
+    d = Record("c", "i", "bf16", tflops=None, ms=None, rel_err=math.nan, ok=False).to_dict()
+    assert d["tflops"] is None and d["ms"] is None and d["rel_err"] is None and d["ok"] is False

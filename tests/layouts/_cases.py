@@ -1,0 +1,129 @@
+"""Seeded random cases shared by the pycute and CuTe-DSL cross-checks (hundreds per operation)."""
+
+from __future__ import annotations
+
+import random
+
+from cute_kernels.layouts import Layout
+from cute_kernels.layouts.generate import (
+    gen_compact_layout, gen_composable_pair, gen_divide_pair, gen_injective_layout, gen_layout,
+    gen_product_pair, gen_shape, gen_swizzle,
+)
+from cute_kernels.layouts.int_tuple import flatten, is_tuple, product
+
+N_CASES = 500
+
+
+def _rng(name: str) -> random.Random:
+    return random.Random(f"cute-kernels-{name}")
+
+
+def cases(op: str, n: int = N_CASES, ours=None) -> list[tuple]:
+    """Argument tuples for operation ``op``, the same on every run.
+
+    With ``ours`` (our implementation of ``op``), generation continues until ``n`` cases are
+    accepted by it; the cases it refuses along the way are kept too (they are cross-checked as
+    refusals). Without it, exactly ``n`` cases.
+    """
+    from cute_kernels.layouts import LayoutError
+
+    rng = _rng(op)
+    d = rng.randint
+    out, accepted = [], 0
+    while accepted < n:
+        args = _one(op, d, rng)
+        out.append(args)
+        if ours is None:
+            accepted += 1
+            continue
+        try:
+            ours(*args)
+            accepted += 1
+        except LayoutError:
+            pass
+    return out
+
+
+def _one(op: str, d, rng) -> tuple:
+    if op in ("composition",):
+        return gen_composable_pair(d)
+    if op == "composition_random":
+        return gen_layout(d), gen_layout(d, max_leaves=3, max_stride=12)
+    if op == "composition_int":
+        A = gen_layout(d)
+        return A, rng.choice([k for k in range(1, A.size() + 1) if A.size() % k == 0])
+    if op == "composition_by_mode":
+        L, T = gen_divide_pair(d, by_mode=True)
+        return L, T
+    if op == "complement":
+        A = gen_injective_layout(d)
+        return A, A.cosize() * d(1, 4)
+    if op in ("coalesce", "filter", "right_inverse", "nullspace"):
+        return (gen_layout(d),)
+    if op == "coalesce_profile":
+        A = gen_layout(d)
+        r = len(A) if is_tuple(A.shape) else 1
+        return A, (1,) * d(1, r) if r > 1 else 1
+    if op == "left_inverse":
+        return (gen_injective_layout(d),)
+    if op in ("logical_divide", "zipped_divide", "tiled_divide", "flat_divide"):
+        L, T = gen_divide_pair(d)
+        if op != "logical_divide" and is_tuple(T) and any(t is None for t in T):
+            T = tuple(t if t is not None else 1 for t in T)
+        return L, T
+    if op in ("logical_product", "zipped_product", "tiled_product", "flat_product", "blocked_product", "raked_product"):
+        return gen_product_pair(d)
+    if op in ("max_common_vector", "max_common_layout"):
+        A = gen_compact_layout(d)
+        return (A, gen_compact_layout(d)) if d(0, 1) else (gen_layout(d), A)
+    if op == "tile_to_shape":
+        block = gen_compact_layout(d, max_leaves=2, max_depth=1)
+        modes = list(block) if is_tuple(block.shape) else [block]
+        r = len(modes) + d(0, 1)
+        target = tuple((m.size() if i < len(modes) else 1) * d(1, 3) for i, m in enumerate(modes + [None] * (r - len(modes))))
+        order = tuple(rng.sample(range(r), r))
+        return block, target, order
+    if op == "make_ordered_layout":
+        shape = gen_shape(d)
+        flat = flatten(shape)
+        order = tuple(rng.sample(range(len(flat)), len(flat)))
+        from cute_kernels.layouts.int_tuple import unflatten
+
+        return shape, (unflatten(order, shape) if is_tuple(shape) else order[0])
+    if op == "recast_layout":
+        # Strides are multiples of the widening ratio (or divide it), which upcast requires; the
+        # CuTe DSL rounds the others silently (see test_recast_rounding_is_refused).
+        old, new = rng.choice([(16, 32), (32, 16), (8, 16), (16, 8), (8, 32), (32, 8), (16, 64), (16, 24)])
+        L = gen_compact_layout(d, max_leaves=3)
+        from math import gcd
+
+        num = new // gcd(old, new)
+        shape = tuple(s * num if i == 0 else s for i, s in enumerate(flatten(L.shape)))
+        if num > 1:
+            L = Layout(shape, tuple(0 if s == 1 else 1 for s in shape[:1]) + tuple(
+                0 if s == 1 else product(shape[:i]) for i, s in enumerate(shape) if i > 0))
+        return L, old, new
+    if op == "swizzle_composition":
+        sw = gen_swizzle(d, allow_negative=True)
+        L = gen_compact_layout(d, max_leaves=3)
+        tiler = tuple(rng.choice([k for k in range(1, m.size() + 1) if m.size() % k == 0])
+                      for m in (list(L) if is_tuple(L.shape) else [L]))
+        return sw, L, tiler
+    if op == "identity":
+        return (gen_shape(d),)
+    raise KeyError(op)
+
+
+def canonical(layout: Layout) -> tuple:
+    """Shape and stride with the strides of size-1 leaves set to 0 (they never contribute)."""
+
+    def zero(s, t):
+        if is_tuple(s):
+            return tuple(zero(x, y) for x, y in zip(s, t))
+        return 0 if s == 1 else t
+
+    return layout.shape, zero(layout.shape, layout.stride)
+
+
+def function_values(layout) -> list:
+    return [layout(i) for i in range(product(layout.shape))]
