@@ -39,7 +39,24 @@ CONFIGS = {
     "c256x128_1x2": dict(tile_m=256, tile_n=128, cluster_m=1, cluster_n=2),
     "c128x128_1x1": dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1),
     "c128x64_1x1": dict(tile_m=128, tile_n=64, cluster_m=1, cluster_n=1),
+    "p128x128_2x1": dict(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1, schedule="pingpong"),
+    "p128x128_1x2": dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, schedule="pingpong"),
+    "p128x128_2x1_sw8n": dict(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1, schedule="pingpong", swizzle=8,
+                              raster="n"),
 }
+
+
+class WithConfig:
+    """A rung pinned to one config (to check schedules the heuristic does not pick)."""
+
+    def __init__(self, rung, config_name):
+        from cute_kernels.gemm.sm90_config import Sm90GemmConfig
+
+        self.rung, self.config = rung, Sm90GemmConfig(**CONFIGS[config_name])
+        self.supports = rung.supports
+
+    def __call__(self, a, b, out, **kw):
+        return self.rung(a, b, out, config=self.config, **kw)
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -50,6 +67,10 @@ def load_rungs(names):
     rungs = {}
     for n in names:
         try:
+            if "[" in n:  # e.g. sm90_persistent[p128x128_2x1]
+                base, cfg = n.rstrip("]").split("[")
+                rungs[n] = WithConfig(importlib.import_module(RUNG_MODULES[base]).rung, cfg)
+                continue
             rungs[n] = importlib.import_module(RUNG_MODULES[n]).rung
         except Exception as e:  # a rung that does not import is reported, not fatal
             print(f"[{n}] import failed: {type(e).__name__}: {e}")
@@ -117,7 +138,7 @@ def correctness(rungs, out_records):
         out_records.append(dict(case="nan_propagation", impl=name, ok=ok))
 
 
-def bench(shapes, config_names, out_records):
+def bench(shapes, config_names, out_records, others=True):
     from triton.testing import do_bench
 
     from cute_kernels.gemm.sm90_config import Sm90GemmConfig, pick_config
@@ -169,13 +190,12 @@ def bench(shapes, config_names, out_records):
                 print(f"{str((M, N, K)):>20} ours[{cname}] ERROR {type(e).__name__}: {str(e)[:400]}")
                 traceback.print_exc(limit=4)
         record("ours[call,auto]", lambda: rung(a3, b3, out3), lambda: out3[0])
-        for other in ("sm90_tma_wgmma", "sm90_warp_specialized"):
+        for other in ("sm90_tma_wgmma", "sm90_warp_specialized") if others else ():
             try:
                 r = importlib.import_module(RUNG_MODULES[other]).rung
                 record(f"{other}[call]", lambda: r(a3, b3, out3), lambda: out3[0])
             except Exception as e:
                 print(f"{other} bench failed:", e)
-        del A, B, ref
         torch.cuda.empty_cache()
 
 
@@ -184,6 +204,7 @@ def main():
     p.add_argument("phase", choices=["correctness", "bench"])
     p.add_argument("--rungs", default="sm90_persistent,sm90_warp_specialized,sm90_tma_wgmma")
     p.add_argument("--shapes", default="default")
+    p.add_argument("--no-peers", action="store_true", help="skip the other rungs' timing lines")
     p.add_argument("--configs", default="c128x256_2x1,c128x256_1x2,c128x128_2x1")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
@@ -192,7 +213,7 @@ def main():
         correctness(load_rungs(args.rungs.split(",")), records)
     else:
         shapes = {"default": SUITE, "quick": SUITE[:2], "skinny": SKINNY, "all": SUITE + SKINNY}[args.shapes]
-        bench(shapes, [c for c in args.configs.split(",") if c], records)
+        bench(shapes, [c for c in args.configs.split(",") if c], records, others=not args.no_peers)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], f"hopper_gemm_{args.phase}.json"), "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), records=records), f, indent=1)

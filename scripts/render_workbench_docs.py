@@ -25,7 +25,7 @@ from cute_kernels.layouts.composed import ComposedLayout  # noqa: E402
 from cute_kernels.layouts.layout import Layout  # noqa: E402
 from cute_kernels.layouts.smem_atoms import gmma_smem_atom  # noqa: E402
 from cute_kernels.layouts.swizzle import Swizzle  # noqa: E402
-from cute_kernels.layouts.tiled import make_tiled_mma  # noqa: E402
+from cute_kernels.layouts.tiled import make_tiled_copy, make_tiled_mma  # noqa: E402
 
 IMG = ROOT / "docs" / "img" / "workbench"
 PAGE = ROOT / "docs" / "workbench.md"
@@ -64,6 +64,8 @@ def page() -> str:
     sw128 = gmma_smem_atom("K_SW128", "bf16")
     sw128_pure = ComposedLayout(Swizzle(3, 4, 3), 0, Layout((8, 64), (64, 1)))
     row_major = Layout((8, 64), (64, 1))
+    tc = make_tiled_copy("SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>", Layout((32, 4), (4, 1)), Layout((1, 8)))
+    tc_down = make_tiled_copy("SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>", Layout((32, 4), (1, 32)), Layout((1, 8)))
     tiled = make_tiled_mma("SM80_16x8x16_F32BF16BF16F32_TN", (2, 2, 1), (32, Layout((8, 2, 2), (1, 16, 8)), 16))
     return f"""# The layout workbench
 
@@ -186,7 +188,10 @@ mode (`along="index"` uses the layout's own index order instead):
 {repl([("t = make_tiled_mma('SM80_16x8x16_F32BF16BF16F32_TN', (2, 2, 1), (32, Layout((8, 2, 2), (1, 16, 8)), 16))", None), ("print(t)", tiled), ("t.owner('C', 17, 10)  # (thread, value)", tiled.owner("C", 17, 10)), ("t.elements(0, 'C')  # (m, n) in value order", tiled.elements(0, "C"))])}
 
 `make_tiled_copy(atom, thr_layout, val_layout)` does the same for copies (each thread owns a
-`val_layout` block, blocks interleaved across threads as CuTe's raked product).
+`val_layout` block, blocks interleaved across threads as CuTe's raked product), and a tiled copy
+is itself an access pattern for the analysis, one instruction per warp:
+
+{repl([("tc = make_tiled_copy('SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>', Layout((32, 4), (4, 1)), Layout((1, 8)))", None), ("tc.elements(1)", tc.elements(1)), ("coalescing(Layout((32, 32), (32, 1)), 'bf16', tc)", coalescing(Layout((32, 32), (32, 1)), "bf16", tc)), ("bank_conflicts(Layout((32, 32), (32, 1)), make_tiled_copy('SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>', Layout((32, 4), (1, 32)), Layout((1, 8))), 'bf16')", bank_conflicts(Layout((32, 32), (32, 1)), tc_down, "bf16"))])}
 
 ## Copy atoms
 
@@ -195,12 +200,15 @@ mode (`along="index"` uses the layout's own index order instead):
 
 {picture("ldmatrix_x4", atom("SM75_U32x4_LDSM_N"))}
 
-## Text, SVG, HTML, TikZ
+## Text, SVG, HTML, TikZ, Jupyter
 
 `render.print_layout(layout)` prints CuTe's grid; `render.to_svg(obj)`, `render.to_html(obj)`,
 `render.to_latex(obj)` (a standalone TikZ document) and `render.to_png(obj, path)` (matplotlib)
 draw layouts, composed layouts, smem atoms, MMA and copy atoms and tiled MMAs with the same cells.
 On the command line: `--svg FILE`, `--html FILE`, `--latex FILE` on `layout`, `atom` and `conflicts`.
+In Jupyter, atoms, GMMA smem atoms, tiled MMAs and tiled copies display as their pictures
+(`_repr_svg_`, through `render.repr_svg`, which falls back to the text form past
+{render.REPR_CELL_LIMIT} cells so that a 64 x 256 wgmma atom does not produce megabytes of SVG).
 
 ## Regenerating this page
 

@@ -3,7 +3,8 @@
 - `scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
   scale=None, enable_gqa=False, *, kernel="auto")`: PyTorch's signature, (B, H, S, D).
 - `attention_forward(q, k, v, *, causal=None, scale=None, enable_gqa=False, kernel="auto")`
-  -> (out, lse): the internal entry, with the log-sum-exp for a backward.
+  -> (out, lse): the internal entry, with the log-sum-exp for a backward;
+  `attention_backward(dout, q, k, v, out, lse, ...)` -> (dq, dk, dv).
 - `KERNELS`: the ladder (`sm80_flash`; `sm90_flash` and the decode kernel to come).
 
 The kernel composes small modules, as flash-attention's CuTe kernels do: `mask` (causal
@@ -19,6 +20,7 @@ import importlib
 _EXPORTS = {
     "scaled_dot_product_attention": "api",
     "attention_forward": "api",
+    "attention_backward": "api",
     "AttentionProblem": "api",
     "KERNELS": "registry",
     "LADDER": "registry",

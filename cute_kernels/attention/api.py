@@ -9,6 +9,11 @@ Masks: `is_causal=True` is the causal mask aligned top-left, as in PyTorch; the 
 alignment comes as PyTorch spells it, `attn_mask=torch.nn.attention.bias.causal_lower_right(
 Sq, Sk)` (also accepted: `causal_upper_left`). An arbitrary dense `attn_mask` and `dropout_p > 0`
 are not implemented and say so.
+
+Gradients: when grad mode is on and q, k or v requires grad, `scaled_dot_product_attention` runs
+through an autograd function whose backward is `attention_backward` (the rung's `backward`:
+dQ, dK, dV recomputing P from the saved lse). Whether the rung can differentiate the problem is
+checked in the forward, before any launch.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import math
 import numbers
 from dataclasses import dataclass
 
-__all__ = ["AttentionProblem", "scaled_dot_product_attention", "attention_forward", "check_inputs"]
+__all__ = ["AttentionProblem", "scaled_dot_product_attention", "attention_forward", "attention_backward",
+           "check_inputs"]
 
 _CAUSAL = (None, "top_left", "bottom_right")
 
@@ -188,6 +194,66 @@ def attention_forward(q, k, v, *, causal: str | None = None, scale=None, enable_
     return out, lse
 
 
+def _backward_rung(kernel: str, q4, k4, v4, problem):
+    from .dispatch import resolve
+
+    rung = resolve(kernel, q4, k4, v4, problem)
+    why = rung.supports_backward(problem) if hasattr(rung, "backward") else f"rung {rung.name!r} has no backward"
+    if why is not None:
+        raise NotImplementedError(f"attention backward: {why}")
+    return rung
+
+
+def attention_backward(dout, q, k, v, out, lse, *, causal: str | None = None, scale=None, enable_gqa: bool = False,
+                       kernel: str = "auto"):
+    """(dq, dk, dv): gradients of `attention_forward`'s out for the output gradient `dout`,
+    given the forward's `out` and `lse` (same causal/scale/enable_gqa/kernel arguments). With
+    GQA, dk and dv sum over the query heads sharing each key/value head."""
+    import torch
+
+    problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa)
+    unbatched = q.dim() == 3
+    q4, k4, v4, out4, do4 = (t.unsqueeze(0) if unbatched else t for t in (q, k, v, out, dout))
+    lse4 = lse.unsqueeze(0) if unbatched else lse
+    if tuple(do4.shape) != tuple(out4.shape) or do4.dtype != out4.dtype:
+        raise ValueError(f"attention_backward: dout {tuple(dout.shape)} {dout.dtype} must match out "
+                         f"{tuple(out.shape)} {out.dtype}")
+    p = problem
+    if p.batch * p.heads_q * p.seqlen_q == 0 or p.seqlen_k == 0:
+        # No query row or no key: out does not depend on q, k, v.
+        grads = (torch.zeros_like(q4), torch.zeros_like(k4), torch.zeros_like(v4))
+    else:
+        grads = _backward_rung(kernel, q4, k4, v4, problem).backward(do4, q4, k4, v4, out4, lse4, problem)
+    return tuple(g[0] for g in grads) if unbatched else tuple(grads)
+
+
+def _attention_function():
+    """The torch.autograd.Function behind differentiable calls (built on first use)."""
+    global _ATTENTION_FN
+    if _ATTENTION_FN is None:
+        import torch
+
+        class AttentionFunction(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v, causal, scale, enable_gqa, kernel):
+                out, lse = attention_forward(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, kernel=kernel)
+                ctx.save_for_backward(q, k, v, out, lse)
+                ctx.options = dict(causal=causal, scale=scale, enable_gqa=enable_gqa, kernel=kernel)
+                return out
+
+            @staticmethod
+            def backward(ctx, dout):
+                q, k, v, out, lse = ctx.saved_tensors
+                dq, dk, dv = attention_backward(dout, q, k, v, out, lse, **ctx.options)
+                return dq, dk, dv, None, None, None, None
+
+        _ATTENTION_FN = AttentionFunction
+    return _ATTENTION_FN
+
+
+_ATTENTION_FN = None
+
+
 def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
                                  scale=None, enable_gqa: bool = False, *, kernel: str = "auto"):
     """torch.nn.functional.scaled_dot_product_attention on the cute_kernels ladder.
@@ -197,6 +263,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p: float = 0.0
     to (B, H, S, D) are used in place). Returns out (B, Hq, Sq, Dv). `kernel`: "auto" or a rung
     name from `cute_kernels.attention.KERNELS`. Raises NotImplementedError for dropout and an
     arbitrary dense attn_mask, and ValueError/TypeError for bad inputs, before any launch.
+    Differentiable in q, k and v (see the module docstring).
     """
     if not isinstance(dropout_p, numbers.Real) or isinstance(dropout_p, bool):
         raise TypeError(f"scaled_dot_product_attention: dropout_p must be a float, got {type(dropout_p).__name__}")
@@ -207,6 +274,15 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p: float = 0.0
         )
     if not isinstance(is_causal, bool):
         raise TypeError(f"scaled_dot_product_attention: is_causal must be a bool, got {type(is_causal).__name__}")
+    import torch
+
     causal = _causal_from_mask(attn_mask, is_causal)
+    tensors = [t for t in (q, k, v) if isinstance(t, torch.Tensor)]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa)
+        q4, k4, v4 = (t.unsqueeze(0) if t.dim() == 3 else t for t in (q, k, v))
+        if problem.seqlen_k and problem.batch * problem.heads_q * problem.seqlen_q:
+            _backward_rung(kernel, q4, k4, v4, problem)  # refuse before launching what cannot be differentiated
+        return _attention_function().apply(q, k, v, causal, scale, enable_gqa, kernel)
     out, _ = attention_forward(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, kernel=kernel)
     return out

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BlockRange", "n_block_range", "block_range", "visited_pairs"]
+__all__ = ["BlockRange", "n_block_range", "m_block_range", "block_range", "visited_pairs"]
 
 
 def _ceil_div(a, b):
@@ -94,3 +94,15 @@ def visited_pairs(seqlen_q: int, seqlen_k: int, *, block_m: int, block_n: int, c
         r = block_range(m, seqlen_q, seqlen_k, block_m=block_m, block_n=block_n, causal=causal, align=align)
         out += [(m, n, True) for n in r.masked] + [(m, n, False) for n in r.unmasked]
     return out
+
+
+def m_block_range(n_block, seqlen_q, offset, *, block_m: int, block_n: int, causal: bool, maximum=max):
+    """(m_block_min, m_block_max): the Q blocks whose real rows see some key of K/V block n_block
+    (the backward's dK/dV pass walks them). Row i sees key j when j <= i + offset, so block n's
+    first key n*bn is seen from row n*bn - offset on. Post-condition: 0 <= m_block_min, and the
+    range may be empty (m_block_min >= m_block_max)."""
+    m_block_max = _ceil_div(seqlen_q, block_m)
+    m_block_min = 0
+    if causal:
+        m_block_min = maximum(n_block * block_n - offset, 0) // block_m
+    return m_block_min, m_block_max

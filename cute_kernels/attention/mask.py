@@ -22,7 +22,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-__all__ = ["ALIGNMENTS", "causal_offset", "allowed", "dense_mask", "apply_mask"]
+__all__ = ["ALIGNMENTS", "causal_offset", "allowed", "dense_mask", "apply_mask", "apply_causal_mask_kq"]
 
 ALIGNMENTS = ("top_left", "bottom_right")
 
@@ -86,3 +86,16 @@ def apply_mask(acc_s_mn: cute.Tensor, coord_mn: cute.Tensor, row_base: cutlass.I
         for c in cutlass.range_constexpr(cute.size(acc_s_mn.shape[1])):
             if coord_mn[0, c][1] >= col_limit:
                 acc_s_mn[r, c] = -cutlass.Float32.inf
+
+
+@cute.jit
+def apply_causal_mask_kq(acc_mn: cute.Tensor, coord_mn: cute.Tensor, key_base: cutlass.Int32,
+                         query_base: cutlass.Int32, offset: cutlass.Int32):
+    """The causal rule on a transposed score tile S^T (rows = keys j, columns = queries i), as
+    the backward's dK/dV pass holds it: acc_mn[r, c] = -inf where j > i + offset."""
+    for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+        # Query columns below j - offset may not see key j.
+        first_query = key_base + coord_mn[r, 0][0] - offset - query_base
+        for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+            if coord_mn[0, c][1] < first_query:
+                acc_mn[r, c] = -cutlass.Float32.inf

@@ -29,10 +29,12 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
-from cute_kernels.layouts import Layout, composition, tile_to_shape
+from cute_kernels.layouts import Layout
 from cute_kernels.runtime import to_cute
 
 from . import block_info
+from .sm80_blocks import (assume_aligned_rows, copy_layouts, gemm_rs, gemm_ss, load_rows, smem_atom_width,
+                          smem_operand, smem_tile_layout, store_tile, transposed)
 from .fragments import accumulator_as_a, mn_view
 from .mask import apply_mask
 from .softmax import LOG2_E, OnlineSoftmax
@@ -96,7 +98,7 @@ class FlashSm80Config:
     @property
     def smem_atom_width(self) -> int:
         """Elements per swizzle row: the widest of 64/32/16 (128/64/32 bytes) dividing head_dim."""
-        return next(w for w in (64, 32, 16) if self.head_dim % w == 0)
+        return smem_atom_width(self.head_dim)
 
     @property
     def smem_bytes(self) -> int:
@@ -139,21 +141,17 @@ class FlashSm80Layouts:
 
     def __post_init__(self):
         from cute_kernels.layouts.atoms import atom
-        from cute_kernels.layouts.smem_atoms import gmma_smem_atom
         from cute_kernels.layouts.tiled import make_tiled_mma
 
         c = self.config.validate()
-        kind = {64: "K_SW128", 32: "K_SW64", 16: "K_SW32"}[c.smem_atom_width]
-        # The element-offset form: a DSL smem tensor of 16-bit elements indexes elements.
-        atom_layout = gmma_smem_atom(kind, "bf16").element_layout
-        kv = tile_to_shape(atom_layout, (c.block_n, c.head_dim))
-        chunks = c.smem_atom_width // 8
+        kv = smem_tile_layout(c.block_n, c.head_dim)
+        thr, val = copy_layouts(c.threads, c.head_dim)
         set_ = object.__setattr__
-        set_(self, "smem_q_layout", tile_to_shape(atom_layout, (c.block_m, c.head_dim)))
+        set_(self, "smem_q_layout", smem_tile_layout(c.block_m, c.head_dim))
         set_(self, "smem_kv_layout", kv)
-        set_(self, "smem_vt_layout", composition(kv, Layout((c.head_dim, c.block_n), (c.block_n, 1))))
-        set_(self, "copy_thread_layout", Layout((c.threads // chunks, chunks), (chunks, 1)))
-        set_(self, "copy_value_layout", Layout((1, 8), (8, 1)))
+        set_(self, "smem_vt_layout", transposed(kv, c.block_n, c.head_dim))
+        set_(self, "copy_thread_layout", thr)
+        set_(self, "copy_value_layout", val)
         name = "SM80_16x8x16_F32F16F16F32_TN" if c.dtype == "float16" else "SM80_16x8x16_F32BF16BF16F32_TN"
         set_(self, "tiled_mma", make_tiled_mma(atom(name), (c.num_warps, 1, 1), (16 * c.num_warps, 16, 16)))
 
@@ -176,7 +174,7 @@ class FlashAttentionSm80:
         c = self.config
         # The host checked every non-unit stride is a multiple of 8 elements (16 bytes), so each
         # row of every tile starts 16-byte aligned: tell the compiler, or no 128-bit access.
-        mQ, mK, mV, mO = [self._assume_aligned_rows(t) for t in (mQ, mK, mV, mO)]
+        mQ, mK, mV, mO = [assume_aligned_rows(t) for t in (mQ, mK, mV, mO)]
         lay = self.layouts
         smem_q_layout = to_cute(lay.smem_q_layout)
         smem_kv_layout = to_cute(lay.smem_kv_layout)
@@ -202,11 +200,6 @@ class FlashAttentionSm80:
         self.kernel(mQ, mK, mV, mO, mLSE, softmax_scale * LOG2_E, causal_offset, qhead_per_kvhead,
                     gmem_load, gmem_store, tiled_mma, SharedStorage).launch(
             grid=grid, block=[c.threads, 1, 1], stream=stream)
-
-    @staticmethod
-    def _assume_aligned_rows(t: cute.Tensor) -> cute.Tensor:
-        stride = tuple(cute.assume(s, divby=8) for s in t.stride[:-1]) + (t.stride[-1],)
-        return cute.make_tensor(t.iterator, cute.make_layout(t.shape, stride=stride))
 
     # ---- device side ---------------------------------------------------------------------------
 
@@ -244,23 +237,13 @@ class FlashAttentionSm80:
         tKVcKV = thr_load.partition_S(cute.make_identity_tensor((c.block_n, c.head_dim)))
 
         thr_mma = tiled_mma.get_slice(tidx)
-        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
-        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
         acc_o = cute.make_rmem_tensor(thr_mma.partition_shape_C((c.block_m, c.head_dim)), cutlass.Float32)
         acc_o.fill(0.0)
-
-        ldsm = warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4)
-        ldsm_t = warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4)
-        copy_q = cute.make_tiled_copy_A(cute.make_copy_atom(ldsm, self.dtype), tiled_mma)
-        copy_k = cute.make_tiled_copy_B(cute.make_copy_atom(ldsm, self.dtype), tiled_mma)
-        copy_v = cute.make_tiled_copy_B(cute.make_copy_atom(ldsm_t, self.dtype), tiled_mma)
-        # (tiled copy, this thread's smem source, its register destination) per operand.
-        thr_q, thr_k, thr_v = copy_q.get_slice(tidx), copy_k.get_slice(tidx), copy_v.get_slice(tidx)
+        # (ldmatrix copy, smem partition, register view, fragment) of Q, K (for S) and V^T (for O).
         frags = (
-            (copy_q, thr_q.partition_S(sQ), thr_q.retile(tSrQ)),
-            (copy_k, thr_k.partition_S(sK), thr_k.retile(tSrK)),
-            (copy_v, thr_v.partition_S(sVt), thr_v.retile(tOrVt)),
+            smem_operand(tiled_mma, sQ, "A", self.dtype, tidx, transpose=False),
+            smem_operand(tiled_mma, sK, "B", self.dtype, tidx, transpose=False),
+            smem_operand(tiled_mma, sVt, "B", self.dtype, tidx, transpose=True),
         )
 
         # Tile-local (row, col) of each score this thread holds, for the mask and the LSE rows.
@@ -269,48 +252,39 @@ class FlashAttentionSm80:
 
         # ---- prologue: Q and the first (highest) K block ----
         if n_block_max > 0:
-            self.load_rows(gmem_load, tQgQ, tQsQ, tQcQ, seqlen_q - m_block * c.block_m)
-            self.load_rows(gmem_load, tKgK[None, None, None, n_block_max - 1], tKsK, tKVcKV,
-                           seqlen_k - (n_block_max - 1) * c.block_n)
+            load_rows(gmem_load, tQgQ, tQsQ, tQcQ, seqlen_q - m_block * c.block_m)
+            load_rows(gmem_load, tKgK[None, None, None, n_block_max - 1], tKsK, tKVcKV,
+                      seqlen_k - (n_block_max - 1) * c.block_n)
         cute.arch.cp_async_commit_group()
 
         # ---- main loop: masked blocks (descending), then the unmasked ones ----
         for i in cutlass.range(n_block_max - n_unmasked_end, unroll=1):
             self.compute_block(n_block_max - 1 - i, True, m_block, seqlen_k, causal_offset, gmem_load,
-                               tKgK, tKsK, tVgV, tVsV, tKVcKV, tiled_mma, thr_mma, tSrQ, tSrK, tOrVt, frags,
+                               tKgK, tKsK, tVgV, tVsV, tKVcKV, tiled_mma, thr_mma, frags,
                                acc_o, t_coord_s, softmax)
         for i in cutlass.range(n_unmasked_end, unroll=1):
             self.compute_block(n_unmasked_end - 1 - i, False, m_block, seqlen_k, causal_offset, gmem_load,
-                               tKgK, tKsK, tVgV, tVsV, tKVcKV, tiled_mma, thr_mma, tSrQ, tSrK, tOrVt, frags,
+                               tKgK, tKsK, tVgV, tVsV, tKVcKV, tiled_mma, thr_mma, frags,
                                acc_o, t_coord_s, softmax)
 
         # ---- epilogue ----
         lse = cute.make_rmem_tensor((softmax.num_rows,), cutlass.Float32)
         softmax.finalize(mn_view(acc_o), lse)
         self.store_lse(mLSE[batch, head, None], lse, t_coord_s, m_block * c.block_m, seqlen_q, tidx)
-        self.store_o(mO[batch, head, None, None], acc_o, sQ, gmem_store, tiled_mma, m_block, seqlen_q, tidx)
-
-    @cute.jit
-    def load_rows(self, gmem_load: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor, coord: cute.Tensor,
-                  rows_left: cutlass.Int32):
-        """cp.async the tile rows below `rows_left`; zero the rest (a P of 0 times garbage V could
-        be NaN). src/dst/coord: this thread's (CPY, CPY_ROWS, CPY_COLS) partitions."""
-        for r in cutlass.range_constexpr(cute.size(dst.shape[1])):
-            if coord[0, r, 0][0] < rows_left:
-                cute.copy(gmem_load, src[None, r, None], dst[None, r, None])
-            else:
-                dst[None, r, None].fill(0)
+        # Q's buffer stages O: every warp is past its last S GEMM (store_tile synchronizes first).
+        gO = cute.local_tile(mO[batch, head, None, None], (c.block_m, c.head_dim), (m_block, 0))
+        store_tile(acc_o, self.dtype, sQ, gmem_store, tiled_mma, gO, (c.block_m, c.head_dim),
+                   seqlen_q - m_block * c.block_m, tidx)
 
     @cute.jit
     def compute_block(self, n_block: cutlass.Int32, masked: cutlass.Constexpr, m_block: cutlass.Int32,
                       seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32, gmem_load: cute.TiledCopy,
                       tKgK: cute.Tensor, tKsK: cute.Tensor, tVgV: cute.Tensor, tVsV: cute.Tensor,
-                      tKVcKV: cute.Tensor, tiled_mma: cute.TiledMma, thr_mma, tSrQ: cute.Tensor,
-                      tSrK: cute.Tensor, tOrVt: cute.Tensor, frags, acc_o: cute.Tensor, t_coord_s: cute.Tensor,
-                      softmax: OnlineSoftmax):
+                      tKVcKV: cute.Tensor, tiled_mma: cute.TiledMma, thr_mma, frags, acc_o: cute.Tensor,
+                      t_coord_s: cute.Tensor, softmax: OnlineSoftmax):
         """One K/V block: S = Q K^T, mask, online softmax, O += P V^T, with the copies overlapped."""
         c = self.config
-        (ldsm_q, tSsQ, tSrQ_view), (ldsm_k, tSsK, tSrK_view), (ldsm_v, tOsVt, tOrVt_view) = frags
+        q_frag, k_frag, vt_frag = frags
         acc_s = cute.make_rmem_tensor(thr_mma.partition_shape_C((c.block_m, c.block_n)), cutlass.Float32)
         acc_s.fill(0.0)
 
@@ -318,27 +292,19 @@ class FlashAttentionSm80:
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         if cutlass.const_expr(masked):
-            self.load_rows(gmem_load, tVgV[None, None, None, n_block], tVsV, tKVcKV, seqlen_k - n_block * c.block_n)
+            load_rows(gmem_load, tVgV[None, None, None, n_block], tVsV, tKVcKV, seqlen_k - n_block * c.block_n)
         else:
             cute.copy(gmem_load, tVgV[None, None, None, n_block], tVsV)
         cute.arch.cp_async_commit_group()
 
-        # S = Q K^T
-        steps = cute.size(tSsQ.shape[2])
-        cute.copy(ldsm_q, tSsQ[None, None, 0], tSrQ_view[None, None, 0])
-        cute.copy(ldsm_k, tSsK[None, None, 0], tSrK_view[None, None, 0])
-        for k in cutlass.range_constexpr(steps):
-            if cutlass.const_expr(k + 1 < steps):
-                cute.copy(ldsm_q, tSsQ[None, None, k + 1], tSrQ_view[None, None, k + 1])
-                cute.copy(ldsm_k, tSsK[None, None, k + 1], tSrK_view[None, None, k + 1])
-            cute.gemm(tiled_mma, acc_s, tSrQ[None, None, k], tSrK[None, None, k], acc_s)
+        gemm_ss(tiled_mma, acc_s, q_frag, k_frag)  # S = Q K^T
 
         # V[n] landed, and every warp is done reading K[n]: prefetch K[n - 1] under softmax and P V.
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         if n_block > 0:
-            self.load_rows(gmem_load, tKgK[None, None, None, n_block - 1], tKsK, tKVcKV,
-                           seqlen_k - (n_block - 1) * c.block_n)
+            load_rows(gmem_load, tKgK[None, None, None, n_block - 1], tKsK, tKVcKV,
+                      seqlen_k - (n_block - 1) * c.block_n)
         cute.arch.cp_async_commit_group()
 
         acc_s_mn = mn_view(acc_s)
@@ -350,13 +316,7 @@ class FlashAttentionSm80:
         # O += P V^T, P converted to the input type in registers and used as the A operand.
         r_p = cute.make_fragment_like(acc_s, self.dtype)
         r_p.store(acc_s.load().to(self.dtype))
-        t_p = accumulator_as_a(r_p)
-        steps = cute.size(t_p.shape[2])
-        cute.copy(ldsm_v, tOsVt[None, None, 0], tOrVt_view[None, None, 0])
-        for k in cutlass.range_constexpr(steps):
-            if cutlass.const_expr(k + 1 < steps):
-                cute.copy(ldsm_v, tOsVt[None, None, k + 1], tOrVt_view[None, None, k + 1])
-            cute.gemm(tiled_mma, acc_o, t_p[None, None, k], tOrVt[None, None, k], acc_o)
+        gemm_rs(tiled_mma, acc_o, accumulator_as_a(r_p), vt_frag)
 
     @cute.jit
     def store_lse(self, gLSE: cute.Tensor, lse: cute.Tensor, t_coord_s: cute.Tensor, row_base: cutlass.Int32,
@@ -367,33 +327,6 @@ class FlashAttentionSm80:
                 row = row_base + t_coord_s[r, 0][0]
                 if row < seqlen_q:
                     gLSE[row] = lse[r]
-
-    @cute.jit
-    def store_o(self, mO: cute.Tensor, acc_o: cute.Tensor, sQ: cute.Tensor, gmem_store: cute.TiledCopy,
-                tiled_mma: cute.TiledMma, m_block: cutlass.Int32, seqlen_q: cutlass.Int32, tidx: cutlass.Int32):
-        """acc_o (normalized) -> input type -> Q's smem buffer -> 128-bit stores of rows < seqlen_q."""
-        c = self.config
-        r_o = cute.make_fragment_like(acc_o, self.dtype)
-        r_o.store(acc_o.load().to(self.dtype))
-        # Q's buffer is free once every warp is past its last S GEMM, and the prologue's copies
-        # into it have landed (a CTA with no K block never waited for them).
-        cute.arch.cp_async_wait_group(0)
-        cute.arch.barrier()
-        sO = sQ
-        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), tiled_mma)
-        thr_r2s = r2s.get_slice(tidx)
-        cute.copy(r2s, thr_r2s.retile(r_o), thr_r2s.partition_D(sO))
-        cute.arch.barrier()
-        gO = cute.local_tile(mO, (c.block_m, c.head_dim), (m_block, 0))
-        thr_store = gmem_store.get_slice(tidx)
-        tOsO, tOgO = thr_store.partition_S(sO), thr_store.partition_D(gO)
-        tOcO = thr_store.partition_D(cute.make_identity_tensor((c.block_m, c.head_dim)))
-        tOrO = cute.make_fragment_like(tOgO, self.dtype)
-        cute.copy(gmem_store, tOsO, tOrO)
-        rows_left = seqlen_q - m_block * c.block_m
-        for r in cutlass.range_constexpr(cute.size(tOgO.shape[1])):
-            if tOcO[0, r, 0][0] < rows_left:
-                cute.copy(gmem_store, tOrO[None, r, None], tOgO[None, r, None])
 
 
 # ---- compile-only variants ------------------------------------------------------------------------
@@ -408,7 +341,8 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = F
 
     config = replace(config_for(head_dim, dtype, causal), **tile).validate()
     t = _CUTLASS[dtype]
-    qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16, stride_divisibility=8) for _ in range(4)]
+    # Strides without divisibility, as `from_torch` gives them: the kernel asserts it itself.
+    qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(4)]
     lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
     args = (*qkvo, lse, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(0), cutlass.Int32(1), fake_stream())
     return CompileJob(FlashAttentionSm80(config), args, ("attention.sm80_flash", config))
@@ -473,6 +407,17 @@ class Sm80FlashRung:
                 return (f"{name}'s strides {tuple(t.stride())} are not multiples of 8 elements (16 bytes) outside "
                         "the head dim; call .contiguous() on it")
         return None
+
+    def supports_backward(self, problem) -> str | None:
+        from .sm80_flash_bwd import supports_backward
+
+        return supports_backward(problem)
+
+    def backward(self, dout, q, k, v, out, lse, problem):
+        """(dq, dk, dv); see `sm80_flash_bwd.backward`."""
+        from .sm80_flash_bwd import backward
+
+        return backward(dout, q, k, v, out, lse, problem)
 
     def __call__(self, q, k, v, out, lse, problem):
         """Write out (B, Hq, Sq, D) and lse (B, Hq, Sq) fp32 on torch's current stream."""

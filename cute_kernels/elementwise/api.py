@@ -60,7 +60,7 @@ def copy(src, dst=None, *, config=None):
     import torch
 
     from . import vector_copy as vc
-    from ._runtime_compat import compile_kernel, current_stream, from_torch
+    from cute_kernels.runtime import compile_kernel, current_stream, from_torch
 
     if dst is None:
         if not isinstance(src, torch.Tensor):

@@ -9,6 +9,10 @@ has `vectors_per_thread` 16-byte requests in flight.
 
 Every block but the last covers a full tile and runs unpredicated; the block holding the
 ragged end of the tensor (if any) copies element by element under an `index < n` predicate.
+Measured on an H200 (2 GiB of fp32, read + write counted): 4.07 TB/s with the default config,
+4.13 TB/s at best (256 threads x 2 vectors, or 1024 x 4), against 4.25 TB/s for torch's
+`dst.copy_(src)`: 96-97%.
+
 The kernel copies raw bits: the torch-facing `copy` reinterprets any 1/2/4/8-byte dtype as the
 integer type of that width, so one compiled kernel per element width serves every dtype.
 """
@@ -22,7 +26,7 @@ import cutlass.cute as cute
 
 from cute_kernels.layouts import Layout
 
-from ._runtime_compat import CompileJob, fake_stream, fake_tensor, register_variant, to_cute
+from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor, register_variant, to_cute
 
 __all__ = ["CopyConfig", "VectorCopy", "copy_tv_layout", "ELEMENT_TYPES"]
 

@@ -24,6 +24,7 @@ __all__ = [
     "gmem_copy_layouts",
     "pick_vector",
     "analyse",
+    "accumulator_write_access",
 ]
 
 _A_MAJORS = ("k", "m")
@@ -181,18 +182,33 @@ def smem_operand_layout(mn: int, tile_k: int, stages: int | None, major: str, el
 
 
 def smem_output_layout(tile_m: int, tile_n: int, c_major: str, elem_bits: int):
-    """(M, N) -> element offset of the epilogue's staging tile, in the output's element type.
+    """(M, N) -> element offset of the epilogue's staging tile (elements of `elem_bits`).
 
-    Row-major output: whole rows of tile_n elements, swizzled (16-byte chunks XOR the row index)
-    so the MMA fragment writes (two adjacent elements per lane, eight rows per instruction) spread
-    over all banks and the read-back is one long vector walk. Column-major output: whole columns
-    padded by 16 bytes (a swizzled staging tile cannot be written from the accumulator fragments
-    by the DSL's vectorizing copy there); the pad shifts consecutive columns by four banks.
+    Row-major output: whole rows of tile_n elements, swizzled in units of 8 elements, the run
+    one row of an m16n8 accumulator fragment covers (4 lanes x 2 values): the unit index is XORed
+    with the row index, so the rows one write phase touches (8 rows of 16 bytes for 16-bit
+    values, 4 rows of 32 bytes for fp32) land in distinct banks, and the read-back, one long
+    vector walk along a row, stays conflict-free. Column-major output: whole columns padded by
+    16 bytes (the DSL's vectorizing register->smem copy cannot write a swizzled column-major
+    tile from the fragments); the pad shifts consecutive columns by four banks.
+    Post-condition: a bijection of the tile onto its offsets (row-major) or an injection.
     """
     if c_major == "n":
-        atom = _swizzled_atom(tile_n, 8, contiguous_first=False, elem_bits=elem_bits)
+        unit_log2 = 3  # 8 elements
+        rows_log2 = int(math.log2(tile_n))
+        b = int(math.log2(max(1, 1024 // (8 * elem_bits))))  # units per 128-byte line
+        s = rows_log2 - unit_log2
+        b = max(0, min(b, s))
+        atom = ComposedLayout(Swizzle(b, unit_log2, s), 0, Layout((8, tile_n), (tile_n, 1)))
         return tile_to_shape(atom, (tile_m, tile_n), (0, 1))
     return Layout((tile_m, tile_n), (1, tile_m + _C_PAD_BITS // elem_bits))
+
+
+def accumulator_write_access() -> Layout:
+    """(lane, value) -> index (m + 128 n) of one m16n8 accumulator row pair a warp writes to the
+    staging tile: lane t holds (t // 4, 2 (t % 4) + v). For `bank_conflicts` on a tile with 128
+    rows."""
+    return Layout(((4, 8), 2), ((256, 1), 128))
 
 
 _C_PAD_BITS = 128

@@ -6,7 +6,8 @@ a[l, m, k] and b[l, k, n] from global memory, so its arithmetic intensity is ~0.
 before caches: this is the roofline's floor, the rung every later idea is measured against.
 
 Consecutive threads walk the output's contiguous mode (`threads_along`), so the stores, and the
-loads of whichever operand shares that mode, coalesce. Any M, N, K >= 1 (threads outside the
+loads of whichever operand shares that mode, coalesce. Measured on an H200 (fp32, 4096^3):
+1.4 TFLOP/s, against 51.2 for cuBLAS SGEMM with TF32 disabled. Any M, N, K >= 1 (threads outside the
 problem do nothing), any of the four transposes (strides are runtime values), batches on grid z.
 """
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 
-from cute_kernels.elementwise._runtime_compat import (
+from cute_kernels.runtime import (
     CompileJob,
     compile_kernel,
     current_stream,

@@ -18,6 +18,9 @@ One thread block computes a block_m x block_n tile of out, walking K in block_k 
 4. Epilogue: out = alpha * acc (+ beta * c), converted, stored under an (m < M, n < N) guard
    (`tv_c_layout` maps (thread, value) to the element of the tile).
 
+Measured on an H200 (fp32, 4096^3, row-major A and B): 45.0 TFLOP/s, 0.88x cuBLAS SGEMM with
+TF32 disabled (51.2 TFLOP/s); 44.2 TFLOP/s with column-major A. The naive rung does 1.4.
+
 Requirements (`supports`): fp32 inputs; A and B 16-byte aligned, their non-unit strides and
 their contiguous extents multiples of 4 elements (so each 16-byte vector is wholly inside or
 wholly outside the problem). Out and c may have any layout.
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 
-from cute_kernels.elementwise._runtime_compat import (
+from cute_kernels.runtime import (
     CompileJob,
     compile_kernel,
     current_stream,
@@ -229,7 +232,7 @@ class SimtSmemGemm:
         depth = a.shape[2]
         k_slices = cute.ceil_div(a.shape[2], cfg.block_k)
 
-        allocator = cutlass.utils.SmemAllocator()
+        allocator = cutlass.memory.SmemAllocator()
         s_a = allocator.allocate_tensor(cutlass.Float32, smem_a, 16)
         s_b = allocator.allocate_tensor(cutlass.Float32, smem_b, 16)
 

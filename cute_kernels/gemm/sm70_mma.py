@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
+from cutlass.memory import SmemAllocator
 from cutlass._mlir.dialects import llvm
 
 from cute_kernels.elementwise._runtime_compat import (
@@ -173,7 +174,7 @@ class Sm70MmaGemm:
         m0 = bm * cfg.tile_m
         n0 = bn * cfg.tile_n
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = SmemAllocator()
         sA = smem.allocate_tensor(cutlass.Float16, sA_layout, 16)
         sB = smem.allocate_tensor(cutlass.Float16, sB_layout, 16)
         a_coords = cute.composition(cute.make_identity_tensor((cfg.tile_m, cfg.tile_k)), la)

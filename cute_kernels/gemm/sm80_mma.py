@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass.memory import SmemAllocator
 from cutlass.cute.nvgpu import cpasync, warp
 
 from cute_kernels.elementwise._runtime_compat import (
@@ -193,7 +194,7 @@ class Sm80MmaGemm:
         cA = cute.domain_offset((0, residue, 0), cA)
         cB = cute.domain_offset((0, residue, 0), cB)
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = SmemAllocator()
         sA = smem.allocate_tensor(self.ab_type, sA_layout, 128)
         sB = smem.allocate_tensor(self.ab_type, sB_layout, 128)
         sC = cute.make_tensor(cute.recast_ptr(sA.iterator, dtype=self.stage_type), sC_layout)
@@ -395,16 +396,24 @@ def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _unit_mode(t) -> int:
-    """1 or 2: the last-two mode of a 3-D view with unit stride (2 preferred)."""
-    return 2 if t.stride(2) == 1 else 1
+def _vector_in(t, lead: int, max_elems: int) -> int:
+    """pick_vector for a 3-D view read along mode `lead` (1 or 2, stride 1)."""
+    strides = [t.stride(i) for i in range(3) if i != lead and t.stride(i) != 0 and t.shape[i] > 1]
+    return pick_vector(t.shape[lead], strides, t.data_ptr(), t.element_size(), max_elems)
+
+
+def _unit_mode(t, max_elems: int = 8) -> int:
+    """The mode (1 or 2) of a 3-D view to treat as contiguous: one with stride 1, the one that
+    allows the wider vector when both have stride 1 (a mode of extent 1), mode 2 on ties."""
+    modes = [i for i in (2, 1) if t.stride(i) == 1]
+    if not modes:
+        raise ValueError(f"sm80_mma: a view with strides {tuple(t.stride())} has no unit-stride mode among the last two")
+    return max(modes, key=lambda i: (_vector_in(t, i, max_elems), i))
 
 
 def _vector(t, max_elems: int) -> int:
-    """pick_vector for a 3-D view: the contiguous mode's extent, the other (nonzero) strides."""
-    lead = _unit_mode(t)
-    strides = [t.stride(i) for i in range(3) if i != lead and t.stride(i) != 0 and t.shape[i] > 1]
-    return pick_vector(t.shape[lead], strides, t.data_ptr(), t.element_size(), max_elems)
+    """The widest vector of `t` along its chosen contiguous mode."""
+    return _vector_in(t, _unit_mode(t, max_elems), max_elems)
 
 
 class Sm80MmaRung:
@@ -438,7 +447,7 @@ class Sm80MmaRung:
         return base.with_(
             a_major="k" if _unit_mode(a) == 2 else "m",
             b_major="n" if _unit_mode(b) == 2 else "k",
-            c_major="n" if _unit_mode(out) == 2 else "m",
+            c_major="n" if _unit_mode(out, out_max) == 2 else "m",
             vec_a=vec_a,
             vec_b=vec_b,
             vec_c=_vector(out, out_max),
@@ -456,6 +465,9 @@ class Sm80MmaRung:
             return f"batch {out.shape[0]} exceeds the grid's z limit {_MAX_GRID_Z}"
         if max(a.shape[1], a.shape[2], b.shape[2]) >= 2**31:
             return "a dimension exceeds 2**31 - 1 (32-bit coordinates)"
+        for what, t in (("a", a), ("b", b), ("out", out)):
+            if t.stride(1) != 1 and t.stride(2) != 1:
+                return f"{what} has strides {tuple(t.stride())}: neither of its last two modes has stride 1"
         for what, t in (("a", a), ("b", b)):
             if _vector(t, 8) < 2:
                 return (f"{what} cannot be loaded with cp.async: its contiguous extent, strides or base "
@@ -475,7 +487,8 @@ class Sm80MmaRung:
         tensors = [
             from_torch(a, assumed_align=config.vec_a * in_bytes, leading_dim=_unit_mode(a)),
             from_torch(b, assumed_align=config.vec_b * in_bytes, leading_dim=_unit_mode(b)),
-            from_torch(out, assumed_align=config.vec_c * out_bytes, leading_dim=_unit_mode(out)),
+            from_torch(out, assumed_align=config.vec_c * out_bytes,
+                       leading_dim=_unit_mode(out, 16 // out_bytes)),
             from_torch(cin, assumed_align=cin.element_size(), leading_dim=_unit_mode(cin)),
         ]
         key = ("gemm.sm80_mma", config, str(cin.dtype), _unit_mode(cin),

@@ -108,14 +108,15 @@ def pick_config(m: int, n: int, k: int, in_bytes: int = 2) -> Sm90GemmConfig:
 
 def pick_split_k(m: int, n: int, k: int, l: int, config: Sm90GemmConfig, in_bytes: int = 2,
                  num_sms: int = 132) -> int:
-    """How many K chunks to split a problem with less than one wave of tiles into (1 = none).
+    """How many K chunks to split a problem with less than half a wave of tiles into (1 = none).
 
     Splits only unbatched problems (the split becomes the kernel's batch mode), aiming at about
     two waves of (tile, chunk) work units, with chunks of at least 8 k-tiles whose length keeps
     TMA's 16-byte stride alignment.
     """
     tiles = -(-m // config.tile_m) * -(-n // config.tile_n)
-    if l != 1 or tiles >= num_sms:
+    # Measured: with half a wave or more the extra fp32 pass costs more than the split gains.
+    if l != 1 or 2 * tiles > num_sms:
         return 1
     best = 1
     for s in (2, 3, 4, 6, 8, 12, 16):

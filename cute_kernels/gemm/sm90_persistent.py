@@ -17,6 +17,7 @@ Structure (one CTA per SM, walking output tiles with a static persistent schedul
 
 from __future__ import annotations
 
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.memory
@@ -35,7 +36,15 @@ def _major(layout_enum, operand: str) -> str:
 
 
 class Sm90PersistentGemm:
-    """The kernel for one static config; sizes, strides and alpha are runtime arguments."""
+    """The kernel for one static config; sizes, strides and alpha are runtime arguments.
+
+    schedule "cooperative" is validated on H200; "pingpong" compiles but is not yet validated
+    on a GPU (its first version faulted on multi-tile CTAs; the math-order barrier that fixes the
+    parity hazard was added after the last device run), so the rung refuses it unless
+    CUTE_KERNELS_EXPERIMENTAL=1.
+    """
+
+    pingpong_validated = False
 
     def __init__(self, config: Sm90GemmConfig, acc_dtype=cutlass.Float32):
         self.config = config.validate()
@@ -157,13 +166,10 @@ class Sm90PersistentGemm:
         else:
             self.roles.become_consumer()
             if cutlass.const_expr(self.pingpong):
-                # each consumer warpgroup runs its own copy of the loop over every other tile
-                if warpgroup == 1:
-                    self.consume(ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, alpha, k_tiles,
-                                 tidx - THREADS_PER_WARPGROUP, warp_idx, 0)
-                else:
-                    self.consume(ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, alpha, k_tiles,
-                                 tidx - 2 * THREADS_PER_WARPGROUP, warp_idx, 1)
+                # consumer warpgroup wg (0 or 1, a runtime value) takes every other tile
+                wg = warpgroup - 1
+                self.consume(ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, alpha, k_tiles,
+                             tidx - THREADS_PER_WARPGROUP * (1 + wg), warp_idx, wg)
             else:
                 self.consume(ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, alpha, k_tiles,
                              tidx - THREADS_PER_WARPGROUP, warp_idx, 0)
@@ -190,11 +196,10 @@ class Sm90PersistentGemm:
         ab_pipe.producer_tail(state)
 
     @cute.jit
-    def consume(self, ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, alpha, k_tiles, ctidx, warp_idx,
-                wg: cutlass.Constexpr):
+    def consume(self, ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, alpha, k_tiles, ctidx, warp_idx, wg):
         """Consumer warpgroups: main loop of wgmma over the k-tiles, then the TMA-store epilogue.
 
-        Cooperative (`wg` = 0): both warpgroups run this on every tile, each on half its rows.
+        Cooperative (`wg` = 0, static): both warpgroups run this on every tile, each on half its rows.
         Ping-pong: warpgroup `wg` takes tiles wg, wg+2, ... of this CTA's sequence, so its
         epilogue runs while the other warpgroup's main loop uses the tensor cores. The producer
         fills stages in tile order, so a warpgroup skips the other's k_tiles stages in its
@@ -203,6 +208,12 @@ class Sm90PersistentGemm:
         cfg = self.config
         ring = cfg.epi_stages // 2 if self.pingpong else cfg.epi_stages
         epi_barrier = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=self.epi_threads)
+        # Ping-pong math order: warpgroup wg may start waiting on the mainloop pipeline only after
+        # the other one has passed all its waits for the previous tile. Besides keeping the tensor
+        # cores to one warpgroup at a time, this is needed for correctness: mbarrier waits test a
+        # phase *parity*, so a waiter must never run two phases ahead of a slot.
+        my_turn = pipeline.NamedBarrier(barrier_id=3 + wg, num_threads=2 * THREADS_PER_WARPGROUP)
+        their_turn = pipeline.NamedBarrier(barrier_id=4 - wg, num_threads=2 * THREADS_PER_WARPGROUP)
         thr_mma = tiled_mma.get_slice(ctidx)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
@@ -223,14 +234,18 @@ class Sm90PersistentGemm:
         sched = tile_scheduler.create(sched_params)
         read = hpipe.consumer_state(self.stages)
         release = hpipe.consumer_state(self.stages)
-        if cutlass.const_expr(wg == 1):
-            sched.advance_to_next_work()
-            read.advance(k_tiles)
-            release.advance(k_tiles)
+        if cutlass.const_expr(self.pingpong):
+            # the second warpgroup starts one tile (and its k_tiles stages) later
+            sched.advance_to_next_work(advance_count=wg)
+            read.advance(k_tiles * wg)
+            release.advance(k_tiles * wg)
         work = sched.get_current_work()
         done = cutlass.Int32(0)
         while work.is_valid_tile:
             m, n, l = work.tile_idx
+            if cutlass.const_expr(self.pingpong):
+                if done > 0 or wg == 1:
+                    my_turn.arrive_and_wait()
             # main loop: the first k-tile overwrites acc; one wgmma group stays in flight
             wgmma.fence()
             ab_pipe.consumer_wait(read)
@@ -245,6 +260,11 @@ class Sm90PersistentGemm:
                 ab_pipe.consumer_release(release)
                 release.advance()
                 read.advance()
+            if cutlass.const_expr(self.pingpong):
+                # hand the pipeline to the other warpgroup if it has a next tile (the tile right
+                # after this one in this CTA's sequence), so no arrival is left unmatched
+                if tile_scheduler.has_tile_after(sched, 1):
+                    their_turn.arrive()
             wgmma.wait_group(0)
             ab_pipe.consumer_release(release)
             release.advance()

@@ -7,9 +7,13 @@ per (config, dtypes, majors), and launches it on torch's current stream.
 Operands TMA cannot address (a leading dimension or base pointer not 16-byte aligned, or no
 unit stride) go through a padded, aligned copy: slower, never wrong. beta * C is applied
 after the kernel through an fp32 temporary (unfused, correct) until the epilogue fuses it.
+Unbatched problems with less than half a wave of tiles split K (`pick_split_k`): the chunks
+become the kernel's batch mode and the fp32 partials are summed afterwards.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -175,6 +179,10 @@ class Sm90Rung:
             out.zero_() if c is None or beta == 0 else out.copy_(beta * c)
             return out
         config = (config or self.pick(M, N, K, a.element_size())).validate()
+        if (config.schedule == "pingpong" and not getattr(self.kernel_cls, "pingpong_validated", True)
+                and os.environ.get("CUTE_KERNELS_EXPERIMENTAL") != "1"):
+            raise ValueError(f"{self.name}: the ping-pong schedule is not validated on a GPU yet "
+                             "(set CUTE_KERNELS_EXPERIMENTAL=1 to run it anyway)")
         target = out
         if beta != 0 and c is not None:
             target = torch.empty(out.shape, dtype=torch.float32, device=out.device)

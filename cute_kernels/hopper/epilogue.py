@@ -23,9 +23,3 @@ def make_r2s_copy(c_layout_enum, c_dtype, acc_dtype, tiled_mma):
     shape_atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(c_layout_enum.is_m_major_c(), 4), cutlass.Float16)
     return cute.make_tiled_copy_S(store_atom, cute.make_tiled_copy_C_atom(shape_atom, tiled_mma))
 
-
-def epi_tile_for(tile_m: int, tile_n: int, consumer_warpgroups: int, c_width: int) -> tuple[int, int]:
-    """Sub-tile stored per step: 128 x 32 (cooperative: two warpgroups stacked in M) or 64 x 32/64."""
-    if consumer_warpgroups == 2:
-        return (min(128, tile_m), min(32, tile_n))
-    return (min(64, tile_m), min(64 if c_width == 8 else 32, tile_n))

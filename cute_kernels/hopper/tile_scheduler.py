@@ -27,3 +27,10 @@ def create(params):
     """The scheduler for this CTA; `.initial_work_tile_info()`, `.advance_to_next_work()`,
     `.get_current_work()` give WorkTileInfo(tile_idx=(m, n, l), is_valid_tile)."""
     return utils.StaticPersistentTileScheduler.create(params, cute.arch.block_idx(), cute.arch.grid_dim())
+
+
+def has_tile_after(sched, steps: int = 1):
+    """Whether this CTA's scheduler has a valid tile `steps` positions after its current one
+    (peeks without advancing; used to pair ping-pong hand-offs with a consumer that exists)."""
+    linear = sched._current_work_linear_idx + steps * sched.num_persistent_clusters
+    return linear < cute.size(sched.params.problem_layout_ncluster_mnl)

@@ -8,7 +8,6 @@ waits on it (`wait_group(n)` keeps n groups in flight).
 
 from __future__ import annotations
 
-import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup

@@ -19,7 +19,7 @@ from .basis import ArithTuple, E, ScaledBasis
 from .coalesce import coalesce, filter, filter_zeros
 from .complement import complement
 from .composed import ComposedLayout, make_swizzle_layout
-from .composition import composition, with_shape
+from .composition import InexactCompositionError, composition, with_shape
 from .divide import flat_divide, logical_divide, tiled_divide, zipped_divide
 from .errors import LayoutError
 from .int_tuple import (
@@ -87,7 +87,7 @@ def flatten(x: Any) -> Any:
 
 
 __all__ = [
-    "ArithTuple", "ComposedLayout", "E", "IntTuple", "Layout", "LayoutError", "ScaledBasis", "Swizzle",
+    "ArithTuple", "ComposedLayout", "E", "InexactCompositionError", "IntTuple", "Layout", "LayoutError", "ScaledBasis", "Swizzle",
     "append", "blocked_product", "ceil_div", "coalesce", "compatible", "complement", "composition",
     "congruent", "cosize", "crd2crd", "crd2idx", "depth", "downcast", "filter", "filter_zeros",
     "flat_divide", "flat_product", "flatten", "flatten_layout", "get", "group", "idx2crd",

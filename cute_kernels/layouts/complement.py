@@ -6,7 +6,7 @@ from typing import Any
 
 from .coalesce import coalesce, filter
 from .errors import LayoutError
-from .int_tuple import ceil_div, flatten, is_int, is_tuple, product
+from .int_tuple import ceil_div, flatten, is_int, is_tuple
 from .layout import Layout
 
 __all__ = ["complement"]

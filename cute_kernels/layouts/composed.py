@@ -23,6 +23,8 @@ class ComposedLayout:
     ``outer`` and ``inner`` are each a :class:`Layout` or a :class:`Swizzle`; ``offset`` is an int.
     Its shape, size and rank are the inner layout's (a swizzle inner has an integer domain).
     Equality is structural; ``str`` is CuTe's ``outer o offset o inner``.
+    Post-condition: ``C(c) == outer(offset + inner(c))`` for every coordinate ``c``; slicing with
+    ``None`` keeps that identity, folding the fixed part into ``offset``.
     """
 
     __slots__ = ("outer", "offset", "inner")

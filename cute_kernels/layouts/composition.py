@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from math import gcd
 from typing import Any
 
 from .basis import ScaledBasis
@@ -99,17 +100,18 @@ def _check_no_carry(flat: Layout, rhs: Layout, lhs: Layout) -> None:
     if len(leaves) < 2 or not is_tuple(flat.shape) or any(d < 0 for _, d in leaves):
         return
     extents = flat.shape[:-1]  # the last mode of A is unbounded: it never carries
+    below = [1]
+    for a in extents:
+        below.append(below[-1] * a)
     totals = [0] * len(extents)
     for s, d in leaves:
-        peaks = [0] * len(extents)
-        for j in range(s):
-            x = j * d
-            for m, a in enumerate(extents):
-                x, digit = divmod(x, a)
-                if digit > peaks[m]:
-                    peaks[m] = digit
-        for m, p in enumerate(peaks):
-            totals[m] += p
+        for m, a in enumerate(extents):
+            if (s - 1) * d < below[m + 1]:  # no wrap-around: the digit grows with j
+                totals[m] += (s - 1) * d // below[m]
+                continue
+            # The digit of j*d in mode m repeats with period below[m+1] / gcd(d, below[m+1]).
+            period = below[m + 1] // gcd(d, below[m + 1])
+            totals[m] += max(((j * d) // below[m]) % a for j in range(min(s, period)))
     for m, (t, a) in enumerate(zip(totals, extents)):
         if t >= a:
             raise InexactCompositionError(
@@ -156,6 +158,9 @@ def composition(lhs: Any, rhs: Any, *args: Any) -> Any:
     * ``lhs`` a :class:`Swizzle`: a :class:`ComposedLayout` ``lhs o 0 o rhs``; ``composition(f, offset, g)``
       builds ``f o offset o g``.
     * ``lhs`` a :class:`ComposedLayout`: composes its inner layout with ``rhs``.
+
+    Post-conditions: ``compatible(rhs.shape, R.shape)`` and ``R(c) == lhs(rhs(c))`` for every
+    coordinate ``c`` of ``rhs`` (CuTe's ``@post`` in layout.hpp).
 
     Admissibility: each stride of ``rhs`` must step over whole modes of ``lhs`` or divide a mode
     (stride divisibility), and each resulting mode must divide what remains of ``rhs``'s shape

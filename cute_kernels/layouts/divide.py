@@ -110,7 +110,11 @@ def _unpack(layout: Layout, first: bool, second: bool) -> Layout:
 
 
 def tiled_divide(layout: Any, tiler: Any) -> Any:
-    """CuTe's ``tiled_divide``: ``zipped_divide`` with the rest modes unpacked: ``((tile...), r0, r1, ...)``."""
+    """CuTe's ``tiled_divide``: ``zipped_divide`` with the rest modes unpacked: ``((tile...), r0, r1, ...)``.
+
+    Post-conditions: ``result[0] == zipped_divide(layout, tiler)[0]``; the same function of the index
+    as the zipped divide; ``rank(result) == 1 + rank(zipped[1])``.
+    """
     composed = _composed(layout, tiled_divide, tiler)
     if composed is not None:
         return composed
@@ -118,7 +122,11 @@ def tiled_divide(layout: Any, tiler: Any) -> Any:
 
 
 def flat_divide(layout: Any, tiler: Any) -> Any:
-    """CuTe's ``flat_divide``: ``zipped_divide`` with both modes unpacked: ``(t0, t1, ..., r0, r1, ...)``."""
+    """CuTe's ``flat_divide``: ``zipped_divide`` with both modes unpacked: ``(t0, t1, ..., r0, r1, ...)``.
+
+    Post-conditions: the same function of the index as the zipped divide;
+    ``rank(result) == rank(zipped[0]) + rank(zipped[1])``.
+    """
     composed = _composed(layout, flat_divide, tiler)
     if composed is not None:
         return composed

@@ -7,7 +7,7 @@ from typing import Any
 from .coalesce import coalesce
 from .composition import InexactCompositionError, composition
 from .errors import LayoutError
-from .int_tuple import flatten, is_int, is_tuple, prefix_product, to_tuple, unflatten
+from .int_tuple import flatten, is_int, is_tuple, prefix_product, to_tuple
 from .layout import Layout
 
 __all__ = ["right_inverse", "left_inverse", "max_common_layout", "max_common_vector", "nullspace"]
@@ -56,7 +56,7 @@ def right_inverse(layout: Any) -> Any:
 def left_inverse(layout: Any) -> Any:
     """CuTe's ``left_inverse`` (a quasi-inverse): ``L`` with ``layout(L(layout(i))) == layout(i)``.
 
-    When ``layout`` is injective this is ``L(layout(i)) == i`` for all ``i < size(layout)``, i.e.
+    Post-condition: when ``layout`` is injective, ``L(layout(i)) == i`` for all ``i < size(layout)``, i.e.
     ``composition(L, layout)`` is the identity on the domain. Definition: on ``coalesce(layout)``,
     modes sorted by stride; each non-zero stride must be divisible by the extent of the modes
     below it (the left-inverse divisibility condition; :class:`LayoutError` otherwise).
@@ -112,6 +112,8 @@ def max_common_vector(a: Layout, b: Layout) -> int:
     indices of ``right_inverse(b)`` to the same contiguous offsets ``0..N-1`` (at least 1).
 
     This is the widest vector that can be copied between tensors laid out as ``a`` and ``b``.
+    Post-condition: ``N == size(max_common_layout(a, b))`` (or 1), and for ``R = right_inverse(b)``,
+    ``a(R(i)) == b(R(i)) == i`` for all ``i < N``.
     """
     common = _common(a, right_inverse(b))
     return common[0].shape if common[0].stride == 1 else 1
@@ -148,5 +150,3 @@ def nullspace(layout: Layout) -> Layout:
         return Layout(shapes[keep[0]], compact[keep[0]])
     return Layout(tuple(shapes[i] for i in keep), tuple(compact[i] for i in keep))
 
-
-del unflatten

@@ -86,6 +86,9 @@ class Layout:
       :func:`slice_and_offset` gives the offset as well.
     * ``L[i]``: mode ``i`` as a layout. ``len(L)`` is the rank; iteration yields the modes.
     * ``==`` is structural (same shape and stride); see :func:`same_function` for function equality.
+
+    Post-conditions: ``L(c) == crd2idx(c, L.shape, L.stride)`` and ``L(i) == L(idx2crd(i, L.shape))``;
+    ``parse_layout(str(L)) == L`` and ``eval(repr(L)) == L``.
     """
 
     __slots__ = ("shape", "stride")
@@ -257,12 +260,15 @@ def get(x: Layout, *modes: int) -> Layout:
 
 
 def select(x: Layout, *modes: int) -> Layout:
-    """The layout made of the listed top-level modes, in the listed order (CuTe's ``select<I...>``)."""
+    """The layout made of the listed top-level modes, in the listed order (CuTe's ``select<I...>``).
+
+    Post-condition: ``result[k] == x[modes[k]]``.
+    """
     return make_layout(*(x[m] for m in modes))
 
 
 def take(x: Layout, begin: int, end: int) -> Layout:
-    """Modes ``[begin, end)`` as a layout (CuTe's ``take<B, E>``)."""
+    """Modes ``[begin, end)`` as a layout (CuTe's ``take<B, E>``). Post-condition: ``result[k] == x[begin + k]``."""
     if not 0 <= begin <= end <= len(x):
         raise LayoutError(f"take: range [{begin}, {end}) is not within rank {len(x)}")
     return make_layout(*(x[m] for m in range(begin, end)))
@@ -273,7 +279,10 @@ def _modes(x: Layout) -> list[Layout]:
 
 
 def append(x: Layout, y: Layout | None = None, n: int | None = None) -> Layout:
-    """Append mode ``y`` (default ``1:0``) to ``x``; with ``n``, pad with ``y`` up to rank ``n``."""
+    """Append mode ``y`` (default ``1:0``) to ``x``; with ``n``, pad with ``y`` up to rank ``n``.
+
+    Post-condition: ``result[:rank(x)]`` are the modes of ``x``; with the default ``1:0`` the function is unchanged.
+    """
     y = Layout(1, 0) if y is None else _as_layout(y, "append")
     modes = _modes(x)
     if n is None:
@@ -284,7 +293,10 @@ def append(x: Layout, y: Layout | None = None, n: int | None = None) -> Layout:
 
 
 def prepend(x: Layout, y: Layout | None = None, n: int | None = None) -> Layout:
-    """Prepend mode ``y`` (default ``1:0``) to ``x``; with ``n``, pad at the front up to rank ``n``."""
+    """Prepend mode ``y`` (default ``1:0``) to ``x``; with ``n``, pad at the front up to rank ``n``.
+
+    Post-condition: the last ``rank(x)`` modes are those of ``x``.
+    """
     y = Layout(1, 0) if y is None else _as_layout(y, "prepend")
     modes = _modes(x)
     if n is None:
@@ -295,7 +307,7 @@ def prepend(x: Layout, y: Layout | None = None, n: int | None = None) -> Layout:
 
 
 def replace(x: Layout, i: int, y: Layout) -> Layout:
-    """``x`` with mode ``i`` replaced by ``y``."""
+    """``x`` with mode ``i`` replaced by ``y``. Post-condition: ``result[i] == y``, other modes unchanged."""
     modes = _modes(x)
     if not -len(modes) <= i < len(modes):
         raise LayoutError(f"replace: mode {i} out of range for rank {len(modes)}")

@@ -63,6 +63,9 @@ class _Parser:
     def int_tuple(self, allow_basis: bool = False) -> Any:
         if self.peek() == ("sym", "("):
             self.take("(")
+            if self.peek() == ("sym", ")"):  # the empty tuple, as in "():()"
+                self.take(")")
+                return ()
             items = [self.int_tuple(allow_basis)]
             while self.peek() == ("sym", ","):
                 self.take(",")

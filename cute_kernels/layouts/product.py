@@ -59,7 +59,11 @@ def logical_product(block: Any, tiler: Any) -> Any:
 
 
 def zipped_product(block: Any, tiler: Any) -> Any:
-    """CuTe's ``zipped_product``: :func:`logical_product` gathered as ``((block modes...), (tiler modes...))``."""
+    """CuTe's ``zipped_product``: :func:`logical_product` gathered as ``((block modes...), (tiler modes...))``.
+
+    Post-conditions: rank 2; for a layout tiler, equal to the logical product; for a tuple tiler, the
+    same offsets as the logical product with the ``(block_i, repeat_i)`` pairs regrouped.
+    """
     composed = _composed(block, zipped_product, tiler)
     if composed is not None:
         return composed
@@ -67,7 +71,10 @@ def zipped_product(block: Any, tiler: Any) -> Any:
 
 
 def tiled_product(block: Any, tiler: Any) -> Any:
-    """CuTe's ``tiled_product``: ``zipped_product`` with the tiler modes unpacked: ``((block...), t0, t1, ...)``."""
+    """CuTe's ``tiled_product``: ``zipped_product`` with the tiler modes unpacked: ``((block...), t0, t1, ...)``.
+
+    Post-condition: the same function of the index as the zipped product, ``result[0] == zipped[0]``.
+    """
     composed = _composed(block, tiled_product, tiler)
     if composed is not None:
         return composed
@@ -75,7 +82,10 @@ def tiled_product(block: Any, tiler: Any) -> Any:
 
 
 def flat_product(block: Any, tiler: Any) -> Any:
-    """CuTe's ``flat_product``: ``zipped_product`` with both modes unpacked: ``(b0, b1, ..., t0, t1, ...)``."""
+    """CuTe's ``flat_product``: ``zipped_product`` with both modes unpacked: ``(b0, b1, ..., t0, t1, ...)``.
+
+    Post-condition: the same function of the index as the zipped product.
+    """
     composed = _composed(block, flat_product, tiler)
     if composed is not None:
         return composed

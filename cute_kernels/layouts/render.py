@@ -160,7 +160,7 @@ def to_text(obj: Any, dtype: Any = None) -> str:
         n = obj.src_layout.cosize()
         tile = (max(1, -(-n // w)), w)
         return "\n\n".join([str(obj)] + [tv_text(_row_major_tv(lay, w, tile[0]), tile, f"{side}: {lay}") for side, lay in obj.layouts.items()])
-    if hasattr(obj, "tv_layout_c"):
+    if hasattr(obj, "to_text"):  # TiledMMA, TiledCopy
         return obj.to_text()
     if hasattr(obj, "element_layout"):
         return str(obj) + "\n\n" + layout_text(obj.element_layout, obj.dtype, swizzle_unit="elements")
@@ -356,8 +356,7 @@ def to_svg(obj: Any, dtype: Any = None) -> str:
 
 def to_html(obj: Any, dtype: Any = None) -> str:
     """An HTML fragment: the text form in a ``<pre>`` and the SVG below it (for ``_repr_html_``)."""
-    head = str(obj) if getattr(obj, "kind", None) or hasattr(obj, "element_layout") else str(obj)
-    return f"<div><pre>{escape(head)}</pre>{to_svg(obj, dtype)}</div>"
+    return f"<div><pre>{escape(str(obj))}</pre>{to_svg(obj, dtype)}</div>"
 
 
 # Jupyter calls _repr_svg_/_repr_html_ on every displayed value: past this many cells the picture

@@ -52,6 +52,22 @@ def _check_key(key) -> None:
         raise TypeError(f"compile key must be hashable (use frozen dataclasses and tuples): {err}") from None
 
 
+TVM_FFI_OPTION = "--enable-tvm-ffi"
+
+
+@functools.cache
+def tvm_ffi_available() -> bool:
+    """True when apache-tvm-ffi is importable, so compiles may pass `TVM_FFI_OPTION`.
+
+    A function compiled with it takes torch tensors directly (validating dtype, rank,
+    device, alignment and divisibility itself) and, given `fake_stream(tvm_ffi_env_stream=True)`
+    at compile time, launches on torch's current stream: the cheapest warm call.
+    """
+    import importlib.util
+
+    return importlib.util.find_spec("tvm_ffi") is not None
+
+
 def tvm_ffi_requested(options: str | None) -> bool:
     return bool(options) and "enable-tvm-ffi" in options
 
@@ -92,6 +108,17 @@ def compile_kernel(jit_fn: Callable, *args, key: tuple, options: str | None = No
 def clear_memory_cache() -> None:
     """Forget every compiled function held in memory (the disk cache is kept)."""
     _MEMORY.clear()
+
+
+def clear_disk_cache() -> int:
+    """Delete every cached object file under `cache_dir()`; returns how many were removed."""
+    removed = 0
+    root = cache_dir()
+    if root.is_dir():
+        for path in root.rglob("ck_*.o"):
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 def _load_or_compile(jit_fn, args, key, options, arch):

@@ -8,9 +8,12 @@ CI asserts each variant's `requires` opcodes are present and `forbids` opcodes a
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import pkgutil
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -176,7 +179,8 @@ def compile_variant(name: str, config: str | Mapping | None = None, *, arch: str
     dump_dir = tempfile.mkdtemp(prefix="cute_kernels_sass_")
     try:
         options = f"{job.options or ''} --keep-sass --keep-ptx --dump-dir {dump_dir}".strip()
-        compiled = compile_now(job.jit_fn, *job.args, options=options, arch=arch)
+        with _quiet_nvdisasm():
+            compiled = compile_now(job.jit_fn, *job.args, options=options, arch=arch)
         artifacts = compiled.artifacts
         if artifacts is None or not artifacts.CUBIN or not artifacts.SASS:
             raise RuntimeError(
@@ -189,6 +193,35 @@ def compile_variant(name: str, config: str | Mapping | None = None, *, arch: str
         shutil.rmtree(dump_dir, ignore_errors=True)
     _REPORTS[memo] = report
     return report
+
+
+# nvdisasm 13.x warns on every cubin the cu12 toolchain emits; the SASS is complete regardless.
+_NVDISASM_NOISE = ("nvdisasm warning : Disassembling Std Elf", "nvdisasm warning : Dataflow analysis disabled")
+
+
+@contextlib.contextmanager
+def _quiet_nvdisasm():
+    """Drop nvdisasm's known warnings from the process's stderr; pass everything else on."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # stderr replaced by something without an fd
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        os.dup2(capture.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            capture.seek(0)
+            text = capture.read().decode(errors="replace")
+            kept = [line for line in text.splitlines(keepends=True) if not line.startswith(_NVDISASM_NOISE)]
+            if kept:
+                sys.stderr.write("".join(kept))
 
 
 def check_variant(report: SassReport, variant: Variant) -> list[str]:

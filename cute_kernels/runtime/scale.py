@@ -7,14 +7,13 @@ TVM-FFI, SASS inspection), not part of the kernel library: its variant is regist
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
 import cuda.bindings.driver as cuda
 
-from .cache import compile_kernel, lookup_kernel
+from .cache import TVM_FFI_OPTION, compile_kernel, lookup_kernel, tvm_ffi_available
 from .tensors import current_stream
 from .registry import CompileJob, register_variant
 from .tensors import fake_stream, fake_tensor, from_torch
@@ -72,7 +71,7 @@ def compile_job(threads: int = 128, dtype: str = "float32", tvm_ffi: bool = Fals
         kernel,
         (x, y, cutlass.Float32(1.0), fake_stream(tvm_ffi_env_stream=tvm_ffi)),
         key=("runtime.scale", config, tvm_ffi),
-        options="--enable-tvm-ffi" if tvm_ffi else None,
+        options=TVM_FFI_OPTION if tvm_ffi else None,
     )
 
 
@@ -100,7 +99,7 @@ def scale(x, alpha: float, out=None, *, threads: int = 128, tvm_ffi: bool | None
     if dtype is None:
         dtype = _TORCH_DTYPE_NAMES.setdefault(x.dtype, str(x.dtype).removeprefix("torch."))
     key = ("runtime.scale", ScaleConfig(threads, dtype), tvm_ffi)
-    options = "--enable-tvm-ffi" if tvm_ffi else None
+    options = TVM_FFI_OPTION if tvm_ffi else None
     fn = lookup_kernel(key, options)
     if fn is None:
         job = compile_job(threads, dtype, tvm_ffi)
@@ -110,13 +109,6 @@ def scale(x, alpha: float, out=None, *, threads: int = 128, tvm_ffi: bool | None
     else:
         fn(from_torch(x), from_torch(out), alpha, current_stream())
     return out
-
-
-@functools.cache
-def tvm_ffi_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("tvm_ffi") is not None
 
 
 def register_variant_for_tests() -> None:

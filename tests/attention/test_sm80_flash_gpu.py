@@ -100,15 +100,16 @@ def test_transposed_bshd_views_and_unbatched_inputs():
     assert out3.shape == (4, 77, 128) and rel_err(out3, ref3[0]) < 4e-3
 
 
-def test_nan_propagates_like_sdpa():
+def test_nan_and_inf_propagate_like_sdpa():
     torch.manual_seed(2)
     q, k, v = (randn(1, 2, 70, 64, dtype=torch.bfloat16) for _ in range(3))
     q[0, 0, 5, 3] = math.nan   # poisons query row 5 of head 0
+    q[0, 0, 9, 1] = math.inf   # row 9's scores are +-inf: inf - inf in its softmax, NaN as in torch
     k[0, 1, 40, 0] = math.nan  # poisons every row of head 1 that sees key 40
     out = scaled_dot_product_attention(q, k, v, is_causal=True)
     ref, _ = reference(q, k, v, "top_left")
     assert torch.equal(out.isnan().any(-1), ref.isnan().any(-1))
-    assert out[0, 0, 5].isnan().all() and not out[0, 0, :5].isnan().any()
+    assert out[0, 0, 5].isnan().all() and out[0, 0, 9].isnan().all() and not out[0, 0, :5].isnan().any()
     assert out[0, 1, 40:].isnan().all() and not out[0, 1, :40].isnan().any()
 
 

@@ -3,7 +3,6 @@ values against float64 torch (gpu)."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -60,6 +59,30 @@ def test_layouts_are_conflict_free_and_coalesced(cfg):
         assert report[key].efficiency == 1.0, (key, str(report[key]))
 
 
+@pytest.mark.parametrize("bits, dtype", [(16, "bf16"), (32, "f32")])
+@pytest.mark.parametrize("tile_n", [64, 128, 256])
+def test_accumulator_writes_to_staging_tile_are_conflict_free(bits, dtype, tile_n):
+    from cute_kernels.gemm.ampere_config import accumulator_write_access, smem_output_layout
+    from cute_kernels.layouts import Layout
+    from cute_kernels.layouts.analysis import bank_conflicts
+
+    tv = accumulator_write_access()
+    swizzled = smem_output_layout(128, tile_n, "n", bits)
+    assert bank_conflicts(swizzled, tv, dtype, swizzle_unit="elements").conflict_free
+    assert bank_conflicts(swizzled, f"vec{min(128, 8 * bits)}", dtype, swizzle_unit="elements").conflict_free
+    plain = Layout((128, tile_n), (tile_n, 1))
+    assert not bank_conflicts(plain, tv, dtype, swizzle_unit="elements").conflict_free
+
+
+def test_staging_tile_is_a_bijection():
+    from cute_kernels.gemm.ampere_config import smem_output_layout
+
+    lay = smem_output_layout(128, 256, "n", 32)
+    assert {lay(m, n) for m in range(128) for n in range(256)} == set(range(128 * 256))
+    col = smem_output_layout(128, 256, "m", 16)
+    assert len({col(m, n) for m in range(128) for n in range(256)}) == 128 * 256
+
+
 def test_unswizzled_operand_tile_would_conflict():
     # The swizzle is what makes ldmatrix conflict-free: the same tile without it is not.
     from cute_kernels.layouts import Layout
@@ -79,13 +102,12 @@ def test_gmem_copy_layouts_cover_tiles():
     cfg = WarpMmaConfig(a_major="m", vec_a=2).validate()
     thr, val = gmem_copy_layouts(cfg)["a"]
     assert thr.size() * val.size() * (cfg.tile_m * cfg.tile_k // (cfg.threads * cfg.vec_a)) == cfg.tile_m * cfg.tile_k
+    from cute_kernels.gemm.ampere_config import _copy_layouts
+
     with pytest.raises(ValueError, match="do not tile"):
-        WarpMmaConfig(tile_m=16, warps_m=1, tile_n=16, warps_n=1, tile_k=16, a_major="m", vec_a=8,
-                      stages=2).with_(warps_m=1).validate().__class__(tile_m=16, tile_n=16, warps_m=1, warps_n=1,
-                                                                      tile_k=16, a_major="m", vec_a=4,
-                                                                      stages=2, warps_m_=0) if False else \
-            gmem_copy_layouts(WarpMmaConfig(tile_m=16, tile_n=16, tile_k=16, warps_m=1, warps_n=1, a_major="m",
-                                            vec_a=8, c_major="m", vec_c=8))
+        _copy_layouts(16, 16, "cols", 8, 64, "A tile copy")
+    with pytest.raises(ValueError, match="whole number"):
+        _copy_layouts(16, 12, "cols", 8, 32, "A tile copy")
 
 
 @pytest.mark.parametrize(
@@ -139,6 +161,23 @@ def test_config_for_picks_vectors_and_majors():
     assert cfg.tile_n == 128  # narrow vectors -> the smaller warp tile
     cfg = RUNG.config_for(*_views(64, 64, 64), has_c=False)
     assert (cfg.vec_a, cfg.vec_b, cfg.vec_c, cfg.tile_n) == (8, 8, 8, 256)
+
+
+def test_extent_one_mode_reads_along_the_other():
+    from cute_kernels.gemm.sm80_mma import RUNG
+
+    a, b, out = _views(64, 64, 1)  # a (1, 64, 1): both strides 1; K = 1 forbids K vectors
+    assert RUNG.supports(a, b, out) is None
+    cfg = RUNG.config_for(a, b, out, has_c=False)
+    assert cfg.a_major == "m" and cfg.vec_a == 8
+
+
+def test_no_unit_stride_is_a_reason():
+    from cute_kernels.gemm.sm80_mma import RUNG
+
+    a, b, out = _views(16, 16, 16)
+    a = torch.empty(1, 32, 32, dtype=torch.bfloat16)[:, ::2, ::2]
+    assert "neither of its last two modes" in RUNG.supports(a, b, out)
 
 
 def test_call_rejects_unsupported_before_launch():
@@ -214,22 +253,38 @@ def test_transposes(a_major, b_major, dtype):
 
 @gpu
 @pytest.mark.parametrize("m, n, k", [(256, 256, 256), (8, 328, 64), (264, 8, 40), (1, 8, 8), (130, 258, 2),
-                                     (96, 104, 1000), (520, 40, 16)])
+                                     (96, 104, 1000), (520, 40, 16), (64, 72, 1)])
 def test_shapes(m, n, k):
     _assert_close(*_run(m, n, k))
 
 
 @gpu
-@pytest.mark.parametrize("m, n, k", [(131, 67, 37), (17, 13, 11), (127, 9, 254)])
-def test_unaligned_shapes_through_matmul(m, n, k):
-    # Prime sizes cannot use cp.async on the K-major side: matmul's dispatch must fall back, and
-    # a K-major layout that allows 4-byte vectors still runs on this rung.
+@pytest.mark.parametrize("m, n, k", [(127, 9, 254), (131, 67, 38), (13, 131, 94)])
+def test_prime_and_unaligned_shapes(m, n, k):
+    # K even but not a multiple of 8: the rung falls back to 4-byte cp.async and the small tile.
+    _assert_close(*_run(m, n, k, a_major="k", b_major="k"))
+
+
+@gpu
+def test_padded_row_strides():
+    from cute_kernels.gemm.sm80_mma import RUNG
+
+    a = torch.randn(1, 100, 70, device="cuda").bfloat16()[:, :, :66]  # row stride 70
+    b = torch.randn(1, 66, 90, device="cuda").bfloat16()[:, :, 2:82]  # base 4 bytes off 16
+    out = torch.full((1, 100, 80), float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert RUNG.supports(a, b, out) is None
+    RUNG(a, b, out)
+    torch.cuda.synchronize()
+    _assert_close(out, torch.matmul(a.double(), b.double()))
+
+
+@gpu
+def test_matmul_api_reaches_the_rung():
     from cute_kernels.gemm import matmul
 
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
-    ref = a.double() @ b.double()
-    _assert_close(matmul(a, b), ref)
+    a = torch.randn(96, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(64, 40, device="cuda", dtype=torch.bfloat16)
+    _assert_close(matmul(a, b, kernel="sm80_mma"), a.double() @ b.double())
 
 
 @gpu

@@ -18,12 +18,12 @@ def _rng(name: str) -> random.Random:
     return random.Random(f"cute-kernels-{name}")
 
 
-def cases(op: str, n: int = N_CASES, ours=None) -> list[tuple]:
+def cases(op: str, n: int = N_CASES, ours=None, keep=None) -> list[tuple]:
     """Argument tuples for operation ``op``, the same on every run.
 
     With ``ours`` (our implementation of ``op``), generation continues until ``n`` cases are
     accepted by it; the cases it refuses along the way are kept too (they are cross-checked as
-    refusals). Without it, exactly ``n`` cases.
+    refusals). Without it, exactly ``n`` cases. ``keep`` filters cases out before anything else.
     """
     from cute_kernels.layouts import LayoutError
 
@@ -32,6 +32,8 @@ def cases(op: str, n: int = N_CASES, ours=None) -> list[tuple]:
     out, accepted = [], 0
     while accepted < n:
         args = _one(op, d, rng)
+        if keep is not None and not keep(*args):
+            continue
         out.append(args)
         if ours is None:
             accepted += 1
@@ -94,14 +96,16 @@ def _one(op: str, d, rng) -> tuple:
         # Strides are multiples of the widening ratio (or divide it), which upcast requires; the
         # CuTe DSL rounds the others silently (see test_recast_rounding_is_refused).
         old, new = rng.choice([(16, 32), (32, 16), (8, 16), (16, 8), (8, 32), (32, 8), (16, 64), (16, 24)])
-        L = gen_compact_layout(d, max_leaves=3)
         from math import gcd
 
         num = new // gcd(old, new)
-        shape = tuple(s * num if i == 0 else s for i, s in enumerate(flatten(L.shape)))
-        if num > 1:
-            L = Layout(shape, tuple(0 if s == 1 else 1 for s in shape[:1]) + tuple(
-                0 if s == 1 else product(shape[:i]) for i, s in enumerate(shape) if i > 0))
+        shape = list(flatten(gen_compact_layout(d, max_leaves=3).shape))
+        shape[0] *= num  # the contiguous mode holds whole wide elements
+        rest = list(range(1, len(shape)))
+        rng.shuffle(rest)
+        from cute_kernels.layouts import make_ordered_layout
+
+        L = make_ordered_layout(tuple(shape), tuple([0] + sorted(range(1, len(shape)), key=rest.index)))
         return L, old, new
     if op == "swizzle_composition":
         sw = gen_swizzle(d, allow_negative=True)
@@ -111,6 +115,40 @@ def _one(op: str, d, rng) -> tuple:
         return sw, L, tiler
     if op == "identity":
         return (gen_shape(d),)
+    if op == "identity_composition":
+        from cute_kernels.layouts import make_identity_layout
+        from cute_kernels.layouts.coalesce import coalesce_x
+        from cute_kernels.layouts.generate import _chain_leaf, _nest_pairs
+
+        from cute_kernels.layouts import LayoutError, composition
+
+        shape = gen_shape(d)
+        identity = make_identity_layout(shape)
+        chain = list(flatten(coalesce_x(identity).shape))
+        for attempt in range(4):  # leaves drawn independently may overlap (carry); draw again
+            b = _nest_pairs(d, [_chain_leaf(d, chain, 256) for _ in range(d(1, 2) if attempt < 3 else 1)], 1)
+            try:
+                composition(identity, b)
+                break
+            except LayoutError:
+                continue
+        return shape, b
+    if op == "complement_shape":
+        A = gen_injective_layout(d)
+        return A, tuple(d(1, 6) for _ in range(d(1, 3)))
+    if op == "evaluate":
+        from cute_kernels.layouts.int_tuple import idx2crd
+
+        A = gen_layout(d)
+        i = d(0, A.size() - 1)
+        return A, (i if d(0, 1) else idx2crd(i, A.shape))
+    if op == "slice":
+        A = gen_layout(d)
+        if not is_tuple(A.shape):
+            return A, None
+        crd = [None if d(0, 1) else d(0, product(m) - 1) for m in A.shape]
+        crd[d(0, len(crd) - 1)] = None  # at least one mode is kept
+        return A, tuple(crd)
     raise KeyError(op)
 
 

@@ -1,6 +1,8 @@
 """Atom TV layouts against ownership tables written from the PTX ISA's fragment descriptions.
 
-Each `ptx_*` function below is the ISA's "which lane and register hold which element" table,
+Each `ptx_*` function below is the ISA's "which lane and register hold which element" table
+(PTX ISA 9.7.14.5, "Matrix Fragments for mma.m8n8k4 / m16n8k8 / m16n8k16 / m16n8k32", and the
+wgmma "Register Fragments" section for m64nNk16 / m64nNk32),
 as plain formulas in (lane, register index): ``groupID = lane // 4``, ``threadID_in_group =
 lane % 4``, and for wgmma ``warp = thread // 32``. The atoms' CuTe layouts must reproduce them.
 """

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 
 from cute_kernels.layouts import (
-    Layout, LayoutError, coalesce, compatible, composition, make_layout, same_function, size, with_shape,
+    Layout, LayoutError, coalesce, compatible, composition, same_function, size, with_shape,
 )
 from cute_kernels.layouts.composition import InexactCompositionError
 from cute_kernels.layouts.strategies import composable_pairs, compact_layouts, layouts
@@ -86,4 +86,7 @@ def test_composition_with_a_basis_stride_selects_a_mode():
 
     B = Layout(8, E(1))  # walk along mode 1 of A
     assert composition(A, B) == Layout(8, 1)
-    assert make_layout(A[0]) == Layout((4,), (8,))
+    C = Layout((2, 4), (E(0), E(1, 2)))  # rows 0..1 (mode 0), columns 0, 2, 4, 6 (mode 1)
+    R = composition(A, C)
+    assert R == Layout((2, 4), (8, 2))
+    assert all(R(i, j) == A(i, 2 * j) for i in range(2) for j in range(4))

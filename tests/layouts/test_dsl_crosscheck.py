@@ -68,6 +68,13 @@ def _dsl_ops():
             ),
         ),
         "identity": (L.make_identity_layout, lambda s: cute.make_identity_layout(s)),
+        "identity_composition": (
+            lambda s, b: L.composition(L.make_identity_layout(s), b),
+            lambda s, b: cute.composition(cute.make_identity_layout(s), lay(b)),
+        ),
+        "complement_shape": (L.complement, lambda a, c: cute.complement(lay(a), c)),
+        "evaluate": (lambda a, c: a(c), lambda a, c: cute.crd2idx(c, lay(a))),
+        "slice": (lambda a, c: a(c), lambda a, c: cute.slice_(lay(a), c)),
     }
 
 
@@ -99,6 +106,8 @@ def _normalize(x, mine=None):
     """
     if not isinstance(x, str):
         return x
+    if x.lstrip("-").isdigit():
+        return int(x)
     out = L.parse_layout(x)
     if (isinstance(out, L.ComposedLayout) and isinstance(mine, L.ComposedLayout)
             and isinstance(out.outer, L.Swizzle) and out.outer.bits == 0 == getattr(mine.outer, "bits", None)):
@@ -111,7 +120,8 @@ OPS = [
     "filter", "right_inverse", "left_inverse", "nullspace", "logical_divide", "zipped_divide", "tiled_divide",
     "flat_divide", "logical_product", "zipped_product", "tiled_product", "flat_product", "blocked_product",
     "raked_product", "max_common_vector", "max_common_layout", "tile_to_shape", "make_ordered_layout",
-    "recast_layout", "swizzle_composition", "identity",
+    "recast_layout", "swizzle_composition", "identity", "identity_composition", "complement_shape",
+    "evaluate", "slice",
 ]
 
 

@@ -16,6 +16,8 @@ from cute_kernels.layouts import ComposedLayout, Layout, LayoutError, Swizzle, p
         ("S<2,0,-3>", Swizzle(2, 0, -3)),                      # the CuTe DSL's spelling
         ("Sw<3,4,3> o 0 o (8,64):(64,1)", ComposedLayout(Swizzle(3, 4, 3), 0, Layout((8, 64), (64, 1)))),
         ("(64,8):(8,1) o -4 o Sw<3,4,3>", ComposedLayout(Layout((64, 8), (8, 1)), -4, Swizzle(3, 4, 3))),
+        ("S<2,0,-3 o 0 o 8:1", ComposedLayout(Swizzle(2, 0, -3), 0, Layout(8, 1))),  # DSL 4.8 drops the '>'
+        ("():()", Layout((), ())),
     ],
 )
 def test_parse(text, expected):

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 
 from cute_kernels.layouts import (
-    ComposedLayout, Layout, LayoutError, Swizzle, blocked_product, coalesce, flat_product, logical_product,
+    ComposedLayout, Layout, LayoutError, Swizzle, blocked_product, flat_product, logical_product,
     make_ordered_layout, raked_product, rank, same_function, size, tile_to_shape, tiled_product,
     zipped_product,
 )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 
 from cute_kernels import layouts as L
-from cute_kernels.layouts.int_tuple import flatten, is_tuple
+from cute_kernels.layouts.int_tuple import flatten
 
 from ._cases import N_CASES, canonical, cases
 
@@ -38,12 +38,10 @@ def _canon(x):
     return canonical(L.Layout(x.shape, x.stride))
 
 
-def _check(op, ours, theirs, keep=lambda *a: True, compare=None):
+def _check(op, ours, theirs, keep=None, compare=None):
     agreed = 0
     mismatches = []
-    for args in cases(op, ours=ours):
-        if not keep(*args):
-            continue
+    for args in cases(op, ours=ours, keep=keep):
         try:
             mine = ours(*args)
         except L.LayoutError:
@@ -78,8 +76,7 @@ def _no_zero_strides(a, *rest):
     ],
 )
 def test_agrees_with_pycute(op, ours, theirs, keep):
-    agreed = _check(op, ours, theirs, keep)
-    assert agreed >= 0.8 * N_CASES  # the filters drop a few cases; hundreds must remain
+    assert _check(op, ours, theirs, keep) >= N_CASES
 
 
 def test_left_inverse_agrees_with_pycute_on_the_image():
@@ -99,15 +96,23 @@ def test_pycute_logical_product_with_an_int_is_wrong():
     # With the int spelled as the layout n:1, pycute agrees with us:
     ref = pycute.logical_product(pycute.Layout(2, 1), pycute.Layout(4, 1))
     assert (ref.shape, ref.stride) == (ours.shape, ours.stride)
-    differ = 0
+    differ = computed = 0
     for A, _ in cases("logical_product", 100):
         n = 3
-        mine = L.logical_product(A, n)
+        try:
+            mine = L.logical_product(A, n)
+        except L.LayoutError:
+            continue
+        computed += 1
         as_layout = pycute.logical_product(_p(A), pycute.Layout(n, 1))
         assert _canon(mine) == _canon(as_layout)
-        buggy = pycute.logical_product(_p(A), n)
+        try:
+            buggy = pycute.logical_product(_p(A), n)
+        except AssertionError:
+            differ += 1
+            continue
         differ += _canon(mine) != _canon(buggy)
-    assert differ >= 90
+    assert computed >= 50 and differ == computed
 
 
 def test_zipped_divide_with_none_differs_from_pycute():
@@ -115,3 +120,47 @@ def test_zipped_divide_with_none_differs_from_pycute():
     with pytest.raises(L.LayoutError, match="rank-2"):
         L.zipped_divide(layout, (None, 2))
     pycute.zipped_divide(pycute.Layout((6, 4), (4, 1)), (None, 2))  # pycute returns a layout here
+
+
+def test_filter_agrees_with_pycute():
+    assert _check("filter", L.filter, pycute.filter) >= N_CASES
+
+
+def test_evaluation_and_slicing_agree_with_pycute():
+    evaluated = sliced = 0
+    for layout, crd in cases("evaluate"):
+        assert layout(crd) == _p(layout)(crd)
+        evaluated += 1
+    for layout, crd in cases("slice", keep=lambda layout, crd: crd is not None):
+        # (slicing an int-shaped layout with None: CuTe returns it as is, pycute wraps it in a tuple)
+        mine, off = L.slice_and_offset(crd, layout)
+        ref, ref_off = pycute.slice_and_offset(crd, _p(layout))
+        assert (_canon(mine), off) == (_canon(ref), ref_off)
+        sliced += 1
+    assert evaluated >= N_CASES and sliced >= N_CASES
+
+
+def test_index_coordinate_maps_agree_with_pycute():
+    from cute_kernels.layouts.int_tuple import crd2idx, idx2crd
+
+    checked = 0
+    for layout, _ in cases("evaluate"):
+        for i in range(0, layout.size(), max(1, layout.size() // 7)):
+            crd = idx2crd(i, layout.shape)
+            assert crd == pycute.idx2crd(i, layout.shape)
+            assert crd2idx(crd, layout.shape, layout.stride) == pycute.crd2idx(crd, layout.shape, layout.stride)
+            checked += 1
+    assert checked >= N_CASES
+
+
+def test_swizzles_agree_with_pycute():
+    import random
+
+    from cute_kernels.layouts.generate import gen_swizzle
+
+    rng = random.Random("swizzle")
+    for _ in range(N_CASES):
+        sw = gen_swizzle(rng.randint)
+        ref = pycute.Swizzle(sw.bits, sw.base, sw.shift)
+        for x in (rng.randrange(1 << 16) for _ in range(8)):
+            assert sw(x) == ref(x)

@@ -153,3 +153,13 @@ def test_second_process_starts_warm(tmp_path):
     assert warm["compile_s"] < 1.0, warm
     # Nothing was dumped into the working directory.
     assert not [p for p in tmp_path.iterdir() if p.name != "cache"]
+
+
+def test_clear_disk_cache(fresh):
+    _compile(fresh)
+    _compile(fresh, threads=64)
+    assert fresh.clear_disk_cache() == 2
+    assert not list(Path(os.environ["CUTE_KERNELS_CACHE_DIR"]).rglob("*.o"))
+    fresh.clear_memory_cache()
+    _compile(fresh)
+    assert fresh.stats["compiled"] == 3 and fresh.stats["disk_loaded"] == 0

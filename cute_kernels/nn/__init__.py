@@ -1,0 +1,15 @@
+"""Drop-in PyTorch modules and functions on the cute_kernels kernels.
+
+- `Linear`: torch.nn.Linear (same constructor and state_dict) plus `activation=`, `kernel=`,
+  `fallback=`; `Linear.from_linear(m)` wraps an existing layer's parameters.
+- `functional.linear`, `functional.scaled_dot_product_attention`: the torch.nn.functional forms.
+- `patch(model)` / `route()`: send an existing model's nn.Linear and SDPA calls through them.
+"""
+
+from __future__ import annotations
+
+from . import functional
+from .linear import Linear
+from .routing import patch, route
+
+__all__ = ["Linear", "functional", "patch", "route"]

@@ -1,0 +1,65 @@
+"""Functional forms, drop-in for their `torch.nn.functional` namesakes.
+
+Both call the `cute_kernels::` operators (so they compile, capture and differentiate as those
+do) and add two keyword options: `kernel` (a rung name, or "auto") and `fallback` ("none": input
+our kernels do not take raises; "torch": PyTorch computes it, with a `FallbackWarning`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels import ops
+from cute_kernels.ops.fallback import check_fallback, note_fallback
+
+__all__ = ["linear", "scaled_dot_product_attention"]
+
+
+def linear(input, weight, bias=None, *, activation=None, kernel: str = "auto", fallback: str = "none"):
+    """activation(input @ weightᵀ + bias), as torch.nn.functional.linear plus `activation`
+    (None, "relu", "gelu_tanh" or "silu")."""
+    return ops.linear(input, weight, bias, activation, kernel, fallback)
+
+
+def _causal(attn_mask, is_causal: bool):
+    """The causal alignment ("top_left", "bottom_right" or None) the mask arguments ask for, or
+    NotImplemented for a mask our kernels do not take (a dense tensor)."""
+    if attn_mask is None:
+        return "top_left" if is_causal else None
+    from torch.nn.attention.bias import CausalBias, CausalVariant
+
+    if isinstance(attn_mask, CausalBias):
+        if is_causal:
+            raise ValueError("scaled_dot_product_attention: pass either is_causal=True or a causal attn_mask, not both")
+        return "bottom_right" if attn_mask.variant == CausalVariant.LOWER_RIGHT else "top_left"
+    if isinstance(attn_mask, torch.Tensor):
+        return NotImplemented
+    raise TypeError(f"scaled_dot_product_attention: attn_mask must be None, a tensor or a CausalBias, got "
+                    f"{type(attn_mask).__name__}")
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale=None, enable_gqa: bool = False, *, kernel: str = "auto",
+                                 fallback: str = "none"):
+    """torch.nn.functional.scaled_dot_product_attention on the cute_kernels attention kernels.
+
+    Masks: is_causal=True (top-left, as PyTorch) or attn_mask=torch.nn.attention.bias.
+    causal_lower_right(Sq, Sk) / causal_upper_left(Sq, Sk). A dense attn_mask tensor and
+    dropout_p > 0 are not supported by our kernels: NotImplementedError, or PyTorch's SDPA with
+    fallback="torch". Differentiable through `cute_kernels::sdpa`'s backward.
+    """
+    check_fallback("scaled_dot_product_attention", fallback)
+    causal = _causal(attn_mask, is_causal)
+    if causal is NotImplemented or dropout_p != 0.0:
+        what = "a dense attn_mask tensor" if causal is NotImplemented else f"dropout_p={dropout_p}"
+        reason = (f"{what} is not supported by the cute_kernels attention kernels (they take is_causal=True or "
+                  "a causal_lower_right/causal_upper_left CausalBias, and dropout_p=0)")
+        if fallback != "torch":
+            raise NotImplementedError(f"scaled_dot_product_attention: {reason}; pass fallback='torch' to use "
+                                      "torch.nn.functional.scaled_dot_product_attention for such calls")
+        note_fallback("scaled_dot_product_attention", reason)
+        extra = {"enable_gqa": True} if enable_gqa else {}
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **extra)
+    out, _ = ops.sdpa(query, key, value, causal, scale, enable_gqa, kernel, fallback)
+    return out

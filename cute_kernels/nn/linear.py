@@ -1,0 +1,52 @@
+"""`Linear`: torch.nn.Linear on the cute_kernels GEMM, with an optional fused activation."""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels.ops import ACTIVATIONS, linear as linear_op
+from cute_kernels.ops.fallback import check_fallback
+
+__all__ = ["Linear"]
+
+
+class Linear(torch.nn.Linear):
+    """torch.nn.Linear (same constructor, parameters and state_dict) whose forward is
+    `cute_kernels::linear`, plus keyword options: `activation` (None, "relu", "gelu_tanh",
+    "silu") applied to the output, `kernel` (GEMM rung or "auto") and `fallback`."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
+                 activation=None, kernel: str = "auto", fallback: str = "none"):
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self._set_options(activation, kernel, fallback)
+
+    def _set_options(self, activation, kernel: str, fallback: str) -> None:
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"cute_kernels.nn.Linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
+        if not isinstance(kernel, str):
+            raise TypeError(f"cute_kernels.nn.Linear: kernel must be a str, got {type(kernel).__name__}")
+        check_fallback("nn.Linear", fallback)
+        self.activation, self.kernel, self.fallback = activation, kernel, fallback
+
+    @classmethod
+    def from_linear(cls, module: torch.nn.Linear, *, activation=None, kernel: str = "auto",
+                    fallback: str = "none") -> "Linear":
+        """A `Linear` sharing `module`'s parameters (the same Parameter objects, so optimizers
+        and tied weights keep working) and its training flag."""
+        new = cls.__new__(cls)
+        torch.nn.Module.__init__(new)
+        new.in_features, new.out_features = module.in_features, module.out_features
+        new.weight = module.weight
+        new.register_parameter("bias", module.bias)
+        new.train(module.training)
+        new._set_options(activation, kernel, fallback)
+        return new
+
+    def forward(self, input):
+        return linear_op(input, self.weight, self.bias, self.activation, self.kernel, self.fallback)
+
+    def extra_repr(self) -> str:
+        extra = f", activation={self.activation!r}" if self.activation else ""
+        if self.fallback != "none":
+            extra += f", fallback={self.fallback!r}"
+        return super().extra_repr() + extra

@@ -1,0 +1,65 @@
+"""Route an existing model's nn.Linear and SDPA calls through cute_kernels.
+
+- `patch(model)`: replaces every `torch.nn.Linear` submodule (exactly that class; subclasses
+  keep their own forward) by a `cute_kernels.nn.Linear` sharing its parameters, and (sdpa=True)
+  runs `model.forward` under `route(linear=False)` so its SDPA calls are routed too. In place;
+  returns the model. The state_dict is unchanged.
+- `route()`: a context manager (a TorchFunctionMode) under which every
+  `torch.nn.functional.linear` and `torch.nn.functional.scaled_dot_product_attention` call,
+  however the caller imported it, goes to `cute_kernels.nn.functional`. In eager mode every
+  torch call in the block pays a Python hop; under torch.compile the mode is traced away.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from . import functional as cf
+from .linear import Linear
+
+__all__ = ["patch", "route"]
+
+
+class route(TorchFunctionMode):
+    """Within the block, F.linear -> cute_kernels.nn.functional.linear and
+    F.scaled_dot_product_attention -> cute_kernels.nn.functional.scaled_dot_product_attention,
+    with the `kernel`/`fallback` options given here (the GEMM rung name applies to linear)."""
+
+    def __init__(self, *, linear: bool = True, sdpa: bool = True, kernel: str = "auto", fallback: str = "none"):
+        super().__init__()
+        cf.check_fallback("nn.route", fallback)
+        self.linear, self.sdpa, self.kernel, self.fallback = linear, sdpa, kernel, fallback
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.linear and func is torch.nn.functional.linear:
+            return cf.linear(*args, **kwargs, kernel=self.kernel, fallback=self.fallback)
+        if self.sdpa and func is torch.nn.functional.scaled_dot_product_attention:
+            return cf.scaled_dot_product_attention(*args, **kwargs, fallback=self.fallback)
+        return func(*args, **kwargs)
+
+
+def _routed_forward(forward, fallback: str, *args, **kwargs):
+    with route(linear=False, sdpa=True, fallback=fallback):
+        return forward(*args, **kwargs)
+
+
+def patch(model: torch.nn.Module, *, linear: bool = True, sdpa: bool = True, kernel: str = "auto",
+          fallback: str = "none") -> torch.nn.Module:
+    """Route `model`'s nn.Linear layers (linear=True) and SDPA calls (sdpa=True) through
+    cute_kernels, in place; returns `model`. Idempotent."""
+    cf.check_fallback("nn.patch", fallback)
+    if linear:
+        for parent in model.modules():
+            for name, child in list(parent.named_children()):
+                if type(child) is torch.nn.Linear:
+                    setattr(parent, name, Linear.from_linear(child, kernel=kernel, fallback=fallback))
+        if type(model) is torch.nn.Linear:
+            raise TypeError("cute_kernels.nn.patch: model is itself an nn.Linear; use cute_kernels.nn.Linear."
+                            "from_linear(model) instead")
+    if sdpa and not isinstance(model.__dict__.get("forward"), functools.partial):
+        model.forward = functools.partial(_routed_forward, model.forward, fallback)
+    return model

@@ -1,0 +1,208 @@
+"""Attention operators: `cute_kernels::sdpa` (forward, with autograd), `cute_kernels::sdpa_backward`,
+`cute_kernels::sdpa_varlen`, `cute_kernels::paged_decode`.
+
+Each calls a public entry point of `cute_kernels.attention` (`_ENTRIES`); an entry point that
+does not exist yet makes the op raise NotImplementedError naming the missing kernel (or, with
+fallback="torch", compute by definition in `attention_reference`). Never wrong data: the
+entry points' conventions are those stated in `attention_reference`, and the GPU tests compare.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import attention_reference as reference
+from .fallback import UNSUPPORTED, check_fallback, device_guard, note_fallback, on_cuda, raise_unsupported
+
+__all__ = ["sdpa", "sdpa_backward", "sdpa_varlen", "paged_decode", "CAUSAL"]
+
+CAUSAL = (None, "top_left", "bottom_right")
+
+# op -> (entry point in cute_kernels.attention, the kernel it stands for). Expected signatures:
+#   attention_forward(q, k, v, *, causal, scale, enable_gqa, kernel) -> (out, lse)
+#   attention_backward(grad_out, q, k, v, out, lse, *, causal, scale, enable_gqa) -> (dq, dk, dv)
+#   attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+#                            causal, scale, kernel) -> (out (Tq, Hq, Dv), lse (Hq, Tq))
+#   paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, scale, kernel) -> out (B, Hq, Dv)
+_ENTRIES = {
+    "sdpa": ("attention_forward", "the attention forward"),
+    "sdpa_backward": ("attention_backward", "the attention backward (a FlashAttention-2 style dQ/dK/dV kernel)"),
+    "sdpa_varlen": ("attention_varlen_forward", "the variable-length (packed sequences) attention forward"),
+    "paged_decode": ("paged_decode", "the paged-KV decode kernel (the 'decode' rung)"),
+}
+_found: dict = {}
+
+
+def _entry(op: str):
+    """The kernel layer's entry point for `op`; NotImplementedError naming the kernel if absent."""
+    fn = _found.get(op)
+    if fn is None:
+        name, what = _ENTRIES[op]
+        fn = getattr(importlib.import_module("cute_kernels.attention"), name, None)
+        if fn is None:
+            raise NotImplementedError(
+                f"cute_kernels.{op}: {what} is not written yet (cute_kernels.attention.{name} does not exist)"
+            )
+        _found[op] = fn
+    return fn
+
+
+def _check_causal(op: str, causal) -> None:
+    if causal not in CAUSAL:
+        raise ValueError(f"cute_kernels.{op}: causal must be one of {CAUSAL}, got {causal!r}")
+
+
+# ---- sdpa (forward) ----------------------------------------------------------------------------
+
+@torch.library.custom_op("cute_kernels::sdpa", mutates_args=())
+def sdpa(q: Tensor, k: Tensor, v: Tensor, causal: Optional[str] = None, scale: Optional[float] = None,
+         enable_gqa: bool = False, kernel: str = "auto", fallback: str = "none") -> tuple[Tensor, Tensor]:
+    """(out, lse): attention of q (B, Hq, Sq, D) over k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv) (or
+    all without B); out (B, Hq, Sq, Dv) in q's dtype, lse (B, Hq, Sq) fp32 (not differentiable).
+    causal: None, "top_left" or "bottom_right"; scale default 1/sqrt(D)."""
+    check_fallback("sdpa", fallback)
+    _check_causal("sdpa", causal)
+    if fallback == "torch" and not on_cuda(q, k, v):
+        note_fallback("sdpa", f"inputs on {q.device}")
+        return reference.forward(q, k, v, causal, scale, enable_gqa)
+    try:
+        with device_guard(q):
+            return _entry("sdpa")(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, kernel=kernel)
+    except UNSUPPORTED as err:
+        if fallback != "torch":
+            raise_unsupported("sdpa", err)
+        note_fallback("sdpa", str(err))
+        return reference.forward(q, k, v, causal, scale, enable_gqa)
+
+
+def _check_ranks(op: str, *tensors) -> None:
+    ranks = {t.dim() for t in tensors}
+    if len(ranks) != 1 or not ranks <= {3, 4}:
+        raise ValueError(f"cute_kernels.{op}: query, key and value must all be 4-D (B, H, S, D) or all 3-D, "
+                         f"got {[t.dim() for t in tensors]}")
+
+
+@sdpa.register_fake
+def _sdpa_fake(q, k, v, causal=None, scale=None, enable_gqa=False, kernel="auto", fallback="none"):
+    _check_causal("sdpa", causal)
+    _check_ranks("sdpa", q, k, v)
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    return out, q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+def _sdpa_setup(ctx, inputs, output):
+    q, k, v, causal, scale, enable_gqa, kernel, fallback = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.scale, ctx.enable_gqa, ctx.fallback = causal, scale, enable_gqa, fallback
+
+
+def _sdpa_grad(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = sdpa_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale, ctx.enable_gqa, ctx.fallback)
+    return dq, dk, dv, None, None, None, None, None
+
+
+sdpa.register_autograd(_sdpa_grad, setup_context=_sdpa_setup)
+
+
+# ---- sdpa_backward -------------------------------------------------------------------------------
+
+@torch.library.custom_op("cute_kernels::sdpa_backward", mutates_args=())
+def sdpa_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                  causal: Optional[str] = None, scale: Optional[float] = None, enable_gqa: bool = False,
+                  fallback: str = "none") -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of `sdpa`'s out given its (out, lse); contiguous, shaped and typed as q, k, v.
+    Raises NotImplementedError naming the missing kernel until the attention backward exists."""
+    check_fallback("sdpa_backward", fallback)
+    _check_causal("sdpa_backward", causal)
+    if fallback == "torch" and not on_cuda(grad_out, q, k, v):
+        note_fallback("sdpa_backward", f"inputs on {q.device}")
+        return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa)
+    try:
+        with device_guard(q):
+            grads = _entry("sdpa_backward")(grad_out, q, k, v, out, lse, causal=causal, scale=scale,
+                                            enable_gqa=enable_gqa)
+    except UNSUPPORTED as err:
+        if fallback != "torch":
+            raise_unsupported("sdpa_backward", err)
+        note_fallback("sdpa_backward", str(err))
+        return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa)
+    return tuple(g.contiguous() for g in grads)
+
+
+@sdpa_backward.register_fake
+def _sdpa_backward_fake(grad_out, q, k, v, out, lse, causal=None, scale=None, enable_gqa=False, fallback="none"):
+    _check_causal("sdpa_backward", causal)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+# ---- sdpa_varlen ---------------------------------------------------------------------------------
+
+@torch.library.custom_op("cute_kernels::sdpa_varlen", mutates_args=())
+def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                max_seqlen_k: int, causal: Optional[str] = None, scale: Optional[float] = None, kernel: str = "auto",
+                fallback: str = "none") -> tuple[Tensor, Tensor]:
+    """(out (Tq, Hq, Dv), lse (Hq, Tq) fp32) for sequences packed along dim 0 of q (Tq, Hq, D),
+    k (Tk, Hkv, D), v (Tk, Hkv, Dv), delimited by int32 cu_seqlens_q/k (B + 1,) (see
+    `attention_reference.varlen_forward`); Hq a multiple of Hkv. Forward only."""
+    check_fallback("sdpa_varlen", fallback)
+    _check_causal("sdpa_varlen", causal)
+    if fallback == "torch" and not on_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k):
+        note_fallback("sdpa_varlen", f"inputs on {q.device}")
+        return reference.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale)
+    try:
+        with device_guard(q):
+            return _entry("sdpa_varlen")(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                         causal=causal, scale=scale, kernel=kernel)
+    except UNSUPPORTED as err:
+        if fallback != "torch":
+            raise_unsupported("sdpa_varlen", err)
+        note_fallback("sdpa_varlen", str(err))
+        return reference.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale)
+
+
+@sdpa_varlen.register_fake
+def _sdpa_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=None, scale=None,
+                      kernel="auto", fallback="none"):
+    _check_causal("sdpa_varlen", causal)
+    if not (q.dim() == k.dim() == v.dim() == 3):
+        raise ValueError(f"cute_kernels.sdpa_varlen: q, k, v must be 3-D (total_tokens, heads, head_dim), got "
+                         f"{q.dim()}-D, {k.dim()}-D, {v.dim()}-D")
+    out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+    return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+# ---- paged_decode --------------------------------------------------------------------------------
+
+@torch.library.custom_op("cute_kernels::paged_decode", mutates_args=())
+def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seqlens_k: Tensor,
+                 scale: Optional[float] = None, kernel: str = "auto", fallback: str = "none") -> Tensor:
+    """out (B, Hq, Dv): one query token q (B, Hq, D) per sequence over a paged KV cache
+    k_cache (pages, page_size, Hkv, D), v_cache (pages, page_size, Hkv, Dv), int32
+    block_table (B, max_pages), seqlens_k (B,) (see `attention_reference.paged_decode`)."""
+    check_fallback("paged_decode", fallback)
+    if fallback == "torch" and not on_cuda(q, k_cache, v_cache, block_table, seqlens_k):
+        note_fallback("paged_decode", f"inputs on {q.device}")
+        return reference.paged_decode(q, k_cache, v_cache, block_table, seqlens_k, scale)
+    try:
+        with device_guard(q):
+            return _entry("paged_decode")(q, k_cache, v_cache, block_table, seqlens_k, scale=scale, kernel=kernel)
+    except UNSUPPORTED as err:
+        if fallback != "torch":
+            raise_unsupported("paged_decode", err)
+        note_fallback("paged_decode", str(err))
+        return reference.paged_decode(q, k_cache, v_cache, block_table, seqlens_k, scale)
+
+
+@paged_decode.register_fake
+def _paged_decode_fake(q, k_cache, v_cache, block_table, seqlens_k, scale=None, kernel="auto", fallback="none"):
+    if q.dim() != 3 or k_cache.dim() != 4 or v_cache.dim() != 4:
+        raise ValueError(f"cute_kernels.paged_decode: q must be 3-D (B, Hq, D) and the caches 4-D (pages, page_size, "
+                         f"Hkv, D), got {q.dim()}-D, {k_cache.dim()}-D, {v_cache.dim()}-D")
+    return q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]))

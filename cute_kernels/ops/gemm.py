@@ -1,0 +1,289 @@
+"""GEMM operators: `cute_kernels::matmul`, `cute_kernels::linear`, `cute_kernels::scaled_mm`.
+
+Each is a `torch.library.custom_op` whose CUDA path is `cute_kernels.gemm.matmul` (the kernel
+layer validates and picks the rung); `register_fake` infers shapes and dtypes without touching
+data, and `register_autograd` writes the gradients as GEMMs through the same operator
+(dA = dC·Bᵀ, dB = Aᵀ·dC), so compiled graphs and CUDA graphs see only our ops.
+Every op takes `kernel` (a rung name or "auto") and `fallback` (see `cute_kernels.ops.fallback`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .fallback import UNSUPPORTED, check_fallback, device_guard, note_fallback, on_cuda, raise_unsupported
+
+__all__ = ["matmul", "linear", "scaled_mm", "ACTIVATIONS"]
+
+ACTIVATIONS = (None, "relu", "gelu_tanh", "silu")
+
+
+def _gemm():
+    # Imported on first use so that registering the ops does not load the kernel layer.
+    from cute_kernels.gemm import matmul as gemm_matmul
+
+    return gemm_matmul
+
+
+def _gemm_ready(t: Tensor) -> Tensor:
+    """`t` itself when one of its last two strides is 1 (what every rung takes), else a copy.
+    Gradients arrive with any strides (an expanded grad of `.sum()` has stride 0 everywhere)."""
+    if t.stride(-1) == 1 or t.stride(-2) == 1:
+        return t
+    return t.contiguous()
+
+
+# ---- matmul ------------------------------------------------------------------------------------
+
+def _torch_matmul(a: Tensor, b: Tensor, out_dtype) -> Tensor:
+    dtype = a.dtype if out_dtype is None else out_dtype
+    acc = torch.promote_types(a.dtype, dtype)
+    return torch.matmul(a.to(acc), b.to(acc)).to(dtype).contiguous()
+
+
+@torch.library.custom_op("cute_kernels::matmul", mutates_args=())
+def matmul(a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype] = None, kernel: str = "auto",
+           fallback: str = "none") -> Tensor:
+    """a @ b with torch.matmul semantics for 2-D and batched 3-D operands (a 2-D operand or a
+    batch of 1 broadcasts), on the GEMM ladder; the result has dtype `out_dtype` (default a's)
+    and is contiguous."""
+    check_fallback("matmul", fallback)
+    if fallback == "torch" and not on_cuda(a, b):
+        note_fallback("matmul", f"inputs on {a.device}/{b.device}")
+        return _torch_matmul(a, b, out_dtype)
+    try:
+        with device_guard(a):
+            return _gemm()(a, b, kernel=kernel, out_dtype=out_dtype)
+    except UNSUPPORTED as err:
+        if fallback != "torch":
+            raise_unsupported("matmul", err)
+        note_fallback("matmul", str(err))
+        return _torch_matmul(a, b, out_dtype)
+
+
+@matmul.register_fake
+def _matmul_fake(a, b, out_dtype=None, kernel="auto", fallback="none"):
+    if a.dim() not in (2, 3) or b.dim() not in (2, 3):
+        raise ValueError(f"cute_kernels.matmul: operands must be 2-D or 3-D, got {a.dim()}-D and {b.dim()}-D")
+    torch._check(a.shape[-1] == b.shape[-2],
+                 lambda: f"cute_kernels.matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not compose")
+    dtype = a.dtype if out_dtype is None else out_dtype
+    m, n = a.shape[-2], b.shape[-1]
+    if a.dim() == 2 and b.dim() == 2:
+        return a.new_empty((m, n), dtype=dtype)
+    la = a.shape[0] if a.dim() == 3 else 1
+    lb = b.shape[0] if b.dim() == 3 else 1
+    return a.new_empty((lb if la == 1 else la, m, n), dtype=dtype)
+
+
+def _sum_to(t: Tensor, like: Tensor) -> Tensor:
+    """`t` (the gradient of a broadcast operand, batch-expanded) summed back to `like`'s shape."""
+    if t.dim() == like.dim() and t.shape[0] == like.shape[0]:
+        return t
+    return t.sum(0) if like.dim() == 2 else t.sum(0, keepdim=True)
+
+
+def _matmul_setup(ctx, inputs, output):
+    a, b, _, kernel, fallback = inputs
+    ctx.save_for_backward(a, b)
+    ctx.kernel, ctx.fallback = kernel, fallback
+
+
+def _matmul_backward(ctx, grad):
+    a, b = ctx.saved_tensors
+    kw = dict(kernel=ctx.kernel, fallback=ctx.fallback)
+    g = _gemm_ready(grad.to(a.dtype))
+    da = db = None
+    if ctx.needs_input_grad[0]:
+        da = _sum_to(matmul(g, b.mT, **kw), a)
+    if ctx.needs_input_grad[1]:
+        if g.dim() == 3 and (b.dim() == 2 or b.shape[0] == 1) and a.dim() == 3 and a.shape[0] > 1:
+            # b is shared by the batch: dB = sum_l A_lᵀ dC_l is one GEMM over the flattened batch.
+            k, n = a.shape[-1], g.shape[-1]
+            db = matmul(_gemm_ready(a.reshape(-1, k)).mT, _gemm_ready(g.reshape(-1, n)), **kw)
+            db = db if b.dim() == 2 else db.unsqueeze(0)
+        else:
+            db = _sum_to(matmul(a.mT, g, **kw), b)
+    return da, db, None, None, None
+
+
+matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)
+
+
+# ---- linear ------------------------------------------------------------------------------------
+
+def _check_activation(activation) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"cute_kernels.linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def _activate(y: Tensor, activation) -> Tensor:
+    if activation == "relu":
+        return torch.relu(y)
+    if activation == "gelu_tanh":
+        return torch.nn.functional.gelu(y, approximate="tanh")
+    if activation == "silu":
+        return torch.nn.functional.silu(y)
+    return y
+
+
+def _torch_linear(x: Tensor, weight: Tensor, bias, activation) -> Tensor:
+    return _activate(torch.nn.functional.linear(x, weight, bias), activation).contiguous()
+
+
+def _check_linear(x: Tensor, weight: Tensor, bias) -> None:
+    if weight.dim() != 2:
+        raise ValueError(f"cute_kernels.linear: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}")
+    if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"cute_kernels.linear: input of shape {tuple(x.shape)} does not match weight "
+                         f"{tuple(weight.shape)}: the last input dim must be in_features = {weight.shape[1]}")
+    if bias is not None:
+        if bias.shape != (weight.shape[0],):
+            raise ValueError(f"cute_kernels.linear: bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+        if bias.dtype != x.dtype:
+            raise TypeError(f"cute_kernels.linear: bias has dtype {bias.dtype} but input has {x.dtype}")
+        if bias.device != x.device:
+            raise ValueError(f"cute_kernels.linear: bias is on {bias.device} but input is on {x.device}")
+
+
+@torch.library.custom_op("cute_kernels::linear", mutates_args=())
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None,
+           kernel: str = "auto", fallback: str = "none") -> Tensor:
+    """activation(x @ weightᵀ + bias) for x (..., in_features), weight (out_features,
+    in_features), bias (out_features,) or None; activation in `ACTIVATIONS`. Contiguous
+    result (..., out_features) in x's dtype."""
+    check_fallback("linear", fallback)
+    _check_activation(activation)
+    if fallback == "torch" and not on_cuda(x, weight, bias):
+        note_fallback("linear", f"inputs on {x.device}/{weight.device}")
+        return _torch_linear(x, weight, bias, activation)
+    try:
+        _check_linear(x, weight, bias)
+        with device_guard(x):
+            y = _gemm()(x.reshape(-1, x.shape[-1]), weight.t(), kernel=kernel)
+    except UNSUPPORTED as err:
+        if fallback != "torch":
+            raise_unsupported("linear", err)
+        note_fallback("linear", str(err))
+        return _torch_linear(x, weight, bias, activation)
+    # UNFUSED EPILOGUE: bias and activation run as separate PyTorch kernels on our GEMM's output
+    # until the GEMM rungs take a bias+activation epilogue; in place, so no extra allocation.
+    if bias is not None:
+        y.add_(bias)
+    if activation == "relu":
+        y.relu_()
+    elif activation == "silu":
+        torch.nn.functional.silu(y, inplace=True)
+    elif activation == "gelu_tanh":
+        y = torch.nn.functional.gelu(y, approximate="tanh")
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+@linear.register_fake
+def _linear_fake(x, weight, bias=None, activation=None, kernel="auto", fallback="none"):
+    _check_activation(activation)
+    if weight.dim() != 2 or x.dim() < 1:
+        raise ValueError(f"cute_kernels.linear: weight must be 2-D and input at least 1-D, got {tuple(weight.shape)} "
+                         f"and {tuple(x.shape)}")
+    torch._check(x.shape[-1] == weight.shape[1],
+                 lambda: f"cute_kernels.linear: input {tuple(x.shape)} does not match weight {tuple(weight.shape)}")
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _linear_setup(ctx, inputs, output):
+    x, weight, bias, activation, kernel, fallback = inputs
+    # relu's derivative is read off the output; silu's and gelu's need the pre-activation,
+    # recomputed in the backward (one more GEMM) rather than kept alive between passes.
+    ctx.save_for_backward(x, weight, bias, output if activation == "relu" else None)
+    ctx.activation, ctx.kernel, ctx.fallback = activation, kernel, fallback
+
+
+def _linear_backward(ctx, grad):
+    x, weight, bias, out = ctx.saved_tensors
+    kw = dict(kernel=ctx.kernel, fallback=ctx.fallback)
+    n, k = weight.shape
+    x2 = x.reshape(-1, k)
+    g = _gemm_ready(grad.reshape(-1, n))
+    if ctx.activation == "relu":
+        g = torch.ops.aten.threshold_backward(g, out.reshape(-1, n), 0)
+    elif ctx.activation is not None:
+        z = matmul(x2, weight.mT, **kw)
+        if bias is not None:
+            z = z + bias
+        if ctx.activation == "silu":
+            g = torch.ops.aten.silu_backward(g, z)
+        else:
+            g = torch.ops.aten.gelu_backward(g, z, approximate="tanh")
+    dx = matmul(g, weight, **kw).reshape(x.shape) if ctx.needs_input_grad[0] else None
+    dw = matmul(g.mT, _gemm_ready(x2), **kw) if ctx.needs_input_grad[1] else None
+    db = g.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+    return dx, dw, db, None, None, None
+
+
+linear.register_autograd(_linear_backward, setup_context=_linear_setup)
+
+
+# ---- scaled_mm (FP8) ---------------------------------------------------------------------------
+
+_FP8 = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, name))
+
+
+def _check_scaled_mm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, bias) -> None:
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"cute_kernels.scaled_mm: a and b must be 2-D, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"cute_kernels.scaled_mm: shapes {tuple(a.shape)} and {tuple(b.shape)} do not compose")
+    for name, t in (("a", a), ("b", b)):
+        if t.dtype not in _FP8:
+            raise TypeError(f"cute_kernels.scaled_mm: {name} has dtype {t.dtype}; an FP8 dtype {_FP8} is needed")
+    m, n = a.shape[0], b.shape[1]
+    for name, s, rowwise in (("scale_a", scale_a, (m, 1)), ("scale_b", scale_b, (1, n))):
+        if s.dtype != torch.float32 or not (s.numel() == 1 or tuple(s.shape) == rowwise):
+            raise ValueError(f"cute_kernels.scaled_mm: {name} must be float32 with one element (per tensor) or "
+                             f"shape {rowwise} (per {'row' if name == 'scale_a' else 'column'}), got "
+                             f"{tuple(s.shape)} {s.dtype}")
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"cute_kernels.scaled_mm: bias must have shape ({n},), got {tuple(bias.shape)}")
+
+
+def _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype) -> Tensor:
+    # Dequantize and multiply in fp32: the definition, not a fast path.
+    out = (a.float() * scale_a) @ (b.float() * scale_b)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(a.dtype if out_dtype is None else out_dtype).contiguous()
+
+
+@torch.library.custom_op("cute_kernels::scaled_mm", mutates_args=())
+def scaled_mm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, bias: Optional[Tensor] = None,
+              out_dtype: Optional[torch.dtype] = None, kernel: str = "auto", fallback: str = "none") -> Tensor:
+    """(scale_a·a) @ (scale_b·b) + bias for FP8 a (M, K), b (K, N); scales float32, one element
+    or per row of a (M, 1) / per column of b (1, N). Result (M, N) in `out_dtype` (default a's
+    dtype, as torch._scaled_mm). No FP8 rung exists yet: without fallback="torch" this raises
+    NotImplementedError naming the missing kernel."""
+    check_fallback("scaled_mm", fallback)
+    if fallback == "torch" and not on_cuda(a, b):
+        note_fallback("scaled_mm", f"inputs on {a.device}/{b.device}")
+        return _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)
+    try:
+        _check_scaled_mm(a, b, scale_a, scale_b, bias)
+        raise NotImplementedError(
+            "cute_kernels.scaled_mm: the FP8 GEMM kernel is not written yet (cute_kernels.gemm has no FP8 rung: "
+            "an sm90 FP8 wgmma GEMM applying scale_a/scale_b in its epilogue)"
+        )
+    except UNSUPPORTED as err:
+        if fallback != "torch":
+            raise_unsupported("scaled_mm", err)
+        note_fallback("scaled_mm", str(err))
+        return _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)
+
+
+@scaled_mm.register_fake
+def _scaled_mm_fake(a, b, scale_a, scale_b, bias=None, out_dtype=None, kernel="auto", fallback="none"):
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"cute_kernels.scaled_mm: a and b must be 2-D, got {a.dim()}-D and {b.dim()}-D")
+    torch._check(a.shape[1] == b.shape[0], lambda: "cute_kernels.scaled_mm: inner dimensions differ")
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=a.dtype if out_dtype is None else out_dtype)
