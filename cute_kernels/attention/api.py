@@ -180,13 +180,11 @@ def attention_forward(q, k, v, *, causal: str | None = None, scale=None, enable_
     out_shape = (p.batch, p.heads_q, p.seqlen_q, p.head_dim_v)
     out = _result(out, "out", out_shape, q.dtype, q.device, unbatched)
     lse = _result(lse, "lse", out_shape[:3], torch.float32, q.device, unbatched)
-    if lse.numel() == 0:
-        pass
-    elif p.seqlen_k == 0:
+    if lse.numel() and p.seqlen_k == 0:
         # Softmax over no keys: an empty sum, so out is 0 and lse is log(0).
         out.zero_()
         lse.fill_(-math.inf)
-    else:
+    elif lse.numel():
         rung = resolve(kernel, q4, k4, v4, problem)
         rung(q4, k4, v4, out, lse, problem)
     if unbatched:
@@ -277,6 +275,12 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p: float = 0.0
     import torch
 
     causal = _causal_from_mask(attn_mask, is_causal)
+    if attn_mask is not None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor):
+        want = (q.shape[-2], k.shape[-2]) if q.dim() >= 2 and k.dim() >= 2 else None
+        have = (attn_mask.seq_len_q, attn_mask.seq_len_kv)
+        if want is not None and have != want:
+            raise ValueError(f"scaled_dot_product_attention: the causal attn_mask is built for (Sq, Sk) = {have} but "
+                             f"query and key have {want}")
     tensors = [t for t in (q, k, v) if isinstance(t, torch.Tensor)]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa)

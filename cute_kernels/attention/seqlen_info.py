@@ -3,14 +3,15 @@
 A packed batch of n sequences has `cu_seqlens` = [0, l0, l0 + l1, ..., total] (n + 1 int32
 values, FlashAttention's convention): sequence b occupies rows [cu_seqlens[b], cu_seqlens[b+1])
 of a (total, H, D) tensor. `SeqlenInfo` is what one CTA needs to know about its sequence.
-(The varlen entry point and kernels build on this; `sm80_flash` takes fixed-length batches.)
+`varlen.attention_varlen_forward` is the entry point; `sm80_flash` reads each CTA's sequence
+with `varlen_seqlens` (the same arithmetic on the DSL's Int32 as on Python ints).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SeqlenInfo", "cu_seqlens_from_lengths", "check_cu_seqlens", "seqlen_info"]
+__all__ = ["SeqlenInfo", "cu_seqlens_from_lengths", "check_cu_seqlens", "seqlen_info", "varlen_seqlens"]
 
 
 @dataclass(frozen=True)
@@ -58,3 +59,12 @@ def seqlen_info(batch: int, cu_seqlens_q, cu_seqlens_k) -> SeqlenInfo:
     if not 0 <= batch < len(q) - 1:
         raise IndexError(f"sequence {batch} out of range for {len(q) - 1} sequences")
     return SeqlenInfo(batch, q[batch], q[batch + 1] - q[batch], k[batch], k[batch + 1] - k[batch])
+
+
+def varlen_seqlens(cu_seqlens_q, cu_seqlens_k, batch) -> SeqlenInfo:
+    """The `SeqlenInfo` of sequence `batch`, read from indexable offsets without checks: inside
+    a kernel (cu_seqlens are int32 gmem tensors, `batch` the CTA's index; the host validated
+    the offsets) or on Python lists. Post-condition: equals `seqlen_info` on valid offsets."""
+    offset_q, offset_k = cu_seqlens_q[batch], cu_seqlens_k[batch]
+    return SeqlenInfo(batch, offset_q, cu_seqlens_q[batch + 1] - offset_q, offset_k,
+                      cu_seqlens_k[batch + 1] - offset_k)

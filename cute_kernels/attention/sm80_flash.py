@@ -32,7 +32,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 from cute_kernels.layouts import Layout
 from cute_kernels.runtime import to_cute
 
-from . import block_info
+from . import block_info, seqlen_info
 from .sm80_blocks import (assume_aligned_rows, copy_layouts, gemm_rs, gemm_ss, load_rows, smem_atom_width,
                           smem_operand, smem_tile_layout, store_tile, transposed)
 from .fragments import accumulator_as_a, mn_view
@@ -170,7 +170,12 @@ class FlashAttentionSm80:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, qhead_per_kvhead: cutlass.Int32,
-                 stream):
+                 stream, mCuSeqlensQ: cute.Tensor | None = None, mCuSeqlensK: cute.Tensor | None = None,
+                 num_sequences: cutlass.Int32 | None = None, max_seqlen_q: cutlass.Int32 | None = None):
+        """Launch over (q tiles, heads, batch). Varlen (the cu_seqlens given): q/k/v/o are the
+        packed (T, H, D) tensors viewed (1, H, T, D), lse (H, T) viewed (1, H, T); the grid is
+        (q tiles of max_seqlen_q, heads, num_sequences), and `causal_offset` is then a 0/1 flag
+        multiplying each sequence's own Sk - Sq (1: bottom-right, 0: top-left)."""
         c = self.config
         # The host checked every non-unit stride is a multiple of 8 elements (16 bytes), so each
         # row of every tile starts 16-byte aligned: tell the compiler, or no 128-bit access.
@@ -196,9 +201,12 @@ class FlashAttentionSm80:
             (c.num_warps, 1, 1),
             permutation_mnk=(16 * c.num_warps, 16, 16),
         )
-        grid = (cute.ceil_div(mQ.shape[2], c.block_m), mQ.shape[1], mQ.shape[0])
+        if cutlass.const_expr(mCuSeqlensQ is None):
+            grid = (cute.ceil_div(mQ.shape[2], c.block_m), mQ.shape[1], mQ.shape[0])
+        else:
+            grid = (cute.ceil_div(max_seqlen_q, c.block_m), mQ.shape[1], num_sequences)
         self.kernel(mQ, mK, mV, mO, mLSE, softmax_scale * LOG2_E, causal_offset, qhead_per_kvhead,
-                    gmem_load, gmem_store, tiled_mma, SharedStorage).launch(
+                    gmem_load, gmem_store, tiled_mma, SharedStorage, mCuSeqlensQ, mCuSeqlensK).launch(
             grid=grid, block=[c.threads, 1, 1], stream=stream)
 
     # ---- device side ---------------------------------------------------------------------------
@@ -207,15 +215,33 @@ class FlashAttentionSm80:
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                scale_log2: cutlass.Float32, causal_offset: cutlass.Int32, qhead_per_kvhead: cutlass.Int32,
                gmem_load: cute.TiledCopy, gmem_store: cute.TiledCopy, tiled_mma: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr):
+               SharedStorage: cutlass.Constexpr, mCuSeqlensQ: cute.Tensor | None,
+               mCuSeqlensK: cute.Tensor | None):
         c = self.config
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         kv_head = head // qhead_per_kvhead
-        seqlen_q, seqlen_k = mQ.shape[2], mK.shape[2]
+        # This CTA's (Sq, D) / (Sk, D) / (Sq,) views of its (sequence, head).
+        if cutlass.const_expr(mCuSeqlensQ is None):
+            seqlen_q, seqlen_k = mQ.shape[2], mK.shape[2]
+            mQ_s, mO_s, mLSE_s = mQ[batch, head, None, None], mO[batch, head, None, None], mLSE[batch, head, None]
+            mK_s, mV_s = mK[batch, kv_head, None, None], mV[batch, kv_head, None, None]
+        else:
+            info = seqlen_info.varlen_seqlens(mCuSeqlensQ, mCuSeqlensK, batch)
+            seqlen_q, seqlen_k = info.seqlen_q, info.seqlen_k
+            causal_offset = causal_offset * (seqlen_k - seqlen_q)
+            mQ_s = cute.domain_offset((info.offset_q, 0), mQ[0, head, None, None])
+            mO_s = cute.domain_offset((info.offset_q, 0), mO[0, head, None, None])
+            mLSE_s = cute.domain_offset((info.offset_q,), mLSE[0, head, None])
+            mK_s = cute.domain_offset((info.offset_k, 0), mK[0, kv_head, None, None])
+            mV_s = cute.domain_offset((info.offset_k, 0), mV[0, kv_head, None, None])
         n_block_max, n_unmasked_end = block_info.n_block_range(
             m_block, seqlen_q, seqlen_k, causal_offset, block_m=c.block_m, block_n=c.block_n, causal=c.causal,
             minimum=cutlass.min, maximum=cutlass.max)
+        if cutlass.const_expr(mCuSeqlensQ is not None):
+            # The grid covers the longest sequence: a tile past this one's end visits no block.
+            live = cutlass.min(cutlass.max(seqlen_q - m_block * c.block_m, 0), 1)
+            n_block_max, n_unmasked_end = n_block_max * live, n_unmasked_end * live
 
         # ---- partition ----
         smem = cutlass.memory.SmemAllocator()
@@ -225,9 +251,9 @@ class FlashAttentionSm80:
         sV = storage.sV.get_tensor(to_cute(self.layouts.smem_kv_layout))
         sVt = cute.make_tensor(sV.iterator, to_cute(self.layouts.smem_vt_layout))
 
-        gQ = cute.local_tile(mQ[batch, head, None, None], (c.block_m, c.head_dim), (m_block, 0))
-        gK = cute.local_tile(mK[batch, kv_head, None, None], (c.block_n, c.head_dim), (None, 0))
-        gV = cute.local_tile(mV[batch, kv_head, None, None], (c.block_n, c.head_dim), (None, 0))
+        gQ = cute.local_tile(mQ_s, (c.block_m, c.head_dim), (m_block, 0))
+        gK = cute.local_tile(mK_s, (c.block_n, c.head_dim), (None, 0))
+        gV = cute.local_tile(mV_s, (c.block_n, c.head_dim), (None, 0))
 
         thr_load = gmem_load.get_slice(tidx)
         tQgQ, tQsQ = thr_load.partition_S(gQ), thr_load.partition_D(sQ)
@@ -270,9 +296,9 @@ class FlashAttentionSm80:
         # ---- epilogue ----
         lse = cute.make_rmem_tensor((softmax.num_rows,), cutlass.Float32)
         softmax.finalize(mn_view(acc_o), lse)
-        self.store_lse(mLSE[batch, head, None], lse, t_coord_s, m_block * c.block_m, seqlen_q, tidx)
+        self.store_lse(mLSE_s, lse, t_coord_s, m_block * c.block_m, seqlen_q, tidx)
         # Q's buffer stages O: every warp is past its last S GEMM (store_tile synchronizes first).
-        gO = cute.local_tile(mO[batch, head, None, None], (c.block_m, c.head_dim), (m_block, 0))
+        gO = cute.local_tile(mO_s, (c.block_m, c.head_dim), (m_block, 0))
         store_tile(acc_o, self.dtype, sQ, gmem_store, tiled_mma, gO, (c.block_m, c.head_dim),
                    seqlen_q - m_block * c.block_m, tidx)
 
@@ -348,11 +374,27 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = F
     return CompileJob(FlashAttentionSm80(config), args, ("attention.sm80_flash", config))
 
 
+def build_varlen_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False, **tile):
+    """A CompileJob for the packed (varlen) `sm80_flash` launch: (1, H, T, D) views with symbolic
+    sizes and strides, int32 cu_seqlens, the sequence count and max_seqlen_q."""
+    from dataclasses import replace
+
+    from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
+
+    config = replace(config_for(head_dim, dtype, causal), **tile).validate()
+    t = _CUTLASS[dtype]
+    qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(4)]
+    lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
+    cu = [fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4) for _ in range(2)]
+    args = (*qkvo, lse, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(1), cutlass.Int32(1), fake_stream(),
+            *cu, cutlass.Int32(1), cutlass.Int32(1))
+    return CompileJob(FlashAttentionSm80(config), args, ("attention.sm80_flash.varlen", config))
+
+
 VARIANT_CONFIGS = {
     f"d{d}_{dt}{'_causal' if causal else ''}": {"head_dim": d, "dtype": dt, "causal": causal}
     for d, dt, causal in (
-        (64, "bfloat16", False), (64, "float16", True), (128, "bfloat16", False), (128, "bfloat16", True),
-        (128, "float16", False), (256, "bfloat16", True),
+        (64, "float16", True), (128, "bfloat16", False), (128, "bfloat16", True), (256, "bfloat16", True),
     )
 }
 
@@ -361,6 +403,9 @@ def _register() -> None:
     from cute_kernels.runtime import register_variant
 
     register_variant("attention.sm80_flash", build_variant, configs=VARIANT_CONFIGS,
+                     requires={"HMMA", "LDSM", "LDGSTS"})
+    register_variant("attention.sm80_flash_varlen", build_varlen_variant,
+                     configs={"d128_bfloat16_causal": {"head_dim": 128, "dtype": "bfloat16", "causal": True}},
                      requires={"HMMA", "LDSM", "LDGSTS"})
 
 
@@ -433,6 +478,29 @@ class Sm80FlashRung:
         stream = current_stream()
         compiled = compile_kernel(kernel, *args, stream, key=("attention.sm80_flash", config))
         compiled(*args, stream)
+        return out, lse
+
+
+    def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, out, lse, problem):
+        """The packed (varlen) forward: q (Tq, Hq, D), k/v (Tk, Hkv, D), out (Tq, Hq, D),
+        lse (Hq, Tq) fp32, int32 cu_seqlens (B + 1,) already validated by the caller
+        (`varlen.attention_varlen_forward`); causal alignment per sequence."""
+        from cute_kernels.runtime import compile_kernel, current_stream, from_torch
+
+        config = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), problem.causal is not None)
+        kernel = _kernel_for(config)
+        # (T, H, D) -> (1, H, T, D): the fixed-length kernel's modes, batch 1, rows offset per CTA.
+        views = [t.permute(1, 0, 2).unsqueeze(0) for t in (q, k, v, out)]
+        tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in views]
+        tensors.append(from_torch(lse.unsqueeze(0), assumed_align=4, leading_dim=2))
+        cu = [from_torch(t, assumed_align=4, leading_dim=0) for t in (cu_seqlens_q, cu_seqlens_k)]
+        bottom_right = 1 if problem.causal == "bottom_right" else 0
+        args = (*tensors, cutlass.Float32(problem.scale), cutlass.Int32(bottom_right),
+                cutlass.Int32(problem.heads_q // problem.heads_kv))
+        tail = (*cu, cutlass.Int32(problem.batch), cutlass.Int32(max_seqlen_q))
+        stream = current_stream()
+        compiled = compile_kernel(kernel, *args, stream, *tail, key=("attention.sm80_flash.varlen", config))
+        compiled(*args, stream, *tail)
         return out, lse
 
 

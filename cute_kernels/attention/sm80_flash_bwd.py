@@ -91,6 +91,9 @@ def bwd_config_for(head_dim: int, dtype: str, causal: bool) -> FlashSm80BwdConfi
     take 2 x D/2 fp32 registers per thread, so the dK/dV pass steps over fewer Q rows (32, and
     16 with the causal mask's extra live values) to stay free of spills (checked by the variants)."""
     dkdv_block_m = 64 if head_dim <= 64 else (16 if causal else 32)
+    # ... but at least the rows one copy pass moves (64 at D = 80 or 112, whose 32-byte
+    # swizzle rows take 2 threads each).
+    dkdv_block_m = max(dkdv_block_m, 128 // (smem_atom_width(head_dim) // 8))
     return FlashSm80BwdConfig(head_dim=head_dim, dtype=dtype, causal=causal, dkdv_block_m=dkdv_block_m).validate()
 
 
@@ -442,7 +445,7 @@ def build_dkdv_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: boo
 
 BWD_VARIANT_CONFIGS = {
     f"d{d}_{dt}{'_causal' if causal else ''}": {"head_dim": d, "dtype": dt, "causal": causal}
-    for d, dt, causal in ((64, "float16", True), (128, "bfloat16", False), (128, "bfloat16", True))
+    for d, dt, causal in ((64, "float16", True), (128, "bfloat16", True))
 }
 
 
@@ -466,6 +469,8 @@ def supports_backward(problem) -> str | None:
     d = problem.head_dim
     if d % 16 or not 16 <= d <= 128:
         return f"the sm80_flash backward takes head dims that are multiples of 16 up to 128, not {d}"
+    if problem.head_dim_v != d:
+        return f"the sm80_flash backward needs the value head dim ({problem.head_dim_v}) equal to D ({d})"
     return None
 
 

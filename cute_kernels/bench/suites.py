@@ -7,7 +7,7 @@
 | `copy` | 16 MiB to 1 GiB bf16 | cute_kernels (our vectorized copy), torch_copy |
 | `skinny` | M ∈ {16, 64, 128}, N = K = 8192, bf16 | as `gemm` |
 | `fp8` | e4m3 4096³ and 8192³ (bf16 out) | as `gemm` (cublas_fp8 is the peer) |
-| `ladder` | fp32 and bf16 at 4096³ and 8192³ | every rung and cublas (fp32 without TF32) |
+| `ladder` | fp32, fp16 and bf16 at 4096³ and 8192³ | every rung and cublas (fp32 without TF32) |
 
 `--impl` takes a comma list of names and these keywords: `default`, `all`, `ours`, `peers`.
 """
@@ -109,6 +109,7 @@ SUITES: dict[str, Suite] = {
     "fp8": Suite("fp8", "gemm", tuple(GemmCase(s, s, s, "fp8_e4m3") for s in (4096, 8192)),
                  "fp8 e4m3 GEMM, bf16 out, vs torch._scaled_mm", _fast),
     "ladder": Suite("ladder", "gemm",
-                    tuple(GemmCase(s, s, s, dt) for dt in ("fp32", "bf16") for s in (4096, 8192)),
-                    "every GEMM rung vs cuBLAS (fp32 without TF32) at 4096³ and 8192³", _ladder_default),
+                    tuple(GemmCase(s, s, s, dt) for dt in ("fp32", "fp16", "bf16") for s in (4096, 8192)),
+                    "every GEMM rung vs cuBLAS (fp32 without TF32) at 4096³ and 8192³; fp16 for sm70_mma",
+                    _ladder_default),
 }

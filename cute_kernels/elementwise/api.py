@@ -9,16 +9,8 @@ __all__ = ["copy"]
 _CHUNK_ELEMENTS = 1 << 30
 
 
-def _bits_dtype(element_bytes: int):
-    import torch
-
-    return {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[element_bytes]
-
-
-def _check(src, dst) -> None:
+def _check(src, dst, torch) -> None:
     """Shape, dtype and layout first, the device last (so every check can be exercised on CPU)."""
-    import torch
-
     if not isinstance(src, torch.Tensor) or not isinstance(dst, torch.Tensor):
         raise TypeError(f"copy takes torch tensors, got {type(src).__name__} and {type(dst).__name__}")
     if src.dtype != dst.dtype:
@@ -33,6 +25,8 @@ def _check(src, dst) -> None:
                 f"copy: {name} is not contiguous (shape {tuple(t.shape)}, strides {t.stride()}); "
                 "the vectorized copy needs contiguous tensors (call .contiguous() first)"
             )
+    if src.is_cuda and dst.is_cuda and src.device == dst.device:
+        return
     for name, t in (("src", src), ("dst", dst)):
         if t.device.type != "cuda":
             raise ValueError(f"copy: {name} is on device '{t.device}', but the kernel runs on CUDA devices only")
@@ -49,6 +43,45 @@ def _vector_bytes(*tensors) -> int:
     return width
 
 
+# Per-process state, filled on first use (torch, the kernel module, the default config, the
+# TVM-FFI decision), and (config asked for, vector bytes, element bytes) -> TVM-FFI function.
+_state: dict = {}
+_compiled: dict = {}
+
+
+def _init():
+    import os
+
+    import torch
+
+    from cute_kernels.runtime import tvm_ffi_available
+
+    from . import vector_copy
+
+    _state.update(
+        torch=torch,
+        vc=vector_copy,
+        default=vector_copy.CopyConfig(),
+        # element bytes -> the integer dtype whose bits the kernel moves
+        bits={1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64},
+        tvm_ffi=tvm_ffi_available() and os.environ.get("CUTE_KERNELS_NO_TVM_FFI") != "1",
+    )
+    return _state
+
+
+def _compile_tvm_ffi(vc, config, element_bytes: int):
+    """The TVM-FFI copy for `element_bytes`-wide elements under `config` (compiled from fake
+    tensors: every length is a runtime value, the alignment is `config.vector_bytes`)."""
+    from cute_kernels.runtime import TVM_FFI_OPTION, compile_kernel, fake_stream, fake_tensor
+
+    dtype = vc.ELEMENT_TYPES[element_bytes]
+    args = [fake_tensor(dtype, 1, leading_dim=0, assumed_align=config.vector_bytes) for _ in range(2)]
+    return compile_kernel(
+        vc.VectorCopy(config, element_bytes), *args, fake_stream(tvm_ffi_env_stream=True),
+        key=("elementwise.vector_copy", "tvm_ffi", config, element_bytes), options=TVM_FFI_OPTION,
+    )
+
+
 def copy(src, dst=None, *, config=None):
     """Copy `src` into `dst` (allocated like `src` when None) with the vectorized copy kernel.
 
@@ -57,32 +90,47 @@ def copy(src, dst=None, *, config=None):
     when both data pointers are 16-byte aligned, else as wide as their alignment allows.
     Runs on torch's current stream and returns `dst`.
     """
-    import torch
-
-    from . import vector_copy as vc
-    from cute_kernels.runtime import compile_kernel, current_stream, from_torch
-
+    state = _state or _init()
+    torch = state["torch"]
     if dst is None:
         if not isinstance(src, torch.Tensor):
             raise TypeError(f"copy takes torch tensors, got {type(src).__name__}")
         dst = torch.empty_like(src, memory_format=torch.contiguous_format)
-    _check(src, dst)
-    if src.numel() == 0:
+    _check(src, dst, torch)
+    numel = src.numel()
+    if numel == 0:
         return dst
     element_bytes = src.element_size()
-    base = config if config is not None else vc.CopyConfig()
-    vector_bytes = min(base.vector_bytes, _vector_bytes(src, dst))
-    config = vc.CopyConfig(base.threads, max(vector_bytes, element_bytes), base.vectors_per_thread)
-    config.validate(element_bytes)
+    base = state["default"] if config is None else config
+    vector_bytes = max(min(base.vector_bytes, _vector_bytes(src, dst)), element_bytes)
+    bits = state["bits"][element_bytes]
+    flat_src = src.view(-1) if src.dtype == bits else src.view(-1).view(bits)
+    flat_dst = dst.view(-1) if dst.dtype == bits else dst.view(-1).view(bits)
+    if state["tvm_ffi"]:
+        key = (config, vector_bytes, element_bytes)  # config None (the default) hashes fastest
+        entry = _compiled.get(key)
+        if entry is None:
+            vc = state["vc"]
+            cfg = vc.CopyConfig(base.threads, vector_bytes, base.vectors_per_thread).validate(element_bytes)
+            entry = _compiled[key] = _compile_tvm_ffi(vc, cfg, element_bytes)
+        # The function launches on the current stream of the tensors' device.
+        if numel <= _CHUNK_ELEMENTS:
+            entry(flat_src, flat_dst)
+        else:
+            for start in range(0, numel, _CHUNK_ELEMENTS):
+                entry(flat_src[start:start + _CHUNK_ELEMENTS], flat_dst[start:start + _CHUNK_ELEMENTS])
+        return dst
 
-    bits = _bits_dtype(element_bytes)
-    flat_src = src.view(-1).view(bits)
-    flat_dst = dst.view(-1).view(bits)
+    from cute_kernels.runtime import compile_kernel, current_stream, from_torch
+
+    vc = state["vc"]
+    config = vc.CopyConfig(base.threads, vector_bytes, base.vectors_per_thread)
+    config.validate(element_bytes)
     kernel = vc.VectorCopy(config, element_bytes)
-    stream = current_stream()
-    compiled = None
     with torch.cuda.device(src.device):
-        for start in range(0, flat_src.numel(), _CHUNK_ELEMENTS):
+        stream = current_stream()
+        compiled = None
+        for start in range(0, numel, _CHUNK_ELEMENTS):
             s = from_torch(flat_src[start:start + _CHUNK_ELEMENTS], assumed_align=config.vector_bytes, leading_dim=0)
             d = from_torch(flat_dst[start:start + _CHUNK_ELEMENTS], assumed_align=config.vector_bytes, leading_dim=0)
             if compiled is None:

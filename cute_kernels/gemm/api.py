@@ -11,7 +11,22 @@ from __future__ import annotations
 
 import numbers
 
+from .dispatch import resolve
+
 __all__ = ["matmul", "as_unit_stride"]
+
+# torch, imported on the first call (importing this package must not import torch: the CLI and
+# compile-only processes never need it) and then read from this global, not re-imported.
+_torch = None
+
+
+def _load_torch():
+    global _torch
+    import torch
+
+    _torch = torch
+    return torch
+
 
 def as_unit_stride(t, what: str):
     """`t` (3-D) with one of its last two strides equal to 1, and which one (2: row-major, 1: col).
@@ -20,11 +35,12 @@ def as_unit_stride(t, what: str):
     makes the view unit-stride. Raises ValueError naming `what` when neither of the last two
     modes can have unit stride.
     """
-    shape, stride = list(t.shape), list(t.stride())
+    stride = t.stride()
     if stride[2] == 1:
         return t, 2
     if stride[1] == 1:
         return t, 1
+    shape, stride = list(t.shape), list(stride)
     for mode in (2, 1):
         if shape[mode] == 1:
             stride[mode] = 1
@@ -35,15 +51,19 @@ def as_unit_stride(t, what: str):
     )
 
 
-def _check_operand(t, what: str) -> None:
-    import torch
-
+def _check_operand(t, what: str, torch) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"matmul: {what} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() not in (2, 3):
         raise ValueError(f"matmul: {what} must be 2-D (M, K) or 3-D (batch, M, K), got {t.dim()}-D shape {tuple(t.shape)}")
     if not t.dtype.is_floating_point:
         raise TypeError(f"matmul: {what} has dtype {t.dtype}; the GEMM kernels take floating-point inputs")
+
+
+def _check_real(name: str, v) -> None:
+    # The common float/int cases skip the (slow) abstract-base-class check; bool is its own type.
+    if type(v) is not float and type(v) is not int and (not isinstance(v, numbers.Real) or isinstance(v, bool)):
+        raise TypeError(f"matmul: {name} must be a real number, got {type(v).__name__}")
 
 
 def _check_cuda(t, what: str, device) -> None:
@@ -84,29 +104,28 @@ def matmul(a, b, *, kernel: str = "auto", out_dtype=None, alpha: float = 1.0, be
 
     Every check happens before any launch; errors name the offending argument.
     """
-    import torch
-
-    from .dispatch import resolve
-
-    _check_operand(a, "a")
-    _check_operand(b, "b")
-    if a.dtype != b.dtype:
-        raise TypeError(f"matmul: a has dtype {a.dtype} but b has dtype {b.dtype}; they must match")
-    if a.shape[-1] != b.shape[-2]:
+    torch = _torch or _load_torch()
+    _check_operand(a, "a", torch)
+    _check_operand(b, "b", torch)
+    in_dtype = a.dtype
+    if in_dtype != b.dtype:
+        raise TypeError(f"matmul: a has dtype {in_dtype} but b has dtype {b.dtype}; they must match")
+    a_shape, b_shape = a.shape, b.shape
+    if a_shape[-1] != b_shape[-2]:
         raise ValueError(
-            f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not compose: a's K = {a.shape[-1]} "
-            f"but b's K = {b.shape[-2]}"
+            f"matmul: shapes {tuple(a_shape)} and {tuple(b_shape)} do not compose: a's K = {a_shape[-1]} "
+            f"but b's K = {b_shape[-2]}"
         )
     batch = _batch(a, b)
-    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    batched = a.dim() == 3 or b.dim() == 3
+    m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
+    batched = len(a_shape) == 3 or len(b_shape) == 3
     out_shape = (batch, m, n) if batched else (m, n)
-    out_dtype = a.dtype if out_dtype is None else out_dtype
-    if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
+    if out_dtype is None:
+        out_dtype = in_dtype
+    elif not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
         raise TypeError(f"matmul: out_dtype must be a floating torch.dtype, got {out_dtype!r}")
-    for nm, v in (("alpha", alpha), ("beta", beta)):
-        if not isinstance(v, numbers.Real) or isinstance(v, bool):
-            raise TypeError(f"matmul: {nm} must be a real number, got {type(v).__name__}")
+    _check_real("alpha", alpha)
+    _check_real("beta", beta)
     use_c = beta != 0
     if use_c:
         if c is None:
@@ -130,13 +149,16 @@ def matmul(a, b, *, kernel: str = "auto", out_dtype=None, alpha: float = 1.0, be
         c3, _ = as_unit_stride(c_full if batched else c_full.unsqueeze(0), "c")
 
     device = a.device
-    _check_cuda(a, "a", device)
-    _check_cuda(b, "b", device)
+    # The fast test first (is_cuda is cheaper than building device objects); the checks that
+    # name the problem run only when it fails.
+    if not (a.is_cuda and b.is_cuda and b.device == device):
+        _check_cuda(a, "a", device)
+        _check_cuda(b, "b", device)
     if use_c:
         _check_cuda(c, "c", device)
 
     out3 = torch.empty((batch, m, n), dtype=out_dtype, device=device)
-    if out3.numel() == 0:
+    if m == 0 or n == 0 or batch == 0:
         return out3 if batched else out3[0]
     if k == 0:
         # An empty sum: alpha * 0 + beta * c, as torch.addmm gives.

@@ -13,12 +13,15 @@ problem do nothing), any of the four transposes (strides are runtime values), ba
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
 
 from cute_kernels.runtime import (
+    TVM_FFI_OPTION,
     CompileJob,
     compile_kernel,
     current_stream,
@@ -27,6 +30,7 @@ from cute_kernels.runtime import (
     from_torch,
     register_variant,
     to_cute,
+    tvm_ffi_available,
 )
 from cute_kernels.layouts import Layout
 
@@ -120,12 +124,21 @@ class NaiveGemm:
 
 
 _DTYPES = ("float32", "float16", "bfloat16")
+_BLOCK_M = NaiveConfig().block_m  # the same for both thread orders: what bounds grid y
 
 
+@functools.cache
 def _torch_dtypes():
     import torch
 
     return tuple(getattr(torch, d) for d in _DTYPES)
+
+
+@functools.cache
+def use_tvm_ffi() -> bool:
+    """Launch through TVM-FFI (torch tensors in, torch's current stream) when it is installed,
+    unless CUTE_KERNELS_NO_TVM_FFI=1 asks for the DSL-tensor path."""
+    return tvm_ffi_available() and os.environ.get("CUTE_KERNELS_NO_TVM_FFI") != "1"
 
 
 def _leading(t) -> int:
@@ -133,34 +146,57 @@ def _leading(t) -> int:
 
 
 def _layout_class(t) -> tuple:
-    """What of `t`'s layout the compiled code specializes on: the unit-stride mode, and which
-    strides are 0 (a broadcast operand's zero strides are static in the DSL tensor)."""
+    """What of `t`'s layout a kernel compiled from `from_torch` tensors specializes on: the
+    unit-stride mode, and which strides are 0 (from_dlpack keeps a broadcast operand's zero
+    strides static)."""
     return (_leading(t), tuple(s == 0 for s in t.stride()))
 
 
+def _cuda_reason(a, b, out) -> str | None:
+    if a.is_cuda and b.is_cuda and out.is_cuda:
+        return None
+    where = ", ".join(f"{n} on '{t.device}'" for n, t in (("a", a), ("b", b), ("out", out)) if not t.is_cuda)
+    return f"needs CUDA tensors ({where})"
+
+
 class NaiveRung:
-    """The `naive` rung of the GEMM ladder (see `cute_kernels.gemm.registry` for the interface)."""
+    """The `naive` rung of the GEMM ladder (see `cute_kernels.gemm.registry` for the interface).
+
+    Calls take the operands as they are (matmul and dispatch have checked them with `supports`).
+    With TVM-FFI the compiled function takes the torch tensors themselves and re-checks dtype,
+    rank, device type, alignment and the unit stride before launching; its compile key is what
+    the fake tensors it was built from fix: dtypes, unit-stride modes and whether c is read
+    (every size and every other stride, zero included, is a runtime value).
+    """
 
     name = "naive"
     min_capability = None  # plain loads, stores and FMAs: any CUDA GPU
+
+    def __init__(self):
+        # (in dtype, out dtype, c dtype, has_c, unit-stride modes) -> TVM-FFI function
+        self._compiled: dict = {}
 
     @property
     def dtypes(self):
         return _torch_dtypes()
 
     def supports(self, a, b, out) -> str | None:
-        if a.dtype not in self.dtypes:
+        dtypes = _torch_dtypes()
+        if a.dtype not in dtypes:
             return f"input dtype {a.dtype} not supported (float32, float16, bfloat16)"
-        if out.dtype not in self.dtypes:
+        if b.dtype != a.dtype:
+            return f"b has dtype {b.dtype} but a has dtype {a.dtype}"
+        if out.dtype not in dtypes:
             return f"output dtype {out.dtype} not supported (float32, float16, bfloat16)"
-        if out.shape[0] > _MAX_GRID_YZ:
-            return f"batch {out.shape[0]} exceeds the grid's z limit {_MAX_GRID_YZ}"
-        config = self.config_for(out)
-        if -(-out.shape[1] // config.block_m) > _MAX_GRID_YZ:
-            return f"M = {out.shape[1]} needs more than {_MAX_GRID_YZ} blocks along grid y"
-        if max(a.shape[1], a.shape[2], b.shape[2]) >= 2**31:
+        batch, m, _ = out.shape
+        if batch > _MAX_GRID_YZ:
+            return f"batch {batch} exceeds the grid's z limit {_MAX_GRID_YZ}"
+        if -(-m // _BLOCK_M) > _MAX_GRID_YZ:
+            return f"M = {m} needs more than {_MAX_GRID_YZ} blocks along grid y"
+        _, am, ak = a.shape
+        if max(am, ak, b.shape[2]) >= 2**31:
             return "a dimension exceeds 2**31 - 1 (32-bit coordinates)"
-        return None
+        return _cuda_reason(a, b, out)  # last, so that every other reason can be checked on CPU
 
     @staticmethod
     def config_for(out) -> NaiveConfig:
@@ -168,23 +204,50 @@ class NaiveRung:
 
     def __call__(self, a, b, out, *, alpha: float = 1.0, beta: float = 0.0, c=None):
         has_c = c is not None and beta != 0.0
+        cc = c if has_c else out
+        if use_tvm_ffi():
+            key = (a.dtype, out.dtype, cc.dtype, has_c, _leading(a), _leading(b), _leading(out), _leading(cc))
+            fn = self._compiled.get(key)
+            if fn is None:
+                fn = self._compile_tvm_ffi(key)
+            fn(a, b, out, cc, float(alpha), float(beta))
+            return out
         config = self.config_for(out)
         kernel = NaiveGemm(config, has_c)
         # Scalar accesses only: the element size is all the alignment the kernel assumes.
         tensors = [
             from_torch(t, assumed_align=t.element_size(), leading_dim=_leading(t))
-            for t in (a, b, out, c if has_c else out)
+            for t in (a, b, out, cc)
         ]
         key = (
             "gemm.naive", config, has_c,
-            str(a.dtype), str(out.dtype), str((c if has_c else out).dtype),
-            *(_layout_class(t) for t in (a, b, out, c if has_c else out)),
+            str(a.dtype), str(out.dtype), str(cc.dtype),
+            *(_layout_class(t) for t in (a, b, out, cc)),
         )
         stream = current_stream()
         alpha32, beta32 = cutlass.Float32(alpha), cutlass.Float32(beta)
         compiled = compile_kernel(kernel, *tensors, alpha32, beta32, stream, key=key)
         compiled(*tensors, alpha32, beta32, stream)
         return out
+
+    def _compile_tvm_ffi(self, key: tuple):
+        """Compile (or load) the TVM-FFI function for `key` from fake tensors; cache it here."""
+        in_dtype, out_dtype, c_dtype, has_c, *leads = key
+        config = NaiveConfig(threads_along="n" if leads[2] == 2 else "m")
+        dtypes = (in_dtype, in_dtype, out_dtype, c_dtype)
+        args = [
+            # Scalar accesses only: the element size is all the alignment the kernel assumes.
+            fake_tensor(dtype, 3, leading_dim=lead, assumed_align=dtype.itemsize)
+            for dtype, lead in zip(dtypes, leads)
+        ]
+        fn = compile_kernel(
+            NaiveGemm(config, has_c), *args, cutlass.Float32(1.0), cutlass.Float32(0.0),
+            fake_stream(tvm_ffi_env_stream=True),
+            key=("gemm.naive", "tvm_ffi", config, has_c, *(str(d) for d in dtypes), *leads),
+            options=TVM_FFI_OPTION,
+        )
+        self._compiled[key] = fn
+        return fn
 
 
 RUNG = NaiveRung()

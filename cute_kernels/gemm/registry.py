@@ -52,9 +52,15 @@ class KernelRegistry(Mapping):
             if target.count(":") != 1:
                 raise ValueError(f"registry entry {name!r}: target {target!r} is not 'module:attribute'")
         self._table = dict(table)
+        self._found: set[str] = set()  # names whose module was found (a module found stays found)
 
     def _present(self, name: str) -> bool:
-        return _module_exists(self._table[name].split(":")[0])
+        if name in self._found:
+            return True
+        if _module_exists(self._table[name].split(":")[0]):
+            self._found.add(name)
+            return True
+        return False
 
     def __iter__(self) -> Iterator[str]:
         return (name for name in self._table if self._present(name))

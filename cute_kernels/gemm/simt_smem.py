@@ -28,12 +28,15 @@ wholly outside the problem). Out and c may have any layout.
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
 
 from cute_kernels.runtime import (
+    TVM_FFI_OPTION,
     CompileJob,
     compile_kernel,
     current_stream,
@@ -42,6 +45,7 @@ from cute_kernels.runtime import (
     from_torch,
     register_variant,
     to_cute,
+    tvm_ffi_available,
 )
 from cute_kernels.layouts import Layout
 
@@ -342,39 +346,78 @@ def _layout_class(t) -> tuple:
     return (_leading(t), tuple(s == 0 for s in t.stride()))
 
 
+@functools.cache
+def use_tvm_ffi() -> bool:
+    """Launch through TVM-FFI (torch tensors in, torch's current stream) when it is installed,
+    unless CUTE_KERNELS_NO_TVM_FFI=1 asks for the DSL-tensor path."""
+    return tvm_ffi_available() and os.environ.get("CUTE_KERNELS_NO_TVM_FFI") != "1"
+
+
+_BLOCK_M = SimtSmemConfig().block_m
+
+
+def _cuda_reason(a, b, out) -> str | None:
+    if a.is_cuda and b.is_cuda and out.is_cuda:
+        return None
+    where = ", ".join(f"{n} on '{t.device}'" for n, t in (("a", a), ("b", b), ("out", out)) if not t.is_cuda)
+    return f"needs CUDA tensors ({where})"
+
+
+_torch_types = None  # (float32, (float32, float16, bfloat16)), set on first use
+
+
+def _types():
+    global _torch_types
+    if _torch_types is None:
+        import torch
+
+        _torch_types = (torch.float32, (torch.float32, torch.float16, torch.bfloat16))
+    return _torch_types
+
+
 class SimtSmemRung:
-    """The `simt_smem` rung of the GEMM ladder (interface: `cute_kernels.gemm.registry`)."""
+    """The `simt_smem` rung of the GEMM ladder (interface: `cute_kernels.gemm.registry`).
+
+    Calls take the operands as they are (matmul and dispatch have checked them with `supports`).
+    With TVM-FFI the compiled function takes the torch tensors themselves and re-checks dtype,
+    rank, device type, alignment and the unit strides before launching; its compile key is what
+    the fake tensors it was built from fix: output and c dtypes, unit-stride modes and whether c
+    is read (every size and every other stride, zero included, is a runtime value).
+    """
 
     name = "simt_smem"
     min_capability = (8, 0)  # tuned for (and only tested on) Ampere and later
 
+    def __init__(self):
+        # (out dtype, c dtype, has_c, unit-stride modes) -> TVM-FFI function
+        self._compiled: dict = {}
+
     @property
     def dtypes(self):
-        import torch
-
-        return (torch.float32,)
+        return (_types()[0],)
 
     def supports(self, a, b, out) -> str | None:
-        import torch
-
-        if a.dtype != torch.float32 or b.dtype != torch.float32:
+        f32, out_dtypes = _torch_types or _types()
+        if a.dtype != f32 or b.dtype != f32:
             return f"takes float32 inputs only, got {a.dtype}"
-        if out.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        if out.dtype not in out_dtypes:
             return f"output dtype {out.dtype} not supported"
-        for name, t, contiguous_extent in (("a", a, None), ("b", b, None)):
+        for name, t in (("a", a), ("b", b)):
             if t.data_ptr() % 16:
                 return f"{name}'s data pointer is not 16-byte aligned"
-            lead = _leading(t)
+            stride = t.stride()
+            lead = 2 if stride[2] == 1 else 1
             if t.shape[lead] % _VEC:
                 return f"{name}'s contiguous extent {t.shape[lead]} is not a multiple of {_VEC}"
-            for i, s in enumerate(t.stride()):
+            for i, s in enumerate(stride):
                 if i != lead and s % _VEC:
                     return f"{name}'s stride {s} (mode {i}) is not a multiple of {_VEC} elements"
-        if out.shape[0] > _MAX_GRID_YZ:
-            return f"batch {out.shape[0]} exceeds the grid's z limit {_MAX_GRID_YZ}"
-        if -(-out.shape[1] // SimtSmemConfig().block_m) > _MAX_GRID_YZ:
-            return f"M = {out.shape[1]} needs too many blocks along grid y"
-        return None
+        batch, m, _ = out.shape
+        if batch > _MAX_GRID_YZ:
+            return f"batch {batch} exceeds the grid's z limit {_MAX_GRID_YZ}"
+        if -(-m // _BLOCK_M) > _MAX_GRID_YZ:
+            return f"M = {m} needs too many blocks along grid y"
+        return _cuda_reason(a, b, out)  # last, so that every other reason can be checked on CPU
 
     @staticmethod
     def config_for(a, b) -> SimtSmemConfig:
@@ -382,9 +425,16 @@ class SimtSmemRung:
 
     def __call__(self, a, b, out, *, alpha: float = 1.0, beta: float = 0.0, c=None):
         has_c = c is not None and beta != 0.0
+        cc = c if has_c else out
+        if use_tvm_ffi():
+            key = (out.dtype, cc.dtype, has_c, _leading(a), _leading(b), _leading(out), _leading(cc))
+            fn = self._compiled.get(key)
+            if fn is None:
+                fn = self._compile_tvm_ffi(key)
+            fn(a, b, out, cc, float(alpha), float(beta))
+            return out
         config = self.config_for(a, b)
         kernel = SimtSmemGemm(config, has_c)
-        cc = c if has_c else out
         tensors = [
             from_torch(a, assumed_align=16, leading_dim=_leading(a)),
             from_torch(b, assumed_align=16, leading_dim=_leading(b)),
@@ -398,6 +448,26 @@ class SimtSmemRung:
         compiled = compile_kernel(kernel, *tensors, alpha32, beta32, stream, key=key)
         compiled(*tensors, alpha32, beta32, stream)
         return out
+
+    def _compile_tvm_ffi(self, key: tuple):
+        """Compile (or load) the TVM-FFI function for `key` from fake tensors; cache it here."""
+        out_dtype, c_dtype, has_c, lead_a, lead_b, lead_out, lead_c = key
+        config = SimtSmemConfig(a_major="k" if lead_a == 2 else "m", b_major="n" if lead_b == 2 else "k")
+        f32 = cutlass.Float32
+        args = (
+            fake_tensor(f32, 3, leading_dim=lead_a, assumed_align=16),
+            fake_tensor(f32, 3, leading_dim=lead_b, assumed_align=16),
+            fake_tensor(out_dtype, 3, leading_dim=lead_out, assumed_align=out_dtype.itemsize),
+            fake_tensor(c_dtype, 3, leading_dim=lead_c, assumed_align=c_dtype.itemsize),
+        )
+        fn = compile_kernel(
+            SimtSmemGemm(config, has_c), *args, cutlass.Float32(1.0), cutlass.Float32(0.0),
+            fake_stream(tvm_ffi_env_stream=True),
+            key=("gemm.simt_smem", "tvm_ffi", config, has_c, str(out_dtype), str(c_dtype), lead_out, lead_c),
+            options=TVM_FFI_OPTION,
+        )
+        self._compiled[key] = fn
+        return fn
 
 
 RUNG = SimtSmemRung()

@@ -23,14 +23,14 @@ teaches the fragment idea; its speed there is a SIMT kernel's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 from cutlass._mlir.dialects import llvm
 
-from cute_kernels.elementwise._runtime_compat import (
+from cute_kernels.runtime import (
     CompileJob,
     compile_kernel,
     current_stream,
@@ -307,6 +307,9 @@ class Sm70MmaRung:
             return f"M = {out.shape[1]} needs more than {_MAX_GRID_Z} blocks along grid y"
         if max(a.shape[1], a.shape[2], b.shape[2]) >= 2**31:
             return "a dimension exceeds 2**31 - 1 (32-bit coordinates)"
+        for what, t in (("a", a), ("b", b), ("out", out)):
+            if t.stride(1) != 1 and t.stride(2) != 1:
+                return f"{what} has strides {tuple(t.stride())}: neither of its last two modes has stride 1"
         return None
 
     def __call__(self, a, b, out, *, alpha: float = 1.0, beta: float = 0.0, c=None):
@@ -314,11 +317,11 @@ class Sm70MmaRung:
         if why is not None:
             raise ValueError(f"sm70_mma cannot run this problem: {why}")
         has_c = c is not None and beta != 0.0
-        config = self.base_config.__class__(**{**self.base_config.__dict__,
-                                               "a_major": "k" if _unit_mode(a) == 2 else "m",
-                                               "b_major": "n" if _unit_mode(b) == 2 else "k",
-                                               "out_dtype": str(out.dtype).replace("torch.", ""),
-                                               "has_c": has_c})
+        config = replace(self.base_config,
+                         a_major="k" if _unit_mode(a) == 2 else "m",
+                         b_major="n" if _unit_mode(b) == 2 else "k",
+                         out_dtype=str(out.dtype).replace("torch.", ""),
+                         has_c=has_c)
         kernel = Sm70MmaGemm(config)
         cin = c if has_c else out
         ts = (a, b, out, cin)

@@ -33,7 +33,7 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 from cutlass.cute.nvgpu import cpasync, warp
 
-from cute_kernels.elementwise._runtime_compat import (
+from cute_kernels.runtime import (
     CompileJob,
     compile_kernel,
     current_stream,
@@ -52,7 +52,8 @@ from cute_kernels.gemm.ampere_config import (
 )
 from cute_kernels.gemm.threadblock_swizzle import grouped_tile
 
-__all__ = ["Sm80MmaGemm", "Sm80MmaRung", "RUNG", "DEFAULT_CONFIG", "mma_atom_name", "build_variant"]
+__all__ = ["Sm80MmaGemm", "Sm80MmaRung", "RUNG", "DEFAULT_CONFIG", "NARROW_CONFIG", "mma_atom_name",
+           "build_variant", "config_from_env", "TUNING_ENV"]
 
 DEFAULT_CONFIG = WarpMmaConfig()
 # For operands whose alignment allows only 8- or 4-byte cp.async: 64 x 32 warp tiles.
@@ -372,9 +373,10 @@ register_variant(
     build_variant,
     configs={
         "default": {},
-        "fp16_tn_fp32out": {"dtype": "float16", "out_dtype": "float32", "vec_c": 4},
-        "bf16_nt_colout": {"a_major": "m", "b_major": "k", "c_major": "m"},
-        "fp16_mk_c": {"dtype": "float16", "out_dtype": "float16", "a_major": "m", "b_major": "n", "has_c": True,
+        "bf16_tn": {"b_major": "k"},  # C = A.B^T with both K-major: the benchmark's layout
+        "fp16_fp32out": {"dtype": "float16", "out_dtype": "float32", "vec_c": 4},
+        "bf16_am_bk_colout": {"a_major": "m", "b_major": "k", "c_major": "m"},
+        "fp16_am_bn_c": {"dtype": "float16", "out_dtype": "float16", "a_major": "m", "b_major": "n", "has_c": True,
                       "tile_n": 128},
         "bf16_128x128_3stage": {"tile_n": 128, "warps_n": 2, "stages": 3, "b_major": "k"},
         "bf16_narrow_vectors": {"tile_n": 128, "vec_a": 2, "vec_b": 4, "vec_c": 1},
@@ -500,4 +502,36 @@ class Sm80MmaRung:
         return out
 
 
-RUNG = Sm80MmaRung()
+TUNING_ENV = "CUTE_KERNELS_SM80_MMA_CONFIG"
+_TUNABLE = ("tile_m", "tile_n", "tile_k", "warps_m", "warps_n", "stages", "raster")
+
+
+def config_from_env(default: WarpMmaConfig = DEFAULT_CONFIG, environ=None) -> WarpMmaConfig:
+    """`default` with the shape fields named in $CUTE_KERNELS_SM80_MMA_CONFIG replaced, e.g.
+    "tile_k=64,stages=3" (for tuning sweeps on a device without editing code).
+
+    Raises ValueError naming the variable for an unknown field, a non-integer value or a config
+    that fails `validate`.
+    """
+    import os
+
+    text = (os.environ if environ is None else environ).get(TUNING_ENV, "").strip()
+    if not text:
+        return default
+    fields = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in _TUNABLE:
+            raise ValueError(f"${TUNING_ENV}: {item!r} is not 'field=int' with field one of {_TUNABLE}")
+        try:
+            fields[key] = int(value)
+        except ValueError:
+            raise ValueError(f"${TUNING_ENV}: {key} = {value!r} is not an integer") from None
+    try:
+        return default.with_(**fields).validate(min_stages=2)
+    except ValueError as err:
+        raise ValueError(f"${TUNING_ENV}={text!r}: {err}") from None
+
+
+RUNG = Sm80MmaRung(config_from_env())

@@ -25,6 +25,9 @@ class Sm90GemmConfig:
     epi_stages: TMA-store ring depth. schedule: "cooperative" (the consumer warpgroups split one
     tile along M) or "pingpong" (each consumer warpgroup owns whole tiles, alternating).
     raster: "m" or "n", the order tiles are walked; swizzle: clusters per L2 band (1 = none).
+    fp8_fast_accum: with 8-bit inputs, accumulate every k-tile straight into one accumulator
+    (wgmma's fp8 accumulation keeps fewer bits); False adds each k-tile's fresh partial into a
+    full-fp32 accumulator ("promotion", CUTLASS's fast-accum-off mode) at some speed cost.
     """
 
     tile_m: int = 128
@@ -37,6 +40,7 @@ class Sm90GemmConfig:
     schedule: str = "cooperative"
     raster: str = "m"
     swizzle: int = 1
+    fp8_fast_accum: bool = False
 
     def validate(self) -> "Sm90GemmConfig":
         if self.tile_m not in (64, 128, 192, 256):
@@ -69,6 +73,16 @@ class Sm90GemmConfig:
     def consumer_warpgroups(self) -> int:
         return 2 if self.schedule == "cooperative" else 1
 
+    @property
+    def mma_warpgroups(self) -> int:
+        """Warpgroups sharing one tile's accumulator (2 cooperative, 1 ping-pong)."""
+        return 2 if self.schedule == "cooperative" else 1
+
+    def fp8_promotion_fits(self) -> bool:
+        """Whether fp8 promotion's two fp32 accumulators (each tile_m/mma_warpgroups x tile_n per
+        warpgroup) fit in a consumer's registers: at most 2 x 64 of them per thread."""
+        return self.tile_m * self.tile_n // self.mma_warpgroups <= 64 * 128
+
     def ab_stage_bytes(self, in_bytes: int) -> int:
         return (self.tile_m + self.tile_n) * self.tile_k * in_bytes
 
@@ -88,6 +102,18 @@ class Sm90GemmConfig:
         return stages
 
 
+def pick_fp8_config(m: int, n: int, k: int) -> Sm90GemmConfig:
+    """The default config for fp8 inputs (tile_k = 128 elements = one 128-byte swizzle row).
+
+    Promotion keeps a second accumulator, so each consumer warpgroup holds 2 x 64 x tile_n fp32
+    values: tile_n = 128 keeps that to 128 registers (128 x 256 would spill).
+    """
+    if m <= 128:
+        return Sm90GemmConfig(tile_m=128, tile_n=64 if m > 64 else 128, tile_k=128, cluster_m=1, cluster_n=1)
+    return Sm90GemmConfig(tile_m=128, tile_n=128, tile_k=128, cluster_m=2, cluster_n=1,
+                          swizzle=8 if m * n >= 8192 * 8192 else 1, raster="n" if m * n >= 8192 * 8192 else "m")
+
+
 def pick_config(m: int, n: int, k: int, in_bytes: int = 2) -> Sm90GemmConfig:
     """The default config for an M x N x K problem (heuristic; an autotuner may override it).
 
@@ -96,6 +122,8 @@ def pick_config(m: int, n: int, k: int, in_bytes: int = 2) -> Sm90GemmConfig:
     the B panels of concurrently running CTAs in L2; with less than a wave of 128x256 tiles,
     128x128 tiles fill the SMs; skinny M uses narrow N tiles (split-K is still to come).
     """
+    if in_bytes == 1:
+        return pick_fp8_config(m, n, k)
     if m <= 128:
         return Sm90GemmConfig(tile_m=128, tile_n=64 if m > 64 else 128, cluster_m=1, cluster_n=1)
     tiles_256 = -(-m // 128) * -(-n // 256)

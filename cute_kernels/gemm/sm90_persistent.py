@@ -1,6 +1,8 @@
 """Rung 7, `sm90_persistent`: warp-specialized persistent GEMM with TMA multicast clusters.
 
-D[m, n, l] = alpha * sum_k A[m, k, l] * B[n, k, l], fp32 accumulation.
+D[m, n, l] = act(alpha * sum_k A[m, k, l] * B[n, k, l] + beta * C[m, n, l] + bias), fp32
+accumulation; the epilogue terms after the sum are optional and fixed per build
+(`hopper.epilogue.EpilogueSpec`).
 
 Structure (one CTA per SM, walking output tiles with a static persistent scheduler):
 - warpgroup 0, the producer, gives up registers (setmaxnreg.dec) and one warp issues TMA loads
@@ -10,7 +12,7 @@ Structure (one CTA per SM, walking output tiles with a static persistent schedul
 - warpgroups 1..2, the consumers (setmaxnreg.inc), split the tile along M (cooperative) and
   issue `wgmma.mma_async` from smem, keeping one wgmma group in flight and releasing a stage
   when the group that read it retires.
-- the epilogue scales by alpha, converts, writes 128x32 sub-tiles to smem with stmatrix and
+- the epilogue fuses alpha, beta * C, bias and the activation in registers, converts, writes 128x32 sub-tiles to smem with stmatrix and
   one warp stores them with TMA through a ring of buffers; stores drain asynchronously under
   the next tile's main loop.
 """
@@ -26,6 +28,7 @@ import cutlass.utils as utils
 
 from cute_kernels.gemm.sm90_config import Sm90GemmConfig
 from cute_kernels.hopper import epilogue, smem_layouts, tile_scheduler, tma, wgmma
+from cute_kernels.hopper.epilogue import EpilogueSpec
 from cute_kernels.hopper import pipeline as hpipe
 from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP, WarpRoles
 
@@ -45,14 +48,17 @@ class Sm90PersistentGemm:
     """
 
     pingpong_validated = False
+    fuses_epilogue = True
 
-    def __init__(self, config: Sm90GemmConfig, acc_dtype=cutlass.Float32):
+    def __init__(self, config: Sm90GemmConfig, acc_dtype=cutlass.Float32, epilogue_spec: EpilogueSpec | None = None):
         self.config = config.validate()
+        self.epi = (epilogue_spec or EpilogueSpec()).validate()
         self.pingpong = config.schedule == "pingpong"
-        if self.pingpong and (config.epi_stages % 2 or config.tile_m != 128):
+        if self.pingpong and (config.epi_stages % 2 or config.tile_m not in (64, 128)):
             raise ValueError("ping-pong splits the epilogue ring between 2 warpgroups (even epi_stages) "
-                             "and each warpgroup owns a whole tile_m = 128 tile")
+                             "and each warpgroup owns a whole tile (tile_m = 64 or 128)")
         self.acc_dtype = acc_dtype
+        self.promote = False  # set in _setup: 8-bit inputs without fp8_fast_accum
         self.roles = WarpRoles(consumer_warpgroups=2)
         self.roles.validate()
         # warpgroups per MMA tile: 2 split a tile (cooperative), 1 owns it (ping-pong)
@@ -73,6 +79,14 @@ class Sm90PersistentGemm:
             (self.mma_warpgroups, 1, 1), cfg.tile_n,
         )
         self.stages = cfg.resolved_stages(self.a_dtype.width // 8, self.c_dtype.width)
+        tm, tn, tk = self.tile_mnk
+        self.promote = self.a_dtype.width == 8 and not cfg.fp8_fast_accum
+        if self.a_dtype.width == 8 and (self.a_major != "K" or self.b_major != "K"):
+            raise ValueError("fp8 wgmma reads both operands K-major: A (M, K) and B (N, K) with unit stride along K")
+        if self.promote and not cfg.fp8_promotion_fits():
+            raise ValueError(f"fp8 promotion keeps two {tm // self.mma_warpgroups}x{tn} fp32 accumulators per "
+                             "warpgroup, more than its registers hold: use a smaller tile (at most 64x128 per "
+                             "warpgroup) or fp8_fast_accum=True")
         self.epi_tile = cfg.epi_tile(self.c_dtype.width)
         tm, tn, tk = self.tile_mnk
         self.atom_a = smem_layouts.gmma_atom(self.a_major, self.a_dtype, tk if self.a_major == "K" else tm)
@@ -84,9 +98,13 @@ class Sm90PersistentGemm:
         self.smem_c_layout = smem_layouts.staged_epi_layout(self.atom_c, *self.epi_tile, cfg.epi_stages)
 
     @cute.jit
-    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, alpha: cutlass.Float32,
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, c_src: cute.Tensor, bias: cute.Tensor,
+                 scale_a: cute.Tensor, scale_b: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
                  max_active_clusters: cutlass.Constexpr, stream):
-        """a: (M, K, L), b: (N, K, L), c: (M, N, L); c = alpha * a . b^T per batch."""
+        """a: (M, K, L), b: (N, K, L), c: (M, N, L); c = act(alpha * a . b^T + beta * c_src + bias)
+        per batch. c_src (M, N, L) and bias (M or N,) are read only when the epilogue spec says so
+        (pass any tensor of the compiled dtype otherwise); with `scale_ab` alpha is multiplied by
+        scale_a[0] * scale_b[0] (per-tensor fp8 scales, read on the device)."""
         self._setup(a, b, c)
         cfg = self.config
         tm, tn, tk = self.tile_mnk
@@ -106,7 +124,8 @@ class Sm90PersistentGemm:
         self.storage = Storage
         self.kernel(
             tma_a, gA, tma_b, gB, tma_c, gC, self.tiled_mma, cute.make_layout((*self.cluster_mn, 1)),
-            self.smem_a_layout, self.smem_b_layout, self.smem_c_layout, sched, alpha,
+            self.smem_a_layout, self.smem_b_layout, self.smem_c_layout, sched, alpha, beta, c_src, bias,
+            scale_a, scale_b,
         ).launch(grid=grid, block=[self.roles.threads, 1, 1], cluster=(*self.cluster_mn, 1),
                  min_blocks_per_mp=1, stream=stream)
 
@@ -116,7 +135,8 @@ class Sm90PersistentGemm:
                tma_c: cute.CopyAtom, mC: cute.Tensor, tiled_mma: cute.TiledMma, cluster_layout: cute.Layout,
                smem_a_layout: cute.ComposedLayout, smem_b_layout: cute.ComposedLayout,
                smem_c_layout: cute.ComposedLayout, sched_params: utils.PersistentTileSchedulerParams,
-               alpha: cutlass.Float32):
+               alpha: cutlass.Float32, beta: cutlass.Float32, c_src: cute.Tensor, bias: cute.Tensor,
+               scale_a: cute.Tensor, scale_b: cute.Tensor):
         cfg = self.config
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -148,6 +168,11 @@ class Sm90PersistentGemm:
         gA = cute.local_tile(mA, (tm, tk), (None, None, None))
         gB = cute.local_tile(mB, (tn, tk), (None, None, None))
         gC = cute.local_tile(mC, (tm, tn), (None, None, None))
+        # (m, n, l) of every output element, tiled like gC: where the fused epilogue reads C and bias
+        cC = cute.local_tile(cute.make_identity_tensor(mC.shape), (tm, tn), (None, None, None))
+        if cutlass.const_expr(self.epi.scale_ab):
+            alpha = alpha * scale_a[0].to(cutlass.Float32) * scale_b[0].to(cutlass.Float32)
+        epi_args = (cC, (mC.shape[0], mC.shape[1]), alpha, beta, c_src, bias)
         tAsA, tAgA = tma.partition_load(tma_a, cluster_layout, cluster_coord, 0, sA, gA)
         tBsB, tBgB = tma.partition_load(tma_b, cluster_layout, cluster_coord, 1, sB, gB)
         k_tiles = cute.size(gA, mode=[3])
@@ -168,10 +193,10 @@ class Sm90PersistentGemm:
             if cutlass.const_expr(self.pingpong):
                 # consumer warpgroup wg (0 or 1, a runtime value) takes every other tile
                 wg = warpgroup - 1
-                self.consume(ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, alpha, k_tiles,
+                self.consume(ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, epi_args, k_tiles,
                              tidx - THREADS_PER_WARPGROUP * (1 + wg), warp_idx, wg)
             else:
-                self.consume(ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, alpha, k_tiles,
+                self.consume(ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, epi_args, k_tiles,
                              tidx - THREADS_PER_WARPGROUP, warp_idx, 0)
 
     @cute.jit
@@ -196,7 +221,7 @@ class Sm90PersistentGemm:
         ab_pipe.producer_tail(state)
 
     @cute.jit
-    def consume(self, ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, alpha, k_tiles, ctidx, warp_idx, wg):
+    def consume(self, ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, epi_args, k_tiles, ctidx, warp_idx, wg):
         """Consumer warpgroups: main loop of wgmma over the k-tiles, then the TMA-store epilogue.
 
         Cooperative (`wg` = 0, static): both warpgroups run this on every tile, each on half its rows.
@@ -206,6 +231,7 @@ class Sm90PersistentGemm:
         pipeline states; it then waits for exactly its own stages (phases make that exact).
         """
         cfg = self.config
+        cC, extent_mn, alpha, beta, c_src, bias = epi_args
         ring = cfg.epi_stages // 2 if self.pingpong else cfg.epi_stages
         epi_barrier = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=self.epi_threads)
         # Ping-pong math order: warpgroup wg may start waiting on the mainloop pipeline only after
@@ -218,11 +244,14 @@ class Sm90PersistentGemm:
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         acc = cute.make_rmem_tensor(thr_mma.partition_C(gC).shape[:3], self.acc_dtype)
+        # fp8 without fast accumulation: each k-tile accumulates into `acc` from zero and is added
+        # into `acc_main` in full fp32 (wgmma's fp8 accumulator keeps fewer mantissa bits)
+        acc_main = cute.make_rmem_tensor(acc.shape, self.acc_dtype) if cutlass.const_expr(self.promote) else acc
 
         r2s = epilogue.make_r2s_copy(self.c_layout, self.c_dtype, self.acc_dtype, tiled_mma)
         thr_r2s = r2s.get_slice(ctidx)
         tRS_sC = thr_r2s.partition_D(sC)
-        tRS_acc = r2s.retile(acc)
+        tRS_acc = r2s.retile(acc_main)
         frag_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
         tRS_rAcc = cute.make_rmem_tensor(frag_shape, self.acc_dtype)
         tRS_rC = cute.make_rmem_tensor(frag_shape, self.c_dtype)
@@ -246,33 +275,49 @@ class Sm90PersistentGemm:
             if cutlass.const_expr(self.pingpong):
                 if done > 0 or wg == 1:
                     my_turn.arrive_and_wait()
-            # main loop: the first k-tile overwrites acc; one wgmma group stays in flight
-            wgmma.fence()
-            ab_pipe.consumer_wait(read)
-            wgmma.mma_k_tile(tiled_mma, acc, tCrA, tCrB, read.index, zero_init=True)
-            wgmma.commit_group()
-            read.advance()
-            for kt in range(1, k_tiles):
+            if cutlass.const_expr(self.promote):
+                # main loop, promoted: every k-tile fresh in acc, retired, then added to acc_main
+                acc_main.fill(0.0)
+                for kt in range(k_tiles):
+                    wgmma.fence()
+                    ab_pipe.consumer_wait(read)
+                    wgmma.mma_k_tile(tiled_mma, acc, tCrA, tCrB, read.index, zero_init=True)
+                    wgmma.commit_group()
+                    wgmma.wait_group(0)
+                    ab_pipe.consumer_release(release)
+                    release.advance()
+                    read.advance()
+                    acc_main.store(acc_main.load() + acc.load())
+            else:
+                # main loop: the first k-tile overwrites acc; one wgmma group stays in flight
+                wgmma.fence()
                 ab_pipe.consumer_wait(read)
-                wgmma.mma_k_tile(tiled_mma, acc, tCrA, tCrB, read.index)
+                wgmma.mma_k_tile(tiled_mma, acc, tCrA, tCrB, read.index, zero_init=True)
                 wgmma.commit_group()
-                wgmma.wait_group(1)
-                ab_pipe.consumer_release(release)
-                release.advance()
                 read.advance()
+                for kt in range(1, k_tiles):
+                    ab_pipe.consumer_wait(read)
+                    wgmma.mma_k_tile(tiled_mma, acc, tCrA, tCrB, read.index)
+                    wgmma.commit_group()
+                    wgmma.wait_group(1)
+                    ab_pipe.consumer_release(release)
+                    release.advance()
+                    read.advance()
             if cutlass.const_expr(self.pingpong):
                 # hand the pipeline to the other warpgroup if it has a next tile (the tile right
                 # after this one in this CTA's sequence), so no arrival is left unmatched
                 if tile_scheduler.has_tile_after(sched, 1):
                     their_turn.arrive()
-            wgmma.wait_group(0)
-            ab_pipe.consumer_release(release)
-            release.advance()
+            if cutlass.const_expr(not self.promote):
+                wgmma.wait_group(0)
+                ab_pipe.consumer_release(release)
+                release.advance()
             if cutlass.const_expr(self.pingpong):
                 read.advance(k_tiles)
                 release.advance(k_tiles)
 
-            # epilogue: sub-tiles of epi_tile through the smem ring and TMA store
+            # epilogue: fuse in registers, then sub-tiles of epi_tile through the smem ring and TMA store
+            tRS_cC = r2s.retile(thr_mma.partition_C(cC[(None, None, m, n, l)]))
             gC_tile = cute.zipped_divide(gC[(None, None, m, n, l)], self.epi_tile)
             bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
                 tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_tile)
@@ -282,7 +327,11 @@ class Sm90PersistentGemm:
             base = done * epi_count
             for e in cutlass.range_constexpr(epi_count):
                 for v in cutlass.range_constexpr(frag_size):
-                    tRS_rAcc[v] = tRS_acc[e * frag_size + v] * alpha
+                    if cutlass.const_expr(self.epi.fused):
+                        tRS_rAcc[v] = epilogue.fuse(self.epi, tRS_acc[e * frag_size + v], tRS_cC[e * frag_size + v],
+                                                    extent_mn, alpha, beta, c_src, bias)
+                    else:
+                        tRS_rAcc[v] = tRS_acc[e * frag_size + v] * alpha
                 tRS_rC.store(tRS_rAcc.load().to(self.c_dtype))
                 buf = (base + e) % ring + wg * ring
                 cute.copy(r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
@@ -319,6 +368,20 @@ VARIANTS = {
     "c_m_major": {"c_major": "M"},
     "pingpong_128x128": {"tile_n": 128, "schedule": "pingpong"},
     "pingpong_128x128_1x2": {"tile_n": 128, "schedule": "pingpong", "cluster_m": 1, "cluster_n": 2},
+    "epi_c_bias_n_gelu": {"beta_c": True, "bias": "n", "activation": "gelu_tanh"},
+    "epi_bias_m_silu_fp32": {"bias": "m", "activation": "silu", "out_dtype": "fp32"},
+    "epi_relu_pingpong": {"tile_n": 128, "schedule": "pingpong", "beta_c": True, "activation": "relu"},
+    "pingpong_64x128": {"tile_m": 64, "tile_n": 128, "schedule": "pingpong", "cluster_m": 1},
+}
+
+# fp8 builds (per-tensor scales read on the device); their SASS MMA is QGMMA (.E4M3 / .E5M2)
+FP8_VARIANTS = {
+    "e4m3": {"in_dtype": "e4m3", "tile_n": 128, "tile_k": 128, "scale_ab": True},
+    "e5m2_fp32out": {"in_dtype": "e5m2", "out_dtype": "fp32", "tile_n": 128, "tile_k": 128, "scale_ab": True},
+    "e4m3_fast_accum_128x256": {"in_dtype": "e4m3", "tile_k": 128, "fp8_fast_accum": True, "scale_ab": True},
+    "e4m3_pingpong_128x64": {"in_dtype": "e4m3", "tile_n": 64, "tile_k": 128, "schedule": "pingpong", "scale_ab": True},
+    "e4m3_bias_gelu": {"in_dtype": "e4m3", "tile_n": 128, "tile_k": 128, "scale_ab": True, "bias": "n",
+                       "activation": "gelu_tanh"},
 }
 
 
@@ -326,6 +389,7 @@ def _register() -> None:
     from cute_kernels.gemm.sm90_rung import register_compile_variants
 
     register_compile_variants("sm90_persistent", Sm90PersistentGemm, VARIANTS, {"HGMMA", "UTMALDG", "UTMASTG"})
+    register_compile_variants("sm90_persistent_fp8", Sm90PersistentGemm, FP8_VARIANTS, {"QGMMA", "UTMALDG", "UTMASTG"})
 
 
 _register()

@@ -5,8 +5,12 @@ A rung takes 3-D views a: (L, M, K), b: (L, K, N), out: (L, M, N), maps them to 
 per (config, dtypes, majors), and launches it on torch's current stream.
 
 Operands TMA cannot address (a leading dimension or base pointer not 16-byte aligned, or no
-unit stride) go through a padded, aligned copy: slower, never wrong. beta * C is applied
-after the kernel through an fp32 temporary (unfused, correct) until the epilogue fuses it.
+unit stride) go through a padded, aligned copy: slower, never wrong.
+
+Epilogue: kernels with `fuses_epilogue` (sm90_warp_specialized, sm90_persistent) compute
+act(alpha * A.B + beta * C + bias) in registers (`hopper.epilogue.EpilogueSpec`, one build per
+spec). Where the kernel cannot fuse (sm90_tma_wgmma, the padded path, split-K) the product
+goes through an fp32 temporary and `torch_epilogue` applies the same terms afterwards.
 Unbatched problems with less than half a wave of tiles split K (`pick_split_k`): the chunks
 become the kernel's batch mode and the fp32 partials are summed afterwards.
 """
@@ -18,8 +22,10 @@ import os
 import torch
 
 from cute_kernels.gemm.sm90_config import Sm90GemmConfig, pick_config, pick_split_k
+from cute_kernels.hopper.epilogue import ACTIVATIONS, EpilogueSpec
 
 _IN_DTYPES = (torch.bfloat16, torch.float16)
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _compiled: dict = {}
 _max_clusters: dict = {}
@@ -53,15 +59,95 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def _to_cute(t: torch.Tensor, lead: int):
+def _to_cute(t: torch.Tensor, lead: int, align: int = 16):
     try:
         from cute_kernels.runtime import from_torch
 
-        return from_torch(t, assumed_align=16, leading_dim=lead)
+        return from_torch(t, assumed_align=align, leading_dim=lead)
     except (ImportError, AttributeError):
         from cutlass.cute.runtime import from_dlpack
 
-        return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=lead)
+        return from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=lead)
+
+
+_dummies: dict = {}
+
+
+def _dummy_bias(device) -> torch.Tensor:
+    """A 1-element fp32 stand-in for the bias argument of builds that do not read it."""
+    if device not in _dummies:
+        _dummies[device] = torch.zeros(1, dtype=torch.float32, device=device)
+    return _dummies[device]
+
+
+def _unit_stride_mn(t: torch.Tensor) -> torch.Tensor:
+    """`t` (M, N, L) with unit stride in M or N (a stride of an extent-1 mode may be set to 1),
+    else a contiguous copy in that order."""
+    if t.stride(0) == 1 or t.stride(1) == 1:
+        return t
+    for mode in (1, 0):
+        if t.size(mode) == 1:
+            st = list(t.stride())
+            st[mode] = 1
+            return t.as_strided(t.shape, st)
+    return t.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+
+
+def _check_epilogue(name, out, beta, c, bias, bias_dim, activation) -> EpilogueSpec:
+    """The EpilogueSpec for these arguments; raises ValueError/TypeError naming a bad one."""
+    L, M, N = out.shape
+    if activation not in (None, *ACTIVATIONS):
+        raise ValueError(f"{name}: activation must be None or one of {ACTIVATIONS}, got {activation!r}")
+    if bias_dim not in ("m", "n"):
+        raise ValueError(f"{name}: bias_dim must be 'm' (one value per row) or 'n' (per column), got {bias_dim!r}")
+    use_c = beta != 0
+    if use_c:
+        if c is None:
+            raise ValueError(f"{name}: beta={beta} needs c")
+        if tuple(c.shape) != (L, M, N):
+            raise ValueError(f"{name}: c has shape {tuple(c.shape)}, expected {(L, M, N)}")
+        if c.device != out.device or not c.dtype.is_floating_point:
+            raise TypeError(f"{name}: c must be a floating tensor on {out.device}, got {c.dtype} on {c.device}")
+    if bias is not None:
+        want = N if bias_dim == "n" else M
+        if bias.dim() != 1 or bias.shape[0] != want:
+            raise ValueError(f"{name}: bias for bias_dim={bias_dim!r} must have shape ({want},), got {tuple(bias.shape)}")
+        if bias.device != out.device or bias.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(f"{name}: bias must be fp32/bf16/fp16 on {out.device}, got {bias.dtype} on {bias.device}")
+    return EpilogueSpec(beta_c=use_c, bias=bias_dim if bias is not None else None, activation=activation).validate()
+
+
+def _check_scales(name, out, scale_a, scale_b):
+    """(scale_a, scale_b) as one-element fp32 tensors, or None when neither is given."""
+    if scale_a is None and scale_b is None:
+        return None
+    if scale_a is None or scale_b is None:
+        raise ValueError(f"{name}: pass both scale_a and scale_b or neither")
+    for nm, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if not isinstance(t, torch.Tensor) or t.numel() != 1 or t.dtype != torch.float32 or t.device != out.device:
+            raise ValueError(f"{name}: {nm} must be a one-element float32 tensor on {out.device} (per-tensor scale)")
+    return (scale_a.reshape(1), scale_b.reshape(1))
+
+
+def torch_epilogue(acc: torch.Tensor, spec: EpilogueSpec, beta, c, bias, scales=None) -> torch.Tensor:
+    """act(scale_a * scale_b * acc + beta * c + bias) in fp32 with torch: the unfused path, the
+    same terms as the kernel's (acc already holds alpha * A.B)."""
+    res = acc.float()
+    if spec.scale_ab:
+        res = res * (scales[0] * scales[1])
+    if spec.beta_c:
+        res = res + beta * c.float()
+    if spec.bias == "n":
+        res = res + bias.float().view(1, 1, -1)
+    elif spec.bias == "m":
+        res = res + bias.float().view(1, -1, 1)
+    if spec.activation == "relu":
+        res = torch.relu(res)
+    elif spec.activation == "gelu_tanh":
+        res = torch.nn.functional.gelu(res, approximate="tanh")
+    elif spec.activation == "silu":
+        res = torch.nn.functional.silu(res)
+    return res
 
 
 def _stream():
@@ -114,92 +200,140 @@ class Sm90Rung:
             return "tensors must be on a CUDA device"
         if torch.cuda.get_device_capability(a.device) != (9, 0):
             return "needs an sm_90 (Hopper) GPU"
-        if a.dtype not in _IN_DTYPES or b.dtype != a.dtype:
-            return f"inputs must both be bf16 or fp16, got {a.dtype} and {b.dtype}"
+        fp8_ok = getattr(self.kernel_cls, "fuses_epilogue", False)
+        allowed = _IN_DTYPES + (_FP8_DTYPES if fp8_ok else ())
+        if a.dtype not in allowed or b.dtype not in allowed or (a.element_size() != b.element_size()) \
+                or (a.element_size() == 2 and a.dtype != b.dtype):
+            kinds = "bf16, fp16 or fp8 (e4m3/e5m2, both 8-bit)" if fp8_ok else "bf16 or fp16"
+            return f"inputs must both be {kinds}, got {a.dtype} and {b.dtype}"
         if out.dtype not in _OUT_DTYPES:
             return f"output dtype {out.dtype} not supported (bf16, fp16, fp32)"
         if a.dim() != 3 or b.dim() != 3 or out.dim() != 3:
             return "expects 3-D (L, M, K) x (L, K, N) -> (L, M, N) views"
         return None
 
-    def compiled(self, config: Sm90GemmConfig, A, B, C):
+    def compiled(self, config: Sm90GemmConfig, A, B, C, epi: EpilogueSpec = EpilogueSpec(), Csrc=None, bias=None,
+                 scales=None):
         """(compiled function, uses_tvm_ffi) for these kernel-order tensors (compiles on first use).
 
         With TVM-FFI available the function takes torch tensors directly and launches on the
         current stream (a few microseconds of host time); otherwise DSL tensors and a stream.
+        Kernels that fuse the epilogue also take (Csrc, bias, scale_a, scale_b) after C and beta
+        after alpha.
         """
         import cutlass
 
         # a non-persistent launch: a grid of every cluster (the scheduler then hands each CTA one tile)
         ncl = max_active_clusters(config.cluster_m * config.cluster_n) if self.persistent else 65535
         tvm = _tvm_ffi_available()
-        key = (self.name, config, str(A.dtype), str(B.dtype), str(C.dtype), _leading(A), _leading(B), _leading(C),
-               ncl, tvm)
+        fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
+        extra = (str(Csrc.dtype), _leading(Csrc), str(bias.dtype), str(scales[0].dtype)) if fuses else ()
+        key = (self.name, config, epi, str(A.dtype), str(B.dtype), str(C.dtype), _leading(A), _leading(B),
+               _leading(C), *extra, ncl, tvm)
         fn = _compiled.get(key)
         if fn is None:
-            kern = self.kernel_cls(config)
+            kern = self.kernel_cls(config, epilogue_spec=epi) if fuses else self.kernel_cls(config)
+            scalars = (cutlass.Float32(1.0), cutlass.Float32(0.0)) if fuses else (cutlass.Float32(1.0),)
             if tvm:
                 from cute_kernels.runtime import compile_kernel, fake_stream, fake_tensor
 
                 args = tuple(fake_tensor(t.dtype, 3, leading_dim=_leading(t)) for t in (A, B, C))
-                fn = compile_kernel(kern, *args, cutlass.Float32(1.0), ncl, fake_stream(tvm_ffi_env_stream=True),
+                if fuses:
+                    args += (fake_tensor(Csrc.dtype, 3, leading_dim=_leading(Csrc), assumed_align=Csrc.element_size()),
+                             fake_tensor(bias.dtype, 1, leading_dim=0, assumed_align=bias.element_size()),
+                             *(fake_tensor(t.dtype, 1, leading_dim=0, assumed_align=4) for t in scales))
+                fn = compile_kernel(kern, *args, *scalars, ncl, fake_stream(tvm_ffi_env_stream=True),
                                     key=key, options="--enable-tvm-ffi")
             else:
                 import cutlass.cute as cute
 
-                fn = cute.compile(kern, _to_cute(A, _leading(A)), _to_cute(B, _leading(B)), _to_cute(C, _leading(C)),
-                                  cutlass.Float32(1.0), ncl, _stream())
+                fn = cute.compile(kern, *self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses), *scalars, ncl, _stream())
             _compiled[key] = fn
         return fn, tvm
 
-    def launcher(self, config, A, B, C, alpha: float = 1.0):
+    @staticmethod
+    def _dsl_tensors(A, B, C, Csrc, bias, scales, fuses):
+        ts = tuple(_to_cute(t, _leading(t)) for t in (A, B, C))
+        if fuses:
+            ts += (_to_cute(Csrc, _leading(Csrc), align=Csrc.element_size()),
+                   _to_cute(bias, 0, align=bias.element_size()), *(_to_cute(t, 0, align=4) for t in scales))
+        return ts
+
+    def _epi_operands(self, C, Csrc, bias, scales):
+        """(Csrc, bias, scales) to pass: the real ones, or stand-ins the kernel never reads."""
+        one = _dummy_bias(C.device)
+        return (C if Csrc is None else Csrc), (one if bias is None else bias), (scales or (one, one))
+
+    def launcher(self, config, A, B, C, alpha: float = 1.0, *, epi: EpilogueSpec = EpilogueSpec(), beta: float = 0.0,
+                 Csrc=None, bias=None, scales=None):
         """A zero-argument callable launching the kernel on prepared kernel-order tensors."""
-        fn, tvm = self.compiled(config, A, B, C)
+        fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
+        Csrc, bias, scales = self._epi_operands(C, Csrc, bias, scales)
+        fn, tvm = self.compiled(config, A, B, C, epi, Csrc, bias, scales)
+        scalars = (alpha, beta) if fuses else (alpha,)
         if tvm:
-            return lambda: fn(A, B, C, alpha)
-        args = (_to_cute(A, _leading(A)), _to_cute(B, _leading(B)), _to_cute(C, _leading(C)), alpha, _stream())
+            args = (A, B, C, Csrc, bias, *scales, *scalars) if fuses else (A, B, C, *scalars)
+            return lambda: fn(*args)
+        args = (*self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses), *scalars, _stream())
         return lambda: fn(*args)
 
-    def launch(self, config, A, B, C, alpha: float) -> None:
-        fn, tvm = self.compiled(config, A, B, C)
-        if tvm:
-            fn(A, B, C, alpha)
-        else:
-            fn(_to_cute(A, _leading(A)), _to_cute(B, _leading(B)), _to_cute(C, _leading(C)), alpha, _stream())
+    def launch(self, config, A, B, C, alpha: float, **epi_kw) -> None:
+        self.launcher(config, A, B, C, alpha, **epi_kw)()
 
-    def __call__(self, a, b, out, *, alpha=1.0, beta=0.0, c=None, config: Sm90GemmConfig | None = None):
+    def __call__(self, a, b, out, *, alpha=1.0, beta=0.0, c=None, config: Sm90GemmConfig | None = None,
+                 bias=None, bias_dim: str = "n", activation: str | None = None, scale_a=None, scale_b=None):
+        """out = act(alpha * a @ b + beta * c + bias) on (L, M, K) x (L, K, N) -> (L, M, N) views.
+
+        c (L, M, N) is read only when beta != 0; bias is (N,) for bias_dim "n" (one value per
+        output column, as nn.Linear) or (M,) for "m"; activation one of `ACTIVATIONS` or None.
+        scale_a, scale_b: one-element fp32 device tensors multiplying the product (fp8
+        dequantization, as torch._scaled_mm's per-tensor scales); both or neither.
+        """
         reason = self.supports(a, b, out)
         if reason is not None:
             raise ValueError(f"{self.name}: {reason}")
         L, M, K = a.shape
         N = b.shape[2]
+        spec = _check_epilogue(self.name, out, beta, c, bias, bias_dim, activation)
+        scales = _check_scales(self.name, out, scale_a, scale_b)
+        if scales:
+            spec = EpilogueSpec(spec.beta_c, spec.bias, spec.activation, scale_ab=True)
+        fp8 = a.element_size() == 1
         if M == 0 or N == 0 or L == 0:
             return out
         if K == 0:
-            out.zero_() if c is None or beta == 0 else out.copy_(beta * c)
+            out.copy_(torch_epilogue(torch.zeros(out.shape, device=out.device), spec, beta, c, bias, scales))
             return out
         config = (config or self.pick(M, N, K, a.element_size())).validate()
         if (config.schedule == "pingpong" and not getattr(self.kernel_cls, "pingpong_validated", True)
                 and os.environ.get("CUTE_KERNELS_EXPERIMENTAL") != "1"):
             raise ValueError(f"{self.name}: the ping-pong schedule is not validated on a GPU yet "
                              "(set CUTE_KERNELS_EXPERIMENTAL=1 to run it anyway)")
-        target = out
-        if beta != 0 and c is not None:
-            target = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-        A, B, C = (_sane_batch_stride(t) for t in (a.permute(1, 2, 0), b.permute(2, 1, 0), target.permute(1, 2, 0)))
+        A, B = (_sane_batch_stride(t) for t in (a.permute(1, 2, 0), b.permute(2, 1, 0)))
         splits = pick_split_k(M, N, K, L, config, a.element_size()) if self.split_k else 1
-        if splits > 1 and _tma_ok(A) and _tma_ok(B):
-            self._launch_split_k(config, A, B, splits, float(alpha), out, beta, c)
+        k_major = not fp8 or (A.stride(1) == 1 and B.stride(1) == 1)  # fp8 wgmma reads K-major only
+        if splits > 1 and _tma_ok(A) and _tma_ok(B) and k_major:
+            self._launch_split_k(config, A, B, splits, float(alpha), out, spec, beta, c, bias, scales)
             return out
-        if _tma_ok(A) and _tma_ok(B) and _tma_ok(C):
-            self.launch(config, A, B, C, float(alpha))
+        fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
+        C = _sane_batch_stride(out.permute(1, 2, 0))
+        if _tma_ok(A) and _tma_ok(B) and _tma_ok(C) and k_major and (fuses or not spec.fused):
+            Csrc = _unit_stride_mn(c.permute(1, 2, 0)) if spec.beta_c else None
+            bias_t = bias.contiguous() if bias is not None else None
+            self.launch(config, A, B, C, float(alpha), epi=spec, beta=float(beta), Csrc=Csrc, bias=bias_t, scales=scales)
+            return out
+        # unfused: alpha * A.B into an fp32 temporary (when anything follows), the rest in torch
+        target = torch.empty(out.shape, dtype=torch.float32, device=out.device) if spec.fused else out
+        T = _sane_batch_stride(target.permute(1, 2, 0))
+        if _tma_ok(A) and _tma_ok(B) and _tma_ok(T) and k_major:
+            self.launch(config, A, B, T, float(alpha))
         else:
             self._launch_padded(config, a, b, target, float(alpha))
-        if target is not out:
-            out.copy_(target + beta * c.float())
+        if spec.fused:
+            out.copy_(torch_epilogue(target, spec, beta, c, bias, scales))
         return out
 
-    def _launch_split_k(self, config, A, B, splits, alpha, out, beta, c):
+    def _launch_split_k(self, config, A, B, splits, alpha, out, spec, beta, c, bias, scales):
         """K split into `splits` chunks that the kernel sees as its batch mode: (M, K/S, S) and
         (N, K/S, S) strided views, fp32 partials (M, N, S), summed here (one extra pass)."""
         M, K, _ = A.shape
@@ -209,10 +343,7 @@ class Sm90Rung:
         Bs = B.as_strided((N, ks, splits), (B.stride(0), B.stride(1), B.stride(1) * ks))
         ws = torch.empty(splits, M, N, dtype=torch.float32, device=out.device)
         self.launch(config, As, Bs, ws.permute(1, 2, 0), alpha)
-        res = ws.sum(0)
-        if beta != 0 and c is not None:
-            res += beta * c[0].float()
-        out[0].copy_(res)
+        out.copy_(torch_epilogue(ws.sum(0).unsqueeze(0), spec, beta, c, bias, scales))
 
     def _launch_padded(self, config, a, b, target, alpha):
         """Zero-pad K (and N for the output) to 16-byte multiples in K-major copies."""
@@ -253,23 +384,37 @@ def register_compile_variants(name: str, kernel_cls, configs: dict[str, dict], r
     """Register compile-only builds with cute_kernels.runtime (no-op until the runtime exists).
 
     Each config dict holds Sm90GemmConfig fields plus optional in_dtype, out_dtype, a_major,
-    b_major, c_major for the fake operands.
+    b_major, c_major for the fake operands and beta_c, bias, activation for the epilogue.
     """
     try:
         from cute_kernels.runtime.registry import CompileJob, register_variant
     except ImportError:
         return
     operand_keys = ("in_dtype", "out_dtype", "a_major", "b_major", "c_major")
+    epi_keys = ("beta_c", "bias", "activation", "scale_ab")
 
     def build(**cfg):
-        import cutlass
-        from cutlass.runtime import make_fake_stream
-
         ops = {k: cfg.pop(k) for k in operand_keys if k in cfg}
+        epi = EpilogueSpec(**{k: cfg.pop(k) for k in epi_keys if k in cfg}).validate()
         config = Sm90GemmConfig(**cfg).validate()
-        kern = kernel_cls(config)
-        args = (*fake_gemm_args(**ops), cutlass.Float32(1.0), 132 // (config.cluster_m * config.cluster_n),
-                make_fake_stream())
-        return CompileJob(kern, args, key=(name, config, tuple(sorted(ops.items()))), options=None)
+        kern, args = compile_job_args(kernel_cls, config, epi, **ops)
+        return CompileJob(kern, args, key=(name, config, epi, tuple(sorted(ops.items()))), options=None)
 
     register_variant(name, build, configs=configs, requires=requires)
+
+
+def compile_job_args(kernel_cls, config: Sm90GemmConfig, epi: EpilogueSpec = EpilogueSpec(), **operands):
+    """(kernel, fake arguments) for a compile-only build of `kernel_cls` (no GPU needed)."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor
+    from cutlass.runtime import make_fake_stream
+
+    A, B, C = fake_gemm_args(**operands)
+    ncl = 132 // (config.cluster_m * config.cluster_n)
+    if getattr(kernel_cls, "fuses_epilogue", False):
+        csrc = fake_gemm_args(**operands)[2]
+        bias, sa, sb = (make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(),), assumed_align=4) for _ in range(3))
+        return (kernel_cls(config, epilogue_spec=epi),
+                (A, B, C, csrc, bias, sa, sb, cutlass.Float32(1.0), cutlass.Float32(0.0), ncl, make_fake_stream()))
+    return kernel_cls(config), (A, B, C, cutlass.Float32(1.0), ncl, make_fake_stream())

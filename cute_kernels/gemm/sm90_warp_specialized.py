@@ -15,7 +15,7 @@ owning whole tiles, alternating) is not implemented yet.
 
 from __future__ import annotations
 
-from cute_kernels.gemm.sm90_config import Sm90GemmConfig
+from cute_kernels.gemm.sm90_config import Sm90GemmConfig, pick_fp8_config
 from cute_kernels.gemm.sm90_persistent import Sm90PersistentGemm
 
 
@@ -24,6 +24,8 @@ class Sm90WarpSpecializedGemm(Sm90PersistentGemm):
 
 
 def _pick(m: int, n: int, k: int, in_bytes: int = 2) -> Sm90GemmConfig:
+    if in_bytes == 1:
+        return pick_fp8_config(m, n, k)
     if m <= 128 or -(-m // 128) * -(-n // 256) < 132:
         return Sm90GemmConfig(tile_m=128, tile_n=128, cluster_m=2 if m > 128 else 1, cluster_n=1)
     return Sm90GemmConfig(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1)

@@ -1,17 +1,106 @@
-"""Epilogue through shared memory: accumulators -> (scale, convert) -> smem -> TMA store.
+"""Epilogue through shared memory: accumulators -> (fuse, convert) -> smem -> TMA store.
 
 The CTA tile is stored in `epi_tile` sub-tiles through a ring of `stages` smem buffers: the
 consumer threads write a sub-tile with stmatrix (16-bit outputs) or plain stores, fence the
 async proxy, sync on a named barrier, and one warp issues the TMA store; a buffer is reused
 only after the store that read it has drained (PipelineTmaStore acquire).
+
+Fusion (`EpilogueSpec`, static per build) rewrites the fp32 accumulators in place before the
+conversion, element by element:
+
+    D[m, n] = act(alpha * acc[m, n] + beta * C[m, n] + bias[m or n])
+
+C and the bias are read from global memory at the coordinates of each accumulator element
+(`fuse`, one epilogue sub-tile at a time), masked to the problem's M x N, so any strides and any tile edge are handled; each
+element is read by exactly the thread that owns it, before that tile's TMA store is issued,
+so C may alias D.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warp
+
+ACTIVATIONS = ("relu", "gelu_tanh", "silu")
+BIAS_DIMS = ("m", "n")
+_SQRT_2_OVER_PI = 0.7978845608028654
+
+
+@dataclass(frozen=True)
+class EpilogueSpec:
+    """What the epilogue fuses: beta * C (`beta_c`), a bias broadcast along rows (`bias="m"`:
+    one value per output row) or columns (`bias="n"`: one per column, nn.Linear's), and an
+    activation applied last (`ACTIVATIONS`, or None). `scale_ab`: alpha is multiplied by two
+    per-tensor scales read from device memory (fp8 inputs' dequantization scales)."""
+
+    beta_c: bool = False
+    bias: str | None = None
+    activation: str | None = None
+    scale_ab: bool = False
+
+    def validate(self) -> "EpilogueSpec":
+        if self.bias not in (None, *BIAS_DIMS):
+            raise ValueError(f"bias must be None, 'm' (per row) or 'n' (per column), got {self.bias!r}")
+        if self.activation not in (None, *ACTIVATIONS):
+            raise ValueError(f"activation must be None or one of {ACTIVATIONS}, got {self.activation!r}")
+        return self
+
+    @property
+    def fused(self) -> bool:
+        return self.beta_c or self.bias is not None or self.activation is not None or self.scale_ab
+
+    @property
+    def tag(self) -> str:
+        parts = (["c"] if self.beta_c else []) + ([f"bias_{self.bias}"] if self.bias else []) + \
+            ([self.activation] if self.activation else []) + (["scale_ab"] if self.scale_ab else [])
+        return "+".join(parts) or "none"
+
+
+def activate(x, name: str | None):
+    """`name`(x) for one fp32 value (trace time). NaN in, NaN out for every activation:
+    ReLU selects 0 only where x < 0 (a comparison NaN fails), so it is not max(x, 0)."""
+    if name is None:
+        return x
+    if name == "relu":
+        return cutlass.Float32(cutlass.select_(x < cutlass.Float32(0.0), cutlass.Float32(0.0), x))
+    if name == "gelu_tanh":
+        inner = cutlass.Float32(_SQRT_2_OVER_PI) * (x + cutlass.Float32(0.044715) * x * x * x)
+        return cutlass.Float32(0.5) * x * (cutlass.Float32(1.0) + cute.math.tanh(inner))
+    if name == "silu":
+        return x / (cutlass.Float32(1.0) + cute.math.exp(-x))
+    raise ValueError(f"unknown activation {name!r}")
+
+
+@cute.jit
+def fuse(spec: cutlass.Constexpr, x, coord, extent_mn, alpha, beta, c_src, bias):
+    """act(alpha * x + beta * C[coord] + bias[coord's m or n]) for one fp32 accumulator value.
+
+    `coord` is its (m, n, l) (from the identity tensor partitioned like the accumulator); C and
+    bias are read only inside `extent_mn` = (M, N) (outside, the TMA store clips the value).
+    Called per epilogue sub-tile, so only one sub-tile's loads are in flight (registers).
+    """
+    x = x * alpha
+    mi, ni, li = coord
+    if cutlass.const_expr(spec.beta_c or spec.bias is not None):
+        inside = cute.elem_less((mi, ni), extent_mn)
+        if cutlass.const_expr(spec.beta_c):
+            cv = cutlass.Float32(0.0)
+            if inside:
+                cv = c_src[mi, ni, li].to(cutlass.Float32)
+            x = x + beta * cv
+        if cutlass.const_expr(spec.bias is not None):
+            bv = cutlass.Float32(0.0)
+            if inside:
+                if cutlass.const_expr(spec.bias == "m"):
+                    bv = bias[mi].to(cutlass.Float32)
+                else:
+                    bv = bias[ni].to(cutlass.Float32)
+            x = x + bv
+    return activate(x, spec.activation)
 
 
 def make_r2s_copy(c_layout_enum, c_dtype, acc_dtype, tiled_mma):
@@ -22,4 +111,3 @@ def make_r2s_copy(c_layout_enum, c_dtype, acc_dtype, tiled_mma):
     # holds for that partition (a 1-element universal atom would order values differently).
     shape_atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(c_layout_enum.is_m_major_c(), 4), cutlass.Float16)
     return cute.make_tiled_copy_S(store_atom, cute.make_tiled_copy_C_atom(shape_atom, tiled_mma))
-

@@ -76,6 +76,14 @@ from .product import (
 from .recast import downcast, recast_layout, upcast
 from .swizzle import Swizzle, make_swizzle
 
+# The workbench: atoms, tiled MMAs and copies, analysis and rendering (all pure Python).
+from .analysis import Access, bank_conflicts, coalescing, vector_width
+from .atoms import CopyAtom, MmaAtom, atom, atom_names, dtype_bits, dtype_name
+from .copy_atoms import tma_atom
+from .render import print_layout, to_html, to_latex, to_svg
+from .smem_atoms import SmemAtom, gmma_smem_atom, smem_atom
+from .tiled import TiledCopy, TiledMMA, make_tiled_copy, make_tiled_mma
+
 
 def flatten(x: Any) -> Any:
     """CuTe's ``flatten``: a layout with depth <= 1 and the same function, or the leaves of an int tuple."""
@@ -87,6 +95,10 @@ def flatten(x: Any) -> Any:
 
 
 __all__ = [
+    "Access", "CopyAtom", "MmaAtom", "SmemAtom", "TiledCopy", "TiledMMA", "atom", "atom_names",
+    "bank_conflicts", "coalescing", "dtype_bits", "dtype_name", "gmma_smem_atom", "make_tiled_copy",
+    "make_tiled_mma", "print_layout", "smem_atom", "tma_atom", "to_html", "to_latex", "to_svg",
+    "vector_width",
     "ArithTuple", "ComposedLayout", "E", "InexactCompositionError", "IntTuple", "Layout", "LayoutError", "ScaledBasis", "Swizzle",
     "append", "blocked_product", "ceil_div", "coalesce", "compatible", "complement", "composition",
     "congruent", "cosize", "crd2crd", "crd2idx", "depth", "downcast", "filter", "filter_zeros",

@@ -115,6 +115,29 @@ class ComposedLayout:
     def __repr__(self) -> str:
         return f"ComposedLayout({self.outer!r}, {self.offset!r}, {self.inner!r})"
 
+    # Jupyter and documentation hooks; rendering lives in render.py and is imported on use.
+    def _repr_svg_(self):
+        from .render import repr_svg
+
+        return repr_svg(self)
+
+    def _repr_html_(self):
+        from .render import repr_html
+
+        return repr_html(self)
+
+    def to_svg(self, dtype=None) -> str:
+        """This layout drawn as an SVG grid (swizzled layouts coloured by bank)."""
+        from .render import to_svg
+
+        return to_svg(self, dtype)
+
+    def to_latex(self, dtype=None) -> str:
+        """This layout as a TikZ picture."""
+        from .render import to_latex
+
+        return to_latex(self, dtype)
+
     @classmethod
     def parse(cls, text: str) -> "ComposedLayout":
         """Read CuTe's printed form ``Sw<3,4,3> o 0 o (8,64):(64,1)`` back."""

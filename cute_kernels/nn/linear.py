@@ -46,7 +46,9 @@ class Linear(torch.nn.Linear):
         return linear_op(input, self.weight, self.bias, self.activation, self.kernel, self.fallback)
 
     def extra_repr(self) -> str:
+        # The kernel is always shown, so a patched model's repr says which layers are ours.
         extra = f", activation={self.activation!r}" if self.activation else ""
+        extra += f", kernel={self.kernel!r}"
         if self.fallback != "none":
             extra += f", fallback={self.fallback!r}"
         return super().extra_repr() + extra

@@ -60,6 +60,8 @@ def patch(model: torch.nn.Module, *, linear: bool = True, sdpa: bool = True, ker
         if type(model) is torch.nn.Linear:
             raise TypeError("cute_kernels.nn.patch: model is itself an nn.Linear; use cute_kernels.nn.Linear."
                             "from_linear(model) instead")
-    if sdpa and not isinstance(model.__dict__.get("forward"), functools.partial):
-        model.forward = functools.partial(_routed_forward, model.forward, fallback)
+    if sdpa and not getattr(model.__dict__.get("forward"), "_cute_kernels_routed", False):
+        routed = functools.partial(_routed_forward, model.forward, fallback)
+        routed._cute_kernels_routed = True
+        model.forward = routed
     return model

@@ -7,8 +7,6 @@ fallback="torch", compute by definition in `attention_reference`). Never wrong d
 entry points' conventions are those stated in `attention_reference`, and the GPU tests compare.
 """
 
-from __future__ import annotations
-
 import importlib
 from typing import Optional
 

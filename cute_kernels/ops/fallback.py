@@ -9,9 +9,12 @@ keyed by (operator, reason with its numbers blanked), so tests and users can see
 
 from __future__ import annotations
 
+import contextlib
 import re
 import warnings
 from collections import Counter
+
+import torch
 
 __all__ = [
     "FALLBACKS",
@@ -39,6 +42,7 @@ class FallbackWarning(UserWarning):
 FALLBACK_COUNTS: Counter = Counter()
 _warned: set = set()
 _DIGITS = re.compile(r"\d+")
+_SAME_DEVICE = contextlib.nullcontext()  # reusable: entering it does nothing
 
 
 def check_fallback(op: str, fallback: str) -> None:
@@ -72,11 +76,7 @@ def raise_unsupported(op: str, err: BaseException):
 def device_guard(t):
     """A context making `t`'s CUDA device current when it is not already (our kernels launch on
     the current device's current stream); a no-op context otherwise."""
-    import contextlib
-
-    import torch
-
     index = t.device.index
     if t.device.type != "cuda" or index is None or index == torch.cuda.current_device():
-        return contextlib.nullcontext()
+        return _SAME_DEVICE
     return torch.cuda.device(index)

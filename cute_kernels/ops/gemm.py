@@ -7,8 +7,6 @@ data, and `register_autograd` writes the gradients as GEMMs through the same ope
 Every op takes `kernel` (a rung name or "auto") and `fallback` (see `cute_kernels.ops.fallback`).
 """
 
-from __future__ import annotations
-
 from typing import Optional
 
 import torch
@@ -21,11 +19,18 @@ __all__ = ["matmul", "linear", "scaled_mm", "ACTIVATIONS"]
 ACTIVATIONS = (None, "relu", "gelu_tanh", "silu")
 
 
-def _gemm():
-    # Imported on first use so that registering the ops does not load the kernel layer.
-    from cute_kernels.gemm import matmul as gemm_matmul
+_gemm_matmul = None
 
-    return gemm_matmul
+
+def _gemm():
+    """cute_kernels.gemm.matmul, imported on first use (registering the ops does not load the
+    kernel layer) and kept, so the per-call cost is one global lookup."""
+    global _gemm_matmul
+    if _gemm_matmul is None:
+        from cute_kernels.gemm import matmul as gemm_matmul
+
+        _gemm_matmul = gemm_matmul
+    return _gemm_matmul
 
 
 def _gemm_ready(t: Tensor) -> Tensor:

@@ -173,3 +173,10 @@ def test_dispatch_picks_the_highest_supporting_rung(monkeypatch):
     monkeypatch.setattr(dispatch, "device_capability", lambda device: (7, 5))
     with pytest.raises(ValueError, match="low: needs compute capability 8.0, device has 7.5"):
         dispatch.choose(q, k, v, problem, registry=registry)
+
+
+def test_causal_bias_sizes_must_match():
+    from torch.nn.attention.bias import causal_lower_right
+
+    with pytest.raises(ValueError, match=r"built for \(Sq, Sk\) = \(8, 9\)"):
+        scaled_dot_product_attention(*qkv(), attn_mask=causal_lower_right(8, 9))

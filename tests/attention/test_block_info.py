@@ -67,3 +67,24 @@ def test_visited_pairs_cover_exactly_the_allowed_pairs():
             for j in range(sk):
                 if allowed(i, j, sq, sk, causal=causal, align=align):
                     assert (i // bm, j // bn) in tiles
+
+
+@given(
+    sq=st.integers(1, 70), sk=st.integers(1, 70), bm=st.sampled_from([16, 32, 64]),
+    bn=st.sampled_from([16, 32, 64]), causal=st.booleans(), align=st.sampled_from(["top_left", "bottom_right"]),
+)
+def test_m_block_range_covers_exactly_the_q_blocks_seeing_a_key_block(sq, sk, bm, bn, causal, align):
+    from cute_kernels.attention.block_info import m_block_range
+    from cute_kernels.attention.mask import causal_offset
+
+    offset = causal_offset(sq, sk, align) if causal else 0
+    for n in range(-(-sk // bn)):
+        lo, hi = m_block_range(n, sq, offset, block_m=bm, block_n=bn, causal=causal)
+        seeing = [m for m in range(-(-sq // bm))
+                  if any(allowed(i, j, sq, sk, causal=causal, align=align)
+                         for i in range(m * bm, min((m + 1) * bm, sq)) for j in range(n * bn, min((n + 1) * bn, sk)))]
+        # Every Q block that sees the key block is visited; the first visited one sees it when
+        # any does (the range is tight at the start; blocks after it all see it).
+        assert set(seeing) <= set(range(lo, hi))
+        if seeing:
+            assert lo == seeing[0] and seeing == list(range(lo, hi))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cute_kernels.layouts import Layout
-from cute_kernels.layouts.analysis import bank_conflicts  # noqa: F401  (import checks the API exists)
+from cute_kernels.layouts import Layout, composition
+from cute_kernels.layouts.analysis import bank_conflicts
 
 
 def test_configs_validate_and_tile_each_head_dim():
@@ -46,11 +46,31 @@ def test_smem_layouts_are_bijections_and_vt_is_the_transpose(d):
     assert lay.copy_value_layout == Layout((1, 8), (8, 1))
 
 
+@pytest.mark.parametrize("d", [48, 64, 80, 96, 128, 256])
+def test_smem_traffic_is_bank_conflict_free(d):
+    """The cp.async row writes (the kernels' copy tiling), the ldmatrix reads of Q/K and the
+    ldmatrix.trans reads of V^T all run at the ideal wavefront count on the swizzled tiles."""
+    pytest.importorskip("cutlass")
+    from cute_kernels.attention.sm80_blocks import copy_layouts, smem_tile_layout, transposed
+    from cute_kernels.layouts.tiled import make_tiled_copy
+
+    rows = 64
+    tile = smem_tile_layout(rows, d)
+    thr, val = copy_layouts(128, d)
+    copy = make_tiled_copy("SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>", thr, val)
+    # One copy pass covers (thr rows, thr cols * 8); later passes shift by whole swizzle periods.
+    pass_shape = (thr.shape[0], thr.shape[1] * 8)
+    first_pass = composition(tile, Layout(pass_shape, (1, rows)))
+    for layout, access in ((first_pass, copy), (tile, "ldmatrix_x4"), (transposed(tile, rows, d), "ldmatrix_x4_trans")):
+        report = bank_conflicts(layout, access, "bf16", swizzle_unit="elements")
+        assert report.conflict_degree == 1.0, (access, report)
+
+
 @pytest.mark.compile
 def test_variant_uses_tensor_cores_ldmatrix_cp_async_without_spills():
     from cute_kernels.runtime import check_variant, compile_variant, get_variant
 
-    import cute_kernels.attention.sm80_flash  # noqa: F401  (registers the variant)
+    import cute_kernels.attention.sm80_flash  # noqa: F401,F811  (registers the variant)
 
     report = compile_variant("attention.sm80_flash", "d64_float16_causal")
     assert check_variant(report, get_variant("attention.sm80_flash")) == []

@@ -19,7 +19,7 @@ def test_default_suites_are_the_device_readme_cases():
     assert {(c.n, c.k) for c in SUITES["skinny"].cases} == {(8192, 8192)}
     assert [(c.name, c.dtype) for c in SUITES["fp8"].cases] == [("4096x4096x4096", "fp8_e4m3"), ("8192x8192x8192", "fp8_e4m3")]
     assert {(c.name, c.dtype) for c in SUITES["ladder"].cases} == {
-        (f"{s}x{s}x{s}", dt) for s in (4096, 8192) for dt in ("fp32", "bf16")}
+        (f"{s}x{s}x{s}", dt) for s in (4096, 8192) for dt in ("fp32", "fp16", "bf16")}
     assert [c.name for c in SUITES["copy"].cases] == ["16MiB", "64MiB", "256MiB", "1024MiB"]
 
 

@@ -157,3 +157,107 @@ def test_copy_leaves_bytes_past_the_end_untouched():
 def test_copy_of_empty_tensor():
     src = torch.empty(0, device="cuda")
     assert copy(src).numel() == 0
+
+
+# ---- the launch path (CPU: the compiler replaced by a recorder) ------------------------------
+
+@pytest.fixture
+def recorded_tvm_ffi(monkeypatch):
+    """copy's TVM-FFI path with the build recorded, and the device check (tested above) off."""
+    from cute_kernels.elementwise import api
+
+    state = api._state or api._init()
+    builds, launches = [], []
+
+    def build(vc, config, element_bytes):
+        builds.append((config, element_bytes))
+        return lambda *args: launches.append(args)
+
+    monkeypatch.setitem(state, "tvm_ffi", True)
+    monkeypatch.setattr(api, "_compiled", {})
+    monkeypatch.setattr(api, "_compile_tvm_ffi", build)
+    monkeypatch.setattr(api, "_check", lambda src, dst, torch: None)
+    return builds, launches
+
+
+@needs_dsl
+def test_tvm_ffi_copy_passes_flat_integer_views_and_builds_once(recorded_tvm_ffi):
+    from cute_kernels.elementwise import CopyConfig
+
+    builds, launches = recorded_tvm_ffi
+    src, dst = torch.randn(33, 65, 7), torch.empty(33, 65, 7)
+    assert copy(src, dst) is dst
+    copy(torch.randn(1000), torch.empty(1000))  # another size: the same build
+    assert builds == [(CopyConfig(vector_bytes=16), 4)]
+    s, d = launches[0]
+    assert s.dtype == torch.int32 and s.shape == (33 * 65 * 7,) and s.data_ptr() == src.data_ptr()
+    assert d.dtype == torch.int32 and d.data_ptr() == dst.data_ptr()
+    assert len(launches) == 2
+
+
+@needs_dsl
+def test_tvm_ffi_copy_builds_per_alignment_element_size_and_config(recorded_tvm_ffi):
+    from cute_kernels.elementwise import CopyConfig
+
+    builds, _ = recorded_tvm_ffi
+    buf = torch.empty(1024, dtype=torch.float16)
+    copy(buf[1:101], torch.empty(100, dtype=torch.float16))  # 2-byte aligned source
+    copy(buf[2:102], torch.empty(100, dtype=torch.float16))  # 4-byte aligned
+    copy(torch.empty(100, dtype=torch.bool), torch.empty(100, dtype=torch.bool))
+    copy(torch.empty(100), torch.empty(100), config=CopyConfig(threads=128, vectors_per_thread=2))
+    assert builds == [
+        (CopyConfig(vector_bytes=2), 2),
+        (CopyConfig(vector_bytes=4), 2),
+        (CopyConfig(vector_bytes=16), 1),
+        (CopyConfig(threads=128, vector_bytes=16, vectors_per_thread=2), 4),
+    ]
+    with pytest.raises(ValueError, match="threads"):
+        copy(torch.empty(100), torch.empty(100), config=CopyConfig(threads=100))
+
+
+@pytest.mark.compile
+@needs_dsl
+@pytest.mark.skipif(importlib.util.find_spec("tvm_ffi") is None, reason="needs apache-tvm-ffi")
+def test_tvm_ffi_copy_build_takes_torch_tensors_and_no_stream(monkeypatch, tmp_path):
+    from cute_kernels.elementwise import CopyConfig, api, vector_copy
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    fn = api._compile_tvm_ffi(vector_copy, CopyConfig(), 4)
+    x = torch.zeros(100, dtype=torch.int32)
+    with pytest.raises(TypeError, match="Expects 2 parameters"):
+        fn(x)
+    with pytest.raises(ValueError, match=r"argument #0.*expected device_type=cuda"):
+        fn(x, x)
+
+
+# ---- on the GPU: the launch paths ---------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_copy_runs_on_the_current_stream():
+    # A busy side stream fills src, then copies: a copy launched anywhere else (e.g. the default
+    # stream, which does not wait for a non-blocking side stream) would read src before the fill.
+    src = torch.zeros(1 << 22, device="cuda")
+    dst = torch.full_like(src, float("nan"))
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+        src.fill_(7.0)
+        copy(src, dst)
+    side.synchronize()
+    assert torch.all(dst == 7.0)
+
+
+@pytest.mark.gpu
+def test_copy_through_dsl_tensors_without_tvm_ffi(monkeypatch):
+    from cute_kernels.elementwise import api
+
+    state = api._state or api._init()
+    monkeypatch.setitem(state, "tvm_ffi", False)
+    for dtype, n, offset in [(torch.float32, 1000003, 0), (torch.float16, 100_003, 1), (torch.int64, 7, 0)]:
+        src = _random_bits(n, dtype, offset=offset)
+        dst = _poisoned_like(src)
+        assert copy(src, dst) is dst
+        torch.cuda.synchronize()
+        assert _same_bits(dst, src)

@@ -48,12 +48,21 @@ def test_meta_tensors_are_rejected_naming_the_device():
         (meta(4, 5), meta(5, 6), {"beta": 1.0, "c": meta(4, 6, dtype=torch.float16)}, TypeError, "c has dtype"),
         (meta(4, 5), meta(5, 6), {"out_dtype": torch.int32}, TypeError, "out_dtype"),
         (meta(4, 5), meta(5, 6), {"alpha": "2"}, TypeError, "alpha must be a real number"),
+        (meta(4, 5), meta(5, 6), {"beta": True}, TypeError, "beta must be a real number, got bool"),
+        (meta(4, 5), meta(5, 6), {"alpha": 1j}, TypeError, "alpha must be a real number, got complex"),
         ("x", meta(5, 6), {}, TypeError, "a must be a torch.Tensor"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(a, b, kwargs, error, pattern):
     with pytest.raises(error, match=pattern):
         matmul(a, b, **kwargs)
+
+
+@pytest.mark.parametrize("alpha", [2, 0.5, __import__("fractions").Fraction(1, 3), torch.tensor(2.0).numpy()[()]])
+def test_real_scalars_of_any_type_pass_validation(alpha):
+    # int, float, Fraction, numpy float: all real; validation passes up to the device check.
+    with pytest.raises(ValueError, match="device 'meta'"):
+        matmul(meta(4, 5), meta(5, 6), alpha=alpha)
 
 
 def test_c_is_ignored_when_beta_is_zero():
@@ -118,9 +127,13 @@ def test_naive_rung_interface():
     assert rung.name == "naive"
     assert set(rung.dtypes) == {torch.float32, torch.float16, torch.bfloat16}
     a, b, out = meta(1, 4, 5), meta(1, 5, 6), meta(1, 4, 6)
-    assert rung.supports(a, b, out) is None
+    # Everything but the device is fine: the device is the reason (never a failure at launch).
+    assert rung.supports(a, b, out) == "needs CUDA tensors (a on 'meta', b on 'meta', out on 'meta')"
+    assert "b on 'cpu'" in rung.supports(a, torch.randn(1, 5, 6), out)
     assert "output dtype" in rung.supports(a, b, meta(1, 4, 6, dtype=torch.float64))
+    assert "b has dtype torch.float16" in rung.supports(a, meta(1, 5, 6, dtype=torch.float16), out)
     assert "batch" in rung.supports(meta(70000, 4, 5), meta(70000, 5, 6), meta(70000, 4, 6))
+    assert "blocks along grid y" in rung.supports(meta(1, 16 * 65535 + 1, 5), b, meta(1, 16 * 65535 + 1, 6))
 
 
 # ---- dispatch --------------------------------------------------------------------------------
@@ -188,6 +201,70 @@ def test_dispatch_error_lists_every_reason(monkeypatch, ladder):
     monkeypatch.setattr(dispatch, "device_capability", lambda device: (8, 0))
     with pytest.raises(ValueError, match=r"sm90_tma_wgmma: .*not in.*simt_smem: .*not in.*naive: .*not in"):
         dispatch.choose(*_problem(torch.bfloat16), registry=ladder)
+
+
+@pytest.fixture
+def cached_ladder(monkeypatch, ladder):
+    """`ladder` as the default registry, so that dispatch caches its static checks."""
+    monkeypatch.setattr(dispatch, "KERNELS", ladder)
+    monkeypatch.setattr(dispatch, "_CANDIDATES", {})
+    asked = []
+    monkeypatch.setattr(dispatch, "device_capability", lambda device: asked.append(device) or (9, 0))
+    return ladder, asked
+
+
+def test_cached_dispatch_asks_supports_on_every_call(cached_ladder):
+    ladder, asked = cached_ladder
+    problem = _problem(torch.float16)
+    assert dispatch.choose(*problem, registry=ladder).name == "sm90_tma_wgmma"
+    assert dispatch.resolve("auto", *problem, registry=ladder).name == "sm90_tma_wgmma"
+    assert len(asked) == 1  # the capability (a static check) was asked once
+    ladder["sm90_tma_wgmma"].reason = "K not a multiple of 8"
+    assert dispatch.choose(*problem, registry=ladder).name == "naive"
+    ladder["naive"].reason = "too big"
+    with pytest.raises(ValueError, match=r"sm90_tma_wgmma: K not a multiple of 8; simt_smem: input dtype "
+                                         r"torch.float16 not in .*; naive: too big"):
+        dispatch.choose(*problem, registry=ladder)
+    ladder["sm90_tma_wgmma"].reason = None
+    assert dispatch.choose(*problem, registry=ladder).name == "sm90_tma_wgmma"
+    # Another dtype is another cache entry: fp32 goes to simt_smem.
+    assert dispatch.choose(*_problem(torch.float32), registry=ladder).name == "simt_smem"
+
+
+def test_cached_named_dispatch_checks_the_problem_each_time(cached_ladder):
+    ladder, asked = cached_ladder
+    problem = _problem(torch.float32)
+    assert dispatch.resolve("naive", *problem, registry=ladder).name == "naive"
+    ladder["naive"].reason = "M too large"
+    with pytest.raises(ValueError, match="'naive' cannot run this problem: M too large"):
+        dispatch.resolve("naive", *problem, registry=ladder)
+    for _ in range(2):  # a static reason is cached and raised every time
+        with pytest.raises(ValueError, match="'sm90_tma_wgmma' cannot run this problem: input dtype"):
+            dispatch.resolve("sm90_tma_wgmma", *problem, registry=ladder)
+    with pytest.raises(TypeError, match="rung name"):
+        dispatch.resolve(["naive"], *problem, registry=ladder)
+    with pytest.raises(ValueError, match="unknown GEMM kernel 'fastest'"):
+        dispatch.resolve("fastest", *problem, registry=ladder)
+
+
+def test_clear_cache_forgets_static_checks(cached_ladder):
+    ladder, asked = cached_ladder
+    problem = _problem(torch.float16)
+    dispatch.choose(*problem, registry=ladder)
+    dispatch.clear_cache()
+    dispatch.choose(*problem, registry=ladder)
+    assert len(asked) == 2
+
+
+def test_registry_remembers_found_modules(monkeypatch):
+    from cute_kernels.gemm import registry as registry_module
+
+    reg = KernelRegistry((("here", "cute_kernels.gemm.dispatch:choose"), ("gone", "cute_kernels.gemm.nope:RUNG")))
+    assert list(reg) == ["here"]
+    looked_up = []
+    monkeypatch.setattr(registry_module, "_module_exists", lambda module: looked_up.append(module) or False)
+    assert list(reg) == ["here"] and "here" in reg and reg["here"] is dispatch.choose
+    assert looked_up and set(looked_up) == {"cute_kernels.gemm.nope"}  # an absent module is looked for again
 
 
 def test_named_kernel_is_checked_not_replaced(monkeypatch, ladder):

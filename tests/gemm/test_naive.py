@@ -160,3 +160,37 @@ def test_matmul_rejects_tensors_on_different_devices():
 
     with pytest.raises(ValueError, match="b is on device 'cpu'"):
         matmul(torch.randn(4, 5, device="cuda"), torch.randn(5, 6))
+
+
+# ---- the launch paths ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tvm_ffi", [True, False], ids=["tvm_ffi", "dsl_tensors"])
+def test_both_launch_paths_with_broadcast_operands(tvm_ffi, monkeypatch):
+    from cute_kernels.gemm import naive
+
+    if tvm_ffi and not naive.tvm_ffi_available():
+        pytest.skip("apache-tvm-ffi is not installed")
+    monkeypatch.setattr(naive, "use_tvm_ffi", lambda: tvm_ffi)
+    a = _operand(1, 37, 29, torch.float32, True).expand(3, 37, 29)  # batch stride 0, column-major
+    b = _operand(3, 29, 41, torch.float32, False)
+    c = torch.randn(41, device="cuda").expand(3, 37, 41)  # zero strides in batch and M
+    out = _run(a, b, torch.float32, alpha=0.5, beta=2.0, c=c)
+    assert _rel_err(out, _reference(a, b, 0.5, 2.0, c)) < 1e-5
+    out = _run(a[:, :20], b[:, :, :33], torch.bfloat16)  # new sizes, another output dtype
+    assert _rel_err(out, _reference(a[:, :20], b[:, :, :33])) < _TOL[torch.bfloat16]
+
+
+def test_runs_on_the_current_stream():
+    # A busy side stream fills the operands, then multiplies: a launch on any other stream (the
+    # default stream does not wait for a non-blocking side stream) would read them before the fill.
+    a, b = torch.zeros(1, 64, 48, device="cuda"), torch.zeros(1, 48, 80, device="cuda")
+    out = torch.full((1, 64, 80), float("nan"), device="cuda")
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+        a.fill_(1.0)
+        b.fill_(0.5)
+        _rung()(a, b, out, alpha=1.0, beta=0.0, c=None)
+    side.synchronize()
+    assert torch.all(out == 24.0)

@@ -104,7 +104,7 @@ def _meta(*shape):
     [
         (_meta(1, 8, 6), _meta(1, 6, 8), "contiguous extent 6"),
         (_meta(1, 8, 8), _meta(1, 8, 6), "contiguous extent 6"),
-        (_meta(1, 8, 12)[:, :, :8], _meta(1, 8, 8), None),
+        (_meta(1, 8, 12)[:, :, :8], _meta(1, 8, 8), "needs CUDA tensors (a on 'meta'"),  # all but the device fit
         (_meta(1, 8, 10)[:, :, :8], _meta(1, 8, 8), "stride 10"),
         (_meta(1, 8, 8).half(), _meta(1, 8, 8).half(), "float32"),
     ],
@@ -112,10 +112,12 @@ def _meta(*shape):
 def test_supports_declines_what_it_cannot_vectorize(a, b, pattern):
     out = _meta(1, a.shape[1], b.shape[2])
     reason = ss.RUNG.supports(a, b, out)
-    if pattern is None:
-        assert reason is None
-    else:
-        assert reason is not None and pattern in reason
+    assert reason is not None and pattern in reason
+
+
+def test_supports_declines_cpu_tensors_naming_them():
+    a, b, out = torch.randn(1, 8, 8), torch.randn(1, 8, 8), torch.empty(1, 8, 8)
+    assert ss.RUNG.supports(a, b, out) == "needs CUDA tensors (a on 'cpu', b on 'cpu', out on 'cpu')"
 
 
 # ---- on the GPU -------------------------------------------------------------------------------
@@ -194,3 +196,34 @@ def test_auto_dispatch_picks_simt_smem_for_aligned_fp32():
     ladder = {name: dispatch.KERNELS[name] for name in ("naive", "simt_smem")}
     assert dispatch.choose(a, b, out, registry=ladder).name == "simt_smem"
     assert dispatch.choose(a[:, :, :63], b[:, :63, :], out, registry=ladder).name == "naive"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tvm_ffi", [True, False], ids=["tvm_ffi", "dsl_tensors"])
+def test_both_launch_paths_with_broadcast_operands(tvm_ffi, monkeypatch):
+    if tvm_ffi and not ss.tvm_ffi_available():
+        pytest.skip("apache-tvm-ffi is not installed")
+    monkeypatch.setattr(ss, "use_tvm_ffi", lambda: tvm_ffi)
+    a = _operand(1, 132, 36, True).expand(3, 132, 36)  # batch stride 0, column-major
+    b = _operand(3, 36, 68, False)
+    c = torch.randn(132, 1, device="cuda").expand(3, 132, 68)  # zero strides in batch and N
+    out = _run(a, b, alpha=-1.5, beta=0.25, c=c)
+    ref = -1.5 * torch.matmul(a.double(), b.double()) + 0.25 * c.double()
+    assert _rel_err(out, ref) < 1e-5
+    out = _run(a[:, :68], b[:, :, :40], out_dtype=torch.float16)  # new sizes, another output dtype
+    assert _rel_err(out, torch.matmul(a[:, :68].double(), b[:, :, :40].double())) < 2e-3
+
+
+@pytest.mark.gpu
+def test_runs_on_the_current_stream():
+    a, b = torch.zeros(1, 128, 64, device="cuda"), torch.zeros(1, 64, 128, device="cuda")
+    out = torch.full((1, 128, 128), float("nan"), device="cuda")
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+        a.fill_(1.0)
+        b.fill_(0.5)
+        ss.RUNG(a, b, out, alpha=1.0, beta=0.0, c=None)
+    side.synchronize()
+    assert torch.all(out == 32.0)

@@ -97,6 +97,8 @@ def test_supports_reasons():
     assert "float16 only" in RUNG.supports(*_views(16, 16, 16, dtype=torch.bfloat16))
     assert "output dtype" in RUNG.supports(*_views(16, 16, 16, out_dtype=torch.bfloat16))
     a, b, out = _views(16, 16, 16)
+    strided = torch.empty(1, 32, 32, dtype=torch.float16)[:, ::2, ::2]
+    assert "neither of its last two modes" in RUNG.supports(strided, b, out)
     assert "batch" in RUNG.supports(a.expand(70000, 16, 16), b.expand(70000, 16, 16), out.expand(70000, 16, 16))
 
 
@@ -160,6 +162,18 @@ def test_shapes(m, n, k):
 def test_fp32_out_batched_alpha_beta():
     _assert_close(*_run(80, 48, 24, out_dtype=torch.float32, batch=3, alpha=-0.75, beta=2.0))
     _assert_close(*_run(33, 65, 17, batch=2, alpha=1.5, beta=0.5))
+
+
+@gpu
+def test_column_major_output():
+    from cute_kernels.gemm.sm70_mma import RUNG
+
+    a = torch.randn(1, 40, 24, device="cuda").half()
+    b = torch.randn(1, 24, 56, device="cuda").half()
+    out = torch.full((1, 56, 40), float("nan"), device="cuda", dtype=torch.float32).transpose(1, 2)
+    RUNG(a, b, out)
+    torch.cuda.synchronize()
+    _assert_close(out, torch.matmul(a.double(), b.double()))
 
 
 @gpu

@@ -180,6 +180,20 @@ def test_no_unit_stride_is_a_reason():
     assert "neither of its last two modes" in RUNG.supports(a, b, out)
 
 
+def test_tuning_environment_variable():
+    from cute_kernels.gemm.sm80_mma import DEFAULT_CONFIG, TUNING_ENV, config_from_env
+
+    assert config_from_env(environ={}) == DEFAULT_CONFIG
+    cfg = config_from_env(environ={TUNING_ENV: "tile_k=64, stages=3"})
+    assert (cfg.tile_k, cfg.stages, cfg.tile_n) == (64, 3, DEFAULT_CONFIG.tile_n)
+    with pytest.raises(ValueError, match="not 'field=int'"):
+        config_from_env(environ={TUNING_ENV: "dtype=float16"})
+    with pytest.raises(ValueError, match="not an integer"):
+        config_from_env(environ={TUNING_ENV: "stages=four"})
+    with pytest.raises(ValueError, match="tile_k 8 must be a multiple of 16"):
+        config_from_env(environ={TUNING_ENV: "tile_k=8"})
+
+
 def test_call_rejects_unsupported_before_launch():
     from cute_kernels.gemm.sm80_mma import RUNG
 
@@ -191,7 +205,7 @@ def test_call_rejects_unsupported_before_launch():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("config", ["default", "bf16_nt_colout", "fp16_mk_c", "bf16_narrow_vectors"])
+@pytest.mark.parametrize("config", ["default", "bf16_tn", "bf16_am_bk_colout", "fp16_am_bn_c", "bf16_narrow_vectors"])
 def test_sass(config, monkeypatch):
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     from cute_kernels.runtime import compile_variant, get_variant
@@ -203,6 +217,32 @@ def test_sass(config, monkeypatch):
     assert not report.has("LDL") and not report.has("STL")
     assert report.spill_store_bytes == 0
     assert variant.requires >= {"HMMA", "LDSM", "LDGSTS"}
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_dsl_mma_atom_matches_our_atom(dtype, monkeypatch):
+    """The kernel issues the DSL's MmaF16BF16Op; its TV layouts must be the ones the workbench
+    prints for our atom (so the fragments the docs show are the fragments the kernel uses)."""
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.nvgpu import warp
+
+    from cute_kernels.gemm.sm80_mma import mma_atom_name
+    from cute_kernels.layouts.atoms import atom
+
+    seen = {}
+    dsl_type = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[dtype]
+
+    @cute.jit
+    def probe():
+        mma = cute.make_mma_atom(warp.MmaF16BF16Op(dsl_type, cutlass.Float32, (16, 8, 16)))
+        seen.update(a=str(mma.tv_layout_A), b=str(mma.tv_layout_B), c=str(mma.tv_layout_C), thr=str(mma.thr_id))
+
+    cute.compile(probe)
+    ours = atom(mma_atom_name(dtype))
+    assert seen == {"a": str(ours.a_layout), "b": str(ours.b_layout), "c": str(ours.c_layout), "thr": str(ours.thr_id)}
 
 
 # ---- GPU: values ---------------------------------------------------------------------------------
@@ -297,6 +337,24 @@ def test_narrow_vectors(m, n, k):
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
 def test_output_dtypes(out_dtype):
     _assert_close(*_run(192, 320, 96, dtype=torch.float16, out_dtype=out_dtype))
+
+
+@gpu
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_column_major_output(beta):
+    from cute_kernels.gemm.sm80_mma import RUNG
+
+    a = torch.randn(2, 136, 72, device="cuda").bfloat16()
+    b = torch.randn(2, 72, 88, device="cuda").bfloat16()
+    out = torch.full((2, 88, 136), float("nan"), device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    c = torch.randn(2, 136, 88, device="cuda").bfloat16() if beta else None
+    assert RUNG.config_for(a, b, out, has_c=bool(beta)).c_major == "m"
+    RUNG(a, b, out, alpha=1.25, beta=beta, c=c)
+    torch.cuda.synchronize()
+    ref = 1.25 * torch.matmul(a.double(), b.double())
+    if beta:
+        ref = ref + beta * c.double()
+    _assert_close(out, ref)
 
 
 @gpu

@@ -1,0 +1,131 @@
+"""Fused-epilogue GEMMs on the Hopper rungs: what `cute_kernels.ops.linear` / `scaled_mm` call.
+
+    matmul_epilogue(a, b, *, bias=None, bias_dim="n", activation=None, alpha=1.0, beta=0.0,
+                    c=None, out_dtype=None, kernel="sm90_persistent", config=None)
+        = activation(alpha * (a @ b) + beta * c + bias)
+
+    scaled_mm(a, b, scale_a, scale_b, *, bias=None, activation=None, out_dtype=torch.bfloat16, ...)
+        = activation(scale_a * scale_b * (a @ b) + bias), a and b fp8 (e4m3 / e5m2)
+
+Shapes follow torch.matmul for 2-D and batched 3-D operands (a 2-D operand or a batch of 1
+broadcasts). bias is 1-D: one value per output column (`bias_dim="n"`, nn.Linear's
+(out_features,)) or per row (`"m"`). On an sm_90 GPU the sm90_persistent / sm90_warp_specialized
+kernels apply every term in registers before the single store (`hopper.epilogue`); every
+argument is checked, with an error naming it, before anything launches.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from cute_kernels.hopper.epilogue import ACTIVATIONS
+
+__all__ = ["matmul_epilogue", "scaled_mm", "ACTIVATIONS", "FUSING_KERNELS"]
+
+FUSING_KERNELS = ("sm90_persistent", "sm90_warp_specialized", "sm90_tma_wgmma")
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _rung(kernel: str):
+    if kernel not in FUSING_KERNELS:
+        raise ValueError(f"kernel must be one of {FUSING_KERNELS}, got {kernel!r}")
+    import importlib
+
+    return importlib.import_module(f"cute_kernels.gemm.{kernel}").rung
+
+
+def _k_major_or_copy(t: torch.Tensor, fp8: bool) -> torch.Tensor:
+    """`t` (L, R, C) with one of its last two strides 1 (fp8: a; b is handled by the caller)."""
+    if t.stride(2) == 1 or (not fp8 and t.stride(1) == 1):
+        return t
+    return t.contiguous()
+
+
+def _normalize(name, a, b):
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        raise TypeError(f"{name}: a and b must be torch.Tensors")
+    if a.dim() not in (2, 3) or b.dim() not in (2, 3):
+        raise ValueError(f"{name}: a and b must be 2-D or 3-D, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"{name}: shapes {tuple(a.shape)} and {tuple(b.shape)} do not compose (K {a.shape[-1]} "
+                         f"vs {b.shape[-2]})")
+    if not (a.is_cuda and b.is_cuda) or a.device != b.device:
+        raise ValueError(f"{name}: a and b must be on one CUDA device, got {a.device} and {b.device}")
+    la = a.shape[0] if a.dim() == 3 else 1
+    lb = b.shape[0] if b.dim() == 3 else 1
+    if la != lb and 1 not in (la, lb):
+        raise ValueError(f"{name}: batch sizes {la} and {lb} differ and neither is 1")
+    L = max(la, lb)
+    a3 = (a if a.dim() == 3 else a.unsqueeze(0)).expand(L, a.shape[-2], a.shape[-1])
+    b3 = (b if b.dim() == 3 else b.unsqueeze(0)).expand(L, b.shape[-2], b.shape[-1])
+    batched = a.dim() == 3 or b.dim() == 3
+    return a3, b3, L, batched
+
+
+def _run(name, a, b, *, bias, bias_dim, activation, alpha, beta, c, out_dtype, kernel, config, scales):
+    for nm, v in (("alpha", alpha), ("beta", beta)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"{name}: {nm} must be a real number, got {v!r}")
+    a3, b3, L, batched = _normalize(name, a, b)
+    fp8 = a.dtype in _FP8
+    M, N = a3.shape[1], b3.shape[2]
+    if out_dtype is None:
+        out_dtype = torch.bfloat16 if fp8 else a.dtype
+    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"{name}: out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
+    a3 = _k_major_or_copy(a3, fp8)
+    # b is (L, K, N): "K-major" means unit stride along K (mode 1), i.e. b = w.t() of a (N, K) w
+    if not (b3.stride(1) == 1 or (not fp8 and b3.stride(2) == 1)):
+        b3 = b3.transpose(1, 2).contiguous().transpose(1, 2)
+    c3 = None
+    if beta != 0:
+        if c is None:
+            raise ValueError(f"{name}: beta={beta} needs c")
+        if not isinstance(c, torch.Tensor):
+            raise TypeError(f"{name}: c must be a torch.Tensor")
+        try:
+            c3 = c.expand((L, M, N) if batched else (M, N))
+        except RuntimeError:
+            raise ValueError(f"{name}: c of shape {tuple(c.shape)} does not broadcast to {(L, M, N)}") from None
+        c3 = c3 if batched else c3.unsqueeze(0)
+    out3 = torch.empty((L, M, N), dtype=out_dtype, device=a.device)
+    if M and N and L:
+        rung = _rung(kernel)
+        why = rung.supports(a3, b3, out3)
+        if why is not None:
+            raise ValueError(f"{name}: kernel {kernel!r} cannot run this problem: {why}")
+        sa, sb = scales if scales else (None, None)
+        rung(a3, b3, out3, alpha=float(alpha), beta=float(beta), c=c3, config=config, bias=bias, bias_dim=bias_dim,
+             activation=activation, scale_a=sa, scale_b=sb)
+    return out3 if batched else out3[0]
+
+
+def matmul_epilogue(a, b, *, bias=None, bias_dim: str = "n", activation: str | None = None, alpha: float = 1.0,
+                    beta: float = 0.0, c=None, out_dtype=None, kernel: str = "sm90_persistent", config=None):
+    """activation(alpha * (a @ b) + beta * c + bias), fused into the GEMM's epilogue.
+
+    a (M, K) or (L, M, K); b (K, N) or (L, K, N); both bf16 or both fp16, on one sm_90 GPU.
+    bias: None or 1-D fp32/bf16/fp16 of length N (`bias_dim="n"`) or M (`"m"`). activation:
+    None, "relu", "gelu_tanh" or "silu". c: read only when beta != 0, broadcastable to the
+    result. Returns a new contiguous (M, N) or (L, M, N) tensor of `out_dtype` (default a's).
+    For nn.Linear: matmul_epilogue(x, weight.t(), bias=bias, activation=...).
+    """
+    if a.dtype in _FP8:
+        raise TypeError("matmul_epilogue: fp8 inputs need their scales: use scaled_mm")
+    return _run("matmul_epilogue", a, b, bias=bias, bias_dim=bias_dim, activation=activation, alpha=alpha,
+                beta=beta, c=c, out_dtype=out_dtype, kernel=kernel, config=config, scales=None)
+
+
+def scaled_mm(a, b, scale_a, scale_b, *, bias=None, bias_dim: str = "n", activation: str | None = None,
+              out_dtype=torch.bfloat16, kernel: str = "sm90_persistent", config=None):
+    """activation(scale_a * scale_b * (a @ b) + bias) for fp8 a, b (as torch._scaled_mm with
+    per-tensor scales). a (M, K) row-major and b (K, N) column-major (b = w.t() of an (N, K)
+    row-major w) read directly; other layouts are copied to those first. scale_a, scale_b:
+    one-element float32 tensors on the device (never read on the host: no synchronization).
+    """
+    if a.dtype not in _FP8 or b.dtype not in _FP8:
+        raise TypeError(f"scaled_mm: a and b must be float8_e4m3fn or float8_e5m2, got {a.dtype} and {b.dtype}")
+    return _run("scaled_mm", a, b, bias=bias, bias_dim=bias_dim, activation=activation, alpha=1.0, beta=0.0,
+                c=None, out_dtype=out_dtype, kernel=kernel, config=config, scales=(scale_a, scale_b))

@@ -1,0 +1,209 @@
+"""cute_kernels.nn on CPU (through fallback="torch"): Linear as a drop-in for torch.nn.Linear,
+the functional forms, routing an existing model (patch, route), torch.compile without graph
+breaks or recompiles, and a short training loop against eager PyTorch."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend  # noqa: E402
+
+import cute_kernels.nn as cnn  # noqa: E402
+from cute_kernels import ops  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::cute_kernels.ops.fallback.FallbackWarning")
+
+F64 = torch.float64
+
+
+def _rel(x, ref):
+    return float((x - ref).detach().norm() / ref.detach().norm())
+
+
+# ---- Linear --------------------------------------------------------------------------------------
+
+def test_linear_has_torch_constructor_and_state_dict():
+    torch.manual_seed(0)
+    ours = cnn.Linear(7, 4, True, None, F64, activation="silu", fallback="torch")
+    theirs = torch.nn.Linear(7, 4, dtype=F64)
+    assert isinstance(ours, torch.nn.Linear)
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(3, 7, dtype=F64)
+    assert _rel(ours(x), F.silu(theirs(x))) < 1e-12
+    assert "activation='silu'" in repr(ours)
+    no_bias = cnn.Linear(7, 4, bias=False, dtype=F64, fallback="torch")
+    assert no_bias.bias is None and _rel(no_bias(x), x @ no_bias.weight.T) < 1e-12
+
+
+def test_linear_rejects_bad_options():
+    with pytest.raises(ValueError, match="activation must be one of"):
+        cnn.Linear(3, 4, activation="tanh")
+    with pytest.raises(ValueError, match="fallback must be one of"):
+        cnn.Linear(3, 4, fallback="yes")
+
+
+def test_linear_without_fallback_rejects_cpu_input_clearly():
+    with pytest.raises(ValueError, match="CUDA"):
+        cnn.Linear(3, 4)(torch.randn(2, 3))
+
+
+def test_from_linear_shares_parameters():
+    base = torch.nn.Linear(5, 6, dtype=F64)
+    ours = cnn.Linear.from_linear(base, activation="relu", fallback="torch")
+    assert ours.weight is base.weight and ours.bias is base.bias
+    x = torch.randn(2, 5, dtype=F64)
+    assert _rel(ours(x), torch.relu(base(x))) < 1e-12
+
+
+# ---- functional -----------------------------------------------------------------------------------
+
+def test_functional_sdpa_masks():
+    q, k, v = (torch.randn(1, 2, 5, 8, dtype=F64) for _ in range(3))
+    got = cnn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, fallback="torch")
+    assert _rel(got, F.scaled_dot_product_attention(q, k, v, is_causal=True)) < 1e-12
+    from torch.nn.attention.bias import causal_lower_right
+
+    k2, v2 = torch.randn(1, 2, 9, 8, dtype=F64), torch.randn(1, 2, 9, 8, dtype=F64)
+    mask = causal_lower_right(5, 9)
+    got = cnn.functional.scaled_dot_product_attention(q, k2, v2, attn_mask=mask, fallback="torch")
+    assert _rel(got, F.scaled_dot_product_attention(q, k2, v2, attn_mask=mask)) < 1e-12
+
+
+def test_functional_sdpa_dense_mask_and_dropout_need_the_fallback():
+    q = torch.randn(1, 2, 5, 8, dtype=F64)
+    dense = torch.randn(5, 5, dtype=F64)
+    with pytest.raises(NotImplementedError, match="dense attn_mask"):
+        cnn.functional.scaled_dot_product_attention(q, q, q, attn_mask=dense)
+    with pytest.raises(NotImplementedError, match="dropout_p=0.5"):
+        cnn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    ops.FALLBACK_COUNTS.clear()
+    got = cnn.functional.scaled_dot_product_attention(q, q, q, attn_mask=dense, fallback="torch")
+    assert _rel(got, F.scaled_dot_product_attention(q, q, q, attn_mask=dense)) < 1e-12
+    assert sum(n for (op, _), n in ops.FALLBACK_COUNTS.items() if op == "scaled_dot_product_attention") == 1
+
+
+# ---- routing ----------------------------------------------------------------------------------------
+
+class Block(torch.nn.Module):
+    """A model written against plain PyTorch: Linear layers and F.scaled_dot_product_attention."""
+
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim, dtype=F64)
+        self.out = torch.nn.Linear(dim, dim, dtype=F64)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, s, d))
+
+
+def _op_calls():
+    return {op: sum(n for (o, _), n in ops.FALLBACK_COUNTS.items() if o == op) for op in ("linear", "sdpa")}
+
+
+def test_patch_routes_linear_and_sdpa_and_keeps_the_state_dict():
+    torch.manual_seed(0)
+    model = Block()
+    x = torch.randn(2, 5, 16, dtype=F64)
+    ref = model(x)
+    keys = model.state_dict().keys()
+    assert cnn.patch(model, fallback="torch") is model
+    assert type(model.qkv) is cnn.Linear and type(model.out) is cnn.Linear
+    assert model.state_dict().keys() == keys
+    ops.FALLBACK_COUNTS.clear()
+    assert _rel(model(x), ref) < 1e-12
+    assert _op_calls() == {"linear": 2, "sdpa": 1}
+    cnn.patch(model, fallback="torch")  # idempotent: no double routing
+    ops.FALLBACK_COUNTS.clear()
+    model(x)
+    assert _op_calls() == {"linear": 2, "sdpa": 1}
+
+
+def test_route_context_manager():
+    torch.manual_seed(0)
+    model = Block()
+    x = torch.randn(2, 5, 16, dtype=F64)
+    ref = model(x)
+    ops.FALLBACK_COUNTS.clear()
+    with cnn.route(fallback="torch"):
+        got = model(x)
+    assert _rel(got, ref) < 1e-12 and _op_calls() == {"linear": 2, "sdpa": 1}
+    ops.FALLBACK_COUNTS.clear()
+    model(x)
+    assert _op_calls() == {"linear": 0, "sdpa": 0}
+
+
+# ---- torch.compile: no graph breaks, no recompiles when only sizes change ------------------------
+
+def test_compile_fullgraph_dynamic_sizes_do_not_recompile():
+    torch.manual_seed(0)
+    w, b = torch.randn(4, 16, requires_grad=True), torch.randn(4, requires_grad=True)
+
+    def f(x, q, k, v):
+        y = cnn.functional.linear(x, w, b, activation="gelu_tanh", fallback="torch")
+        o = cnn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, fallback="torch")
+        return y.square().mean() + o.square().mean() + ops.matmul(x, w.t(), fallback="torch").mean()
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(f, backend=counter, fullgraph=True, dynamic=True)
+    frames = []
+    for m in (10, 13, 22):
+        x = torch.randn(m, 16, requires_grad=True)
+        q, k, v = (torch.randn(1, 2, m, 8, requires_grad=True) for _ in range(3))
+        got = compiled(x, q, k, v)
+        frames.append(counter.frame_count)
+        want = f(x, q, k, v)
+        assert abs(float(got.detach()) - float(want.detach())) <= 1e-5 * abs(float(want.detach()))
+        g_got = torch.autograd.grad(got, (x, q, w))
+        g_want = torch.autograd.grad(want, (x, q, w))
+        for a, r in zip(g_got, g_want):
+            assert _rel(a, r) < 1e-5
+    # Compiled once, on the first call (fullgraph: one graph); the new sizes reuse it.
+    assert frames[0] >= 1 and frames == [frames[0]] * 3
+
+
+def test_compile_through_patched_model():
+    torch.manual_seed(0)
+    model = Block()
+    x = torch.randn(2, 6, 16, dtype=F64)
+    ref = model(x)
+    cnn.patch(model, fallback="torch")
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    assert _rel(compiled(x), ref) < 1e-12 and counter.frame_count == 1
+    assert counter.op_count > 0
+
+
+# ---- a short training loop against eager PyTorch ---------------------------------------------------
+
+def _mlp(cls, **kw):
+    torch.manual_seed(1)
+    return torch.nn.Sequential(cls(12, 32, dtype=F64, **kw), torch.nn.ReLU(), cls(32, 3, dtype=F64, **kw))
+
+
+def test_training_loop_matches_eager():
+    ref_model, our_model = _mlp(torch.nn.Linear), _mlp(cnn.Linear, fallback="torch")
+    our_model.load_state_dict(ref_model.state_dict())
+    torch.manual_seed(2)
+    x, target = torch.randn(64, 12, dtype=F64), torch.randn(64, 3, dtype=F64)
+    curves = []
+    for model in (ref_model, our_model):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for _ in range(20):
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), target)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        curves.append(losses)
+    ref, ours = curves
+    assert ref[-1] < ref[0]
+    assert all(abs(a - b) <= 1e-10 * abs(b) for a, b in zip(ours, ref))

@@ -1,0 +1,133 @@
+"""The operators' kernel path (fallback="none") on CPU, with the kernel layer's entry points
+replaced by stand-ins that check what they are handed and compute with PyTorch. This runs in
+CI the code the GPU runs around the kernels: views and strides handed down, `kernel` passed
+through (also to the backward GEMMs), the in-place unfused epilogue of `linear`, and opcheck
+of the ops as they are on the device."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+
+from cute_kernels import ops  # noqa: E402
+from cute_kernels.ops import attention as attention_ops  # noqa: E402
+from cute_kernels.ops import attention_reference as reference  # noqa: E402
+from cute_kernels.ops import fallback as fallback_mod  # noqa: E402
+from cute_kernels.ops import gemm as gemm_ops  # noqa: E402
+
+F64 = torch.float64
+
+
+def randn(*shape, grad=False):
+    return torch.randn(*shape, dtype=F64).requires_grad_(grad)
+
+
+def _rel(x, ref):
+    return float((x - ref).detach().norm() / ref.detach().norm())
+
+
+@pytest.fixture
+def gemm_calls(monkeypatch):
+    """Replace cute_kernels.gemm.matmul; returns the list of (a shape, b shape, kernel) calls."""
+    calls = []
+
+    def stand_in(a, b, *, kernel="auto", out_dtype=None):
+        assert not torch.is_grad_enabled() or not (a.requires_grad or b.requires_grad), \
+            "the kernel entry must be called below autograd"
+        for name, t in (("a", a), ("b", b)):
+            assert t.dim() in (2, 3), f"{name} handed down {t.dim()}-D"
+            assert t.stride(-1) == 1 or t.stride(-2) == 1, f"{name} handed down with strides {t.stride()}"
+        calls.append((tuple(a.shape), tuple(b.shape), kernel))
+        return torch.matmul(a, b).to(a.dtype if out_dtype is None else out_dtype)
+
+    monkeypatch.setattr(gemm_ops, "_gemm", lambda: stand_in)
+    return calls
+
+
+@pytest.fixture
+def attention_calls(monkeypatch):
+    calls = []
+
+    def forward(q, k, v, *, causal, scale, enable_gqa, kernel):
+        calls.append(("forward", causal, kernel))
+        return reference.forward(q, k, v, causal, scale, enable_gqa)
+
+    def backward(grad_out, q, k, v, out, lse, *, causal, scale, enable_gqa):
+        calls.append(("backward", causal))
+        assert lse.dtype == torch.float32 and lse.shape == q.shape[:-1]
+        return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa)
+
+    monkeypatch.setattr(attention_ops, "_found", {"sdpa": forward, "sdpa_backward": backward})
+    return calls
+
+
+# ---- matmul and linear -------------------------------------------------------------------------
+
+def test_matmul_passes_kernel_to_forward_and_backward_gemms(gemm_calls):
+    a, b = randn(3, 6, 5, grad=True), randn(5, 4, grad=True)
+    out = ops.matmul(a, b, kernel="naive")
+    out.backward(randn(3, 6, 4))
+    assert [c[2] for c in gemm_calls] == ["naive"] * 3
+    assert gemm_calls[0][:2] == ((3, 6, 5), (5, 4))
+    # dB over a shared b is one GEMM over the flattened batch: (K, L*M) @ (L*M, N).
+    assert gemm_calls[2][:2] == ((5, 18), (18, 4))
+
+
+@pytest.mark.parametrize("activation", ops.ACTIVATIONS)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_kernel_path_matches_torch(gemm_calls, activation, with_bias):
+    x, w = randn(2, 3, 7, grad=True), randn(4, 7, grad=True)
+    b = randn(4, grad=True) if with_bias else None
+    out = ops.linear(x, w, b, activation, kernel="sm80_mma")
+    y = F.linear(x, w, b)
+    ref = {None: y, "relu": torch.relu(y), "silu": F.silu(y), "gelu_tanh": F.gelu(y, approximate="tanh")}[activation]
+    assert out.shape == ref.shape and out.is_contiguous() and _rel(out, ref) < 1e-12
+    assert gemm_calls[0] == ((6, 7), (7, 4), "sm80_mma")  # x flattened to 2-D, weight as a transposed view
+    g = randn(*ref.shape)
+    inputs = (x, w, b) if with_bias else (x, w)
+    for got, want in zip(torch.autograd.grad(out, inputs, g), torch.autograd.grad(ref, inputs, g)):
+        assert _rel(got, want) < 1e-12
+    recompute = activation in ("silu", "gelu_tanh")
+    assert len(gemm_calls) == 3 + recompute and {c[2] for c in gemm_calls} == {"sm80_mma"}
+
+
+@pytest.mark.parametrize("activation", ops.ACTIVATIONS)
+def test_opcheck_linear_kernel_path(gemm_calls, activation):
+    args = (randn(2, 3, 7, grad=True), randn(4, 7, grad=True), randn(4, grad=True))
+    torch.library.opcheck(ops.linear, args, {"activation": activation})
+
+
+def test_opcheck_matmul_kernel_path(gemm_calls):
+    torch.library.opcheck(ops.matmul, (randn(3, 6, 5, grad=True), randn(3, 5, 4, grad=True)))
+
+
+def test_kernel_layer_errors_propagate_or_fall_back(monkeypatch):
+    def refuses(a, b, *, kernel="auto", out_dtype=None):
+        raise ValueError("no GEMM kernel supports this problem (test)")
+
+    monkeypatch.setattr(gemm_ops, "_gemm", lambda: refuses)
+    monkeypatch.setattr(gemm_ops, "on_cuda", lambda *tensors: True)  # as if on the GPU
+    monkeypatch.setattr(fallback_mod, "_warned", set())
+    x, w = randn(3, 5), randn(4, 5)
+    with pytest.raises(ValueError, match=r"no GEMM kernel supports this problem \(test\)"):
+        ops.linear(x, w)
+    ops.FALLBACK_COUNTS.clear()
+    with pytest.warns(ops.FallbackWarning, match="test"):
+        out = ops.linear(x, w, None, "relu", fallback="torch")
+    assert _rel(out, torch.relu(x @ w.T)) < 1e-12
+    assert ops.FALLBACK_COUNTS[("linear", "no GEMM kernel supports this problem (test)")] == 1
+
+
+# ---- sdpa --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("causal", ops.CAUSAL)
+def test_sdpa_kernel_path_forward_and_backward(attention_calls, causal):
+    q, k, v = randn(2, 4, 5, 8, grad=True), randn(2, 2, 6, 8, grad=True), randn(2, 2, 6, 8, grad=True)
+    out, lse = ops.sdpa(q, k, v, causal, None, True, kernel="sm80_flash")
+    out.backward(randn(*out.shape))
+    assert attention_calls == [("forward", causal, "sm80_flash"), ("backward", causal)]
+    assert not lse.requires_grad
+    torch.library.opcheck(ops.sdpa, (q, k, v), {"causal": causal, "enable_gqa": True})
