@@ -332,7 +332,6 @@ def group_fp8(records):
 
 
 def group_pingpong(records, cfg_name):
-    os.environ["CUTE_KERNELS_EXPERIMENTAL"] = "1"
     from cute_kernels.gemm.sm90_config import Sm90GemmConfig
 
     rungs = load_rungs([f"sm90_persistent[{cfg_name}]"])
@@ -441,8 +440,6 @@ def bench_phase(records, warm_only=False, allow=("pingpong", "p64", "fp8")):
     from cute_kernels.gemm.sm90_config import Sm90GemmConfig, pick_config
     from cute_kernels.gemm.sm90_persistent import rung
     from cute_kernels.hopper.epilogue import EpilogueSpec
-
-    os.environ["CUTE_KERNELS_EXPERIMENTAL"] = "1"
 
     later = []
 

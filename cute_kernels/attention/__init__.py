@@ -5,7 +5,11 @@
 - `attention_forward(q, k, v, *, causal=None, scale=None, enable_gqa=False, kernel="auto")`
   -> (out, lse): the internal entry, with the log-sum-exp for a backward;
   `attention_backward(dout, q, k, v, out, lse, ...)` -> (dq, dk, dv).
-- `KERNELS`: the ladder (`sm80_flash`; `sm90_flash` and the decode kernel to come).
+- `attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+  causal, scale, kernel)` -> (out (Tq, Hq, Dv), lse (Hq, Tq)): packed variable-length batches.
+- `paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, scale, kernel)` -> out (B, Hq, Dv):
+  one query token per sequence over a paged KV cache (split-KV, the `decode` rung).
+- `KERNELS`: the ladder (`sm80_flash`, `decode`; `sm90_flash` to come).
 
 The kernel composes small modules, as flash-attention's CuTe kernels do: `mask` (causal
 alignments, sequence ends), `softmax` (online softmax in base 2), `block_info` (which K/V blocks
@@ -22,6 +26,9 @@ _EXPORTS = {
     "attention_forward": "api",
     "attention_backward": "api",
     "AttentionProblem": "api",
+    "attention_varlen_forward": "varlen",
+    "paged_decode": "paged",
+    "PagedProblem": "paged",
     "KERNELS": "registry",
     "LADDER": "registry",
 }

@@ -48,23 +48,27 @@ def _layouts_part() -> None:
 
 
 def _sass_part(kernel: str | None) -> str | None:
+    from cute_kernels.runtime import has_cuda
+
+    if not has_cuda():
+        # Without a GPU the DSL still compiles for Hopper; it must know the target before tracing.
+        os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     try:
         from cute_kernels.runtime import registry
     except ImportError as err:  # the DSL is an optional dependency
         print(f"(skipping SASS: {err})")
         return None
-    names = registry.list_variants()
+    names = [variant.name for variant in registry.list_variants()]
     if not names:
         print("(no kernel variants registered)")
         return None
-    preferred = [kernel] if kernel else ["gemm.sm90_persistent", "gemm.sm90_tma_wgmma", "gemm.naive", "elementwise.copy"]
+    preferred = [kernel] if kernel else ["gemm.sm90_persistent", "gemm.sm90_tma_wgmma", "gemm.naive", "elementwise.vector_copy"]
     name = next((n for n in preferred if n in names), names[0])
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     _section(f"Compiling {name} for {os.environ.get('CUTE_DSL_ARCH')}")
     t0 = time.perf_counter()
-    report = registry.compile_variant(name, "default")
+    report = registry.compile_variant(name)
     print(f"compiled in {time.perf_counter() - t0:.1f} s")
-    print(report)
+    print(report.summary())
     return name
 
 

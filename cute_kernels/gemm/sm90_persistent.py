@@ -39,15 +39,14 @@ def _major(layout_enum, operand: str) -> str:
 
 
 class Sm90PersistentGemm:
-    """The kernel for one static config; sizes, strides and alpha are runtime arguments.
+    """The kernel for one static config; sizes, strides, alpha and beta are runtime arguments.
 
-    schedule "cooperative" is validated on H200; "pingpong" compiles but is not yet validated
-    on a GPU (its first version faulted on multi-tile CTAs; the math-order barrier that fixes the
-    parity hazard was added after the last device run), so the rung refuses it unless
-    CUTE_KERNELS_EXPERIMENTAL=1.
+    Schedules: "cooperative" (both consumer warpgroups on one tile, split along M) and
+    "pingpong" (each warpgroup owns whole tiles, alternating; see `consume` for why its
+    hand-off barrier makes the parity-only mbarrier waits exact). Both are checked on H200 by
+    scripts/hopper_gemm_check.py batch and tests/gemm/test_sm90_epilogue.py.
     """
 
-    pingpong_validated = False
     fuses_epilogue = True
 
     def __init__(self, config: Sm90GemmConfig, acc_dtype=cutlass.Float32, epilogue_spec: EpilogueSpec | None = None):
@@ -228,7 +227,19 @@ class Sm90PersistentGemm:
         Ping-pong: warpgroup `wg` takes tiles wg, wg+2, ... of this CTA's sequence, so its
         epilogue runs while the other warpgroup's main loop uses the tensor cores. The producer
         fills stages in tile order, so a warpgroup skips the other's k_tiles stages in its
-        pipeline states; it then waits for exactly its own stages (phases make that exact).
+        pipeline states.
+
+        Why the ping-pong waits are exact: an mbarrier wait tests only the parity of the phase,
+        so waiting on fill number c of slot c % S is correct only if fill c - S has already
+        completed (else the parity matches a phase that completed long ago and the wait falls
+        through on stale data). A warpgroup starts waiting on tile t's stages only after the
+        other one has passed every wait of tile t-1 (`my_turn` / `their_turn` named barriers,
+        256 threads: one warpgroup arrives, the other syncs), and within a tile waits are in
+        order, so when fill c is awaited every fill before c has completed. The hand-off is
+        signalled only when the other warpgroup has a next tile (`has_tile_after`), so every
+        arrive is matched by exactly one sync. Fills are never ahead of waits either: the
+        producer refills a slot only after its empty barrier completed, i.e. after the
+        consumer of the previous fill released it.
         """
         cfg = self.config
         cC, extent_mn, alpha, beta, c_src, bias = epi_args

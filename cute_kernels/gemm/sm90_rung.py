@@ -273,6 +273,9 @@ class Sm90Rung:
         scalars = (alpha, beta) if fuses else (alpha,)
         if tvm:
             args = (A, B, C, Csrc, bias, *scales, *scalars) if fuses else (A, B, C, *scalars)
+            # DLPack export refuses tensors that require grad (nn.Linear's weight and bias);
+            # a detached alias shares the storage
+            args = tuple(t.detach() if isinstance(t, torch.Tensor) and t.requires_grad else t for t in args)
             return lambda: fn(*args)
         args = (*self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses), *scalars, _stream())
         return lambda: fn(*args)
@@ -305,10 +308,6 @@ class Sm90Rung:
             out.copy_(torch_epilogue(torch.zeros(out.shape, device=out.device), spec, beta, c, bias, scales))
             return out
         config = (config or self.pick(M, N, K, a.element_size())).validate()
-        if (config.schedule == "pingpong" and not getattr(self.kernel_cls, "pingpong_validated", True)
-                and os.environ.get("CUTE_KERNELS_EXPERIMENTAL") != "1"):
-            raise ValueError(f"{self.name}: the ping-pong schedule is not validated on a GPU yet "
-                             "(set CUTE_KERNELS_EXPERIMENTAL=1 to run it anyway)")
         A, B = (_sane_batch_stride(t) for t in (a.permute(1, 2, 0), b.permute(2, 1, 0)))
         splits = pick_split_k(M, N, K, L, config, a.element_size()) if self.split_k else 1
         k_major = not fp8 or (A.stride(1) == 1 and B.stride(1) == 1)  # fp8 wgmma reads K-major only

@@ -10,7 +10,7 @@ The kernel body is the one `sm90_persistent` runs (`Sm90PersistentGemm`); this r
 it with a grid of every tile, so each CTA computes exactly one tile and there is no
 cross-tile overlap; `sm90_persistent` adds the persistent grid, rasterization and the
 epilogue/main-loop overlap across tiles. The ping-pong schedule (each consumer warpgroup
-owning whole tiles, alternating) is not implemented yet.
+owning whole tiles, alternating) needs several tiles per CTA, so it belongs to sm90_persistent.
 """
 
 from __future__ import annotations

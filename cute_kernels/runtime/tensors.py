@@ -50,7 +50,8 @@ def from_torch(t, *, assumed_align: int = 16, leading_dim: int | None = None, tv
     stride dynamic except the stride of `leading_dim` (default: deduced by
     `leading_dim_of`), which is the static 1. Its pointer is assumed `assumed_align`-byte
     aligned; this is checked, and a misaligned tensor raises ValueError rather than
-    letting the kernel read out of alignment.
+    letting the kernel read out of alignment. A tensor that requires grad is viewed through
+    its detached alias (same storage), since DLPack cannot export it.
     """
     _check_align(assumed_align)
     if t.data_ptr() % assumed_align:
@@ -70,6 +71,10 @@ def from_torch(t, *, assumed_align: int = 16, leading_dim: int | None = None, tv
             raise ValueError(f"leading_dim {leading_dim} has stride {stride[leading_dim]}, not 1")
     from cutlass.cute.runtime import from_dlpack
 
+    # DLPack refuses tensors that require grad; kernels run under autograd functions whose
+    # inputs still carry requires_grad, and a detached view shares the same storage.
+    if t.requires_grad:
+        t = t.detach()
     return from_dlpack(t, assumed_align=assumed_align, enable_tvm_ffi=tvm_ffi).mark_layout_dynamic(
         leading_dim=leading_dim
     )

@@ -159,11 +159,10 @@ def test_fp8_scaled_mm_matches_float64(dt_a, dt_b, out_dtype, fast_accum):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cluster", [(2, 1), (1, 2)])
-def test_pingpong_multi_tile_ctas(cluster, monkeypatch):
+def test_pingpong_multi_tile_ctas(cluster):
     """4096 x 4096 in 128 x 128 tiles: about 8 tiles per CTA, each warpgroup 4, with more
     k-tiles (16) than pipeline stages, where a parity-only wait would run a phase ahead."""
     _hopper()
-    monkeypatch.setenv("CUTE_KERNELS_EXPERIMENTAL", "1")
     from cute_kernels.gemm.sm90_persistent import rung
 
     cfg = Sm90GemmConfig(tile_m=128, tile_n=128, cluster_m=cluster[0], cluster_n=cluster[1], schedule="pingpong")
@@ -174,3 +173,18 @@ def test_pingpong_multi_tile_ctas(cluster, monkeypatch):
     rung(a, b, out, config=cfg, bias=bias, activation="relu")
     ref = torch.relu(a.double() @ b.double() + bias.double().view(1, 1, -1))
     assert _rel(out, ref) < 2e-2
+
+
+@pytest.mark.gpu
+def test_fp8_pingpong_promoted():
+    """fp8 with promotion on the ping-pong schedule (64-wide tiles keep both accumulators in a
+    warpgroup's registers); several tiles per CTA."""
+    _hopper()
+    from cute_kernels.gemm.epilogue_api import scaled_mm
+
+    a = torch.randn(2048, 2048, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(2048, 2048, device="cuda").to(torch.float8_e4m3fn)
+    one = torch.ones(1, device="cuda")
+    cfg = Sm90GemmConfig(tile_m=128, tile_n=64, tile_k=128, cluster_m=2, schedule="pingpong")
+    out = scaled_mm(a, w.t(), one, one, out_dtype=torch.float32, config=cfg)
+    assert _rel(out, a.double() @ w.double().t()) < 1e-3

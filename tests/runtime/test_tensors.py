@@ -102,3 +102,13 @@ def test_current_stream_needs_a_device():
         pytest.skip("a CUDA device is present")
     with pytest.raises(RuntimeError, match="fake_stream"):
         current_stream()
+
+
+def test_from_torch_views_a_tensor_that_requires_grad():
+    # Kernels run inside autograd functions, whose inputs still require grad; DLPack alone
+    # would refuse them.
+    x = torch.randn(64, 32, requires_grad=True)
+    view = from_torch(x)
+    assert (view.shape, view.stride) == ((64, 32), (32, 1))
+    assert f"{x.data_ptr():016x}" in str(view.iterator)  # the same storage, not a copy
+    assert x.requires_grad and x.grad_fn is None

@@ -1,0 +1,544 @@
+"""Rung `decode`: split-KV attention of one query token per sequence over a paged KV cache.
+
+Decode reads the whole KV cache once per generated token and does 2 * Hq / Hkv flops per byte:
+it is bandwidth-bound, so the design is about streaming K and V at full HBM bandwidth.
+
+Problem (vLLM's paged layout): q (B, Hq, D); k_cache (num_pages, page_size, Hkv, D), v_cache
+(num_pages, page_size, Hkv, D); block_table (B, max_pages) int32: key t of sequence b lives in
+page block_table[b, t // page_size], slot t % page_size; seqlens_k (B,) int32.
+
+Two kernels:
+
+- `PagedDecodeSplit`: grid (num_splits, Hq / heads_per_cta, B). A CTA owns `heads_per_cta`
+  query heads of one KV group (GQA: the heads sharing a KV head, packed so each K/V row is read
+  once for all of them) and the keys of one split, a run of `pages_per_split` whole pages.
+  Each thread reads 16 bytes (8 elements, one 128-bit load) of `rows_per_thread` K rows and as
+  many V rows per step, so each warp has 2 * rows_per_thread * 512 bytes in flight; a row of
+  D = 8 * L elements is read by L consecutive lanes (`thread_layout`), which reduce their partial
+  q.k with shuffles. Each row group (the L lanes of one row) keeps its own online softmax (base
+  2, scale folded into q); at the end the row groups of a warp merge by shuffles, the warps
+  through shared memory (`smem_acc_layout`), and the CTA writes its partial out (normalized,
+  fp32) and natural-log LSE; a split with no key writes out 0 and LSE -inf.
+- `PagedDecodeCombine`: grid (ceil(Hq / heads per CTA), B). out = sum_s w_s O_s / sum_s w_s with
+  w_s = exp(LSE_s - max LSE), in fp32; all splits -inf (no key) gives out 0.
+
+Both are SIMT (no tensor cores): at one query token the MMA would be 1/16 used, and the FMA and
+shuffle work per byte is small next to the load time (see docs/attention.md for the roofline).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import cutlass
+import cutlass.cute as cute
+
+from cute_kernels.layouts import Layout
+from cute_kernels.runtime import to_cute
+
+from .sm80_blocks import assume_aligned_rows
+from .softmax import LN_2, LOG2_E
+
+__all__ = ["DecodeConfig", "DecodeLayouts", "PagedDecodeSplit", "PagedDecodeCombine", "RUNG", "HEAD_DIMS",
+           "num_splits_for", "heads_per_cta_for"]
+
+HEAD_DIMS = (64, 128, 256)
+_DTYPES = ("float16", "bfloat16")
+_CUTLASS = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
+_VEC = 8  # elements of one 128-bit access
+MAX_HEADS_PER_CTA = 8
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """The static shape of one compiled split kernel.
+
+    head_dim: D of q, K and V (64, 128 or 256: a row is D / 8 lanes, dividing a warp);
+    dtype: "float16" | "bfloat16"; page_size: keys per cache page (a compile-time constant so
+    t // page_size is a shift); heads_per_cta: query heads of one KV group per CTA (1 to 8;
+    registers grow with it); num_warps: warps per CTA; rows_per_thread: K (and V) rows each
+    thread loads per step, the bytes in flight.
+    """
+
+    head_dim: int = 128
+    dtype: str = "bfloat16"
+    page_size: int = 16
+    heads_per_cta: int = 8
+    num_warps: int = 4
+    rows_per_thread: int = 4
+
+    def validate(self) -> "DecodeConfig":
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"DecodeConfig.head_dim must be one of {HEAD_DIMS}, got {self.head_dim!r}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"DecodeConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if not isinstance(self.page_size, int) or self.page_size < 1:
+            raise ValueError(f"DecodeConfig.page_size must be a positive int, got {self.page_size!r}")
+        if not isinstance(self.heads_per_cta, int) or not 1 <= self.heads_per_cta <= MAX_HEADS_PER_CTA:
+            raise ValueError(f"DecodeConfig.heads_per_cta must be in [1, {MAX_HEADS_PER_CTA}], "
+                             f"got {self.heads_per_cta!r}")
+        if self.num_warps not in (1, 2, 4, 8):
+            raise ValueError(f"DecodeConfig.num_warps must be 1, 2, 4 or 8, got {self.num_warps!r}")
+        if self.rows_per_thread not in (1, 2, 4, 8):
+            raise ValueError(f"DecodeConfig.rows_per_thread must be 1, 2, 4 or 8, got {self.rows_per_thread!r}")
+        return self
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.num_warps
+
+    @property
+    def lanes_per_row(self) -> int:
+        return self.head_dim // _VEC
+
+    @property
+    def rows_per_warp(self) -> int:
+        """Rows one warp-wide load covers."""
+        return 32 // self.lanes_per_row
+
+    @property
+    def rows_per_step(self) -> int:
+        """Keys one CTA step covers."""
+        return self.rows_per_warp * self.num_warps * self.rows_per_thread
+
+
+@dataclass(frozen=True)
+class DecodeLayouts:
+    """Every layout `PagedDecodeSplit` runs, as `cute_kernels.layouts` objects.
+
+    thread_layout: (chunk, row in warp, warp) -> thread index: lane chunk c of a row reads
+    elements [8c, 8c + 8); step_row_layout: (row in warp, warp, u) -> the key's offset within a
+    step (load u of every warp covers the next num_warps * rows_per_warp keys, so the warps of a
+    CTA read adjacent rows together); smem_acc_layout: (D, head, warp) -> fp32 offset of each
+    warp's merged accumulator; smem_stats_layout: (head, warp) -> offset of its max and sum.
+    """
+
+    config: DecodeConfig
+    thread_layout: Layout = field(init=False)
+    step_row_layout: Layout = field(init=False)
+    smem_acc_layout: Layout = field(init=False)
+    smem_stats_layout: Layout = field(init=False)
+
+    def __post_init__(self):
+        c = self.config.validate()
+        lanes, rows, w, h = c.lanes_per_row, c.rows_per_warp, c.num_warps, c.heads_per_cta
+        set_ = object.__setattr__
+        set_(self, "thread_layout", Layout((lanes, rows, w), (1, lanes, 32)))
+        set_(self, "step_row_layout", Layout((rows, w, c.rows_per_thread), (1, rows, rows * w)))
+        set_(self, "smem_acc_layout", Layout((c.head_dim, h, w), (1, c.head_dim, c.head_dim * h)))
+        set_(self, "smem_stats_layout", Layout((h, w), (1, h)))
+
+
+@cute.jit
+def _combine_pair(m: cutlass.Float32, l: cutlass.Float32, m_o: cutlass.Float32, l_o: cutlass.Float32):
+    """(new max, weight of self, weight of other, new sum) merging two base-2 softmax states;
+    states that saw no key (max -inf) get weight 0 without forming -inf - -inf."""
+    m_new = cute.arch.fmax(m, m_o)
+    safe = cutlass.Float32(0.0) if m_new == -cutlass.Float32.inf else m_new
+    a = cute.math.exp2(m - safe, fastmath=True)
+    b = cute.math.exp2(m_o - safe, fastmath=True)
+    return m_new, a, b, l * a + l_o * b
+
+
+class PagedDecodeSplit:
+    """Partial out (splits, B, Hq, D) fp32 and LSE (splits, B, Hq) fp32 per KV split (module
+    docstring)."""
+
+    def __init__(self, config: DecodeConfig):
+        self.config = config.validate()
+        self.layouts = DecodeLayouts(self.config)
+        self.dtype = _CUTLASS[config.dtype]
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mKc: cute.Tensor, mVc: cute.Tensor, mBlockTable: cute.Tensor,
+                 mSeqlensK: cute.Tensor, mOpart: cute.Tensor, mLSEpart: cute.Tensor, softmax_scale: cutlass.Float32,
+                 qhead_per_kvhead: cutlass.Int32, pages_per_split: cutlass.Int32, num_splits: cutlass.Int32, stream):
+        c = self.config
+        mQ, mKc, mVc = [assume_aligned_rows(t) for t in (mQ, mKc, mVc)]
+        mOpart = assume_aligned_rows(mOpart)
+        smem_acc = to_cute(self.layouts.smem_acc_layout)
+        smem_stats = to_cute(self.layouts.smem_stats_layout)
+
+        @cute.struct
+        class SharedStorage:
+            acc: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(smem_acc)], 16]
+            row_max: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(smem_stats)], 16]
+            row_sum: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(smem_stats)], 16]
+
+        grid = (num_splits, mQ.shape[1] // c.heads_per_cta, mQ.shape[0])
+        self.kernel(mQ, mKc, mVc, mBlockTable, mSeqlensK, mOpart, mLSEpart, softmax_scale * LOG2_E,
+                    qhead_per_kvhead, pages_per_split, SharedStorage).launch(
+            grid=grid, block=[c.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mKc: cute.Tensor, mVc: cute.Tensor, mBlockTable: cute.Tensor,
+               mSeqlensK: cute.Tensor, mOpart: cute.Tensor, mLSEpart: cute.Tensor, scale_log2: cutlass.Float32,
+               qhead_per_kvhead: cutlass.Int32, pages_per_split: cutlass.Int32, SharedStorage: cutlass.Constexpr):
+        c = self.config
+        lay = self.layouts
+        nh, nu = c.heads_per_cta, c.rows_per_thread
+        tidx, _, _ = cute.arch.thread_idx()
+        split, head_block, batch = cute.arch.block_idx()
+        chunk, row_in_warp, warp_id = cute.idx2crd(tidx, to_cute(lay.thread_layout).shape)
+        head0 = head_block * nh
+        kv_head = head0 // qhead_per_kvhead
+        seqlen = mSeqlensK[batch]
+        key_begin = split * pages_per_split * c.page_size
+        key_end = cutlass.min(key_begin + pages_per_split * c.page_size, seqlen)
+
+        # q chunk of each head, fp32, pre-scaled so scores come out in base-2 units.
+        q = cute.make_rmem_tensor((nh, _VEC), cutlass.Float32)
+        for h in cutlass.range_constexpr(nh):
+            r_q = cute.make_rmem_tensor((_VEC,), self.dtype)
+            cute.autovec_copy(cute.local_tile(mQ[batch, head0 + h, None], (_VEC,), (chunk,)), r_q)
+            q_f = r_q.load().to(cutlass.Float32)
+            for e in cutlass.range_constexpr(_VEC):
+                q[h, e] = q_f[e] * scale_log2
+
+        acc = cute.make_rmem_tensor((nh, _VEC), cutlass.Float32)
+        acc.fill(0.0)
+        row_max = cute.make_rmem_tensor((nh,), cutlass.Float32)
+        row_max.fill(-cutlass.Float32.inf)
+        row_sum = cute.make_rmem_tensor((nh,), cutlass.Float32)
+        row_sum.fill(0.0)
+
+        step_row = to_cute(lay.step_row_layout)
+        steps = cute.ceil_div(cutlass.max(key_end - key_begin, 0), c.rows_per_step)
+        for step in cutlass.range(steps, unroll=1):
+            # ---- loads: every K and V row of the step issued before any use ----
+            # Row-major: each row's 8 elements contiguous, the destination of one 128-bit load.
+            r_k = cute.make_rmem_tensor(cute.make_layout((nu, _VEC), stride=(_VEC, 1)), self.dtype)
+            r_v = cute.make_rmem_tensor(cute.make_layout((nu, _VEC), stride=(_VEC, 1)), self.dtype)
+            keys = cute.make_rmem_tensor((nu,), cutlass.Int32)
+            for u in cutlass.range_constexpr(nu):
+                key = key_begin + step * c.rows_per_step + step_row((row_in_warp, warp_id, u))
+                keys[u] = key
+                if key < key_end:
+                    page = mBlockTable[batch, key // c.page_size]
+                    slot = key % c.page_size
+                    cute.autovec_copy(cute.local_tile(mKc[page, slot, kv_head, None], (_VEC,), (chunk,)),
+                                      r_k[u, None])
+                    cute.autovec_copy(cute.local_tile(mVc[page, slot, kv_head, None], (_VEC,), (chunk,)),
+                                      r_v[u, None])
+                else:
+                    r_k[u, None].fill(0)
+                    r_v[u, None].fill(0)
+            # ---- scores: q . k per (row, head), reduced over the row's lanes ----
+            s = cute.make_rmem_tensor((nu, nh), cutlass.Float32)
+            for u in cutlass.range_constexpr(nu):
+                k_f = r_k[u, None].load().to(cutlass.Float32)
+                for h in cutlass.range_constexpr(nh):
+                    part = q[h, 0] * k_f[0]
+                    for e in cutlass.range_constexpr(1, _VEC):
+                        part = part + q[h, e] * k_f[e]
+                    for sh in cutlass.range_constexpr(int(math.log2(c.lanes_per_row))):
+                        part = part + cute.arch.shuffle_sync_bfly(part, offset=c.lanes_per_row >> (sh + 1))
+                    s[u, h] = part if keys[u] < key_end else -cutlass.Float32.inf
+            # ---- online softmax and acc += p v, per head ----
+            for h in cutlass.range_constexpr(nh):
+                step_max = s[0, h]
+                for u in cutlass.range_constexpr(1, nu):
+                    step_max = cute.arch.fmax(step_max, s[u, h])
+                new_max = cute.arch.fmax(row_max[h], step_max)
+                safe = cutlass.Float32(0.0) if new_max == -cutlass.Float32.inf else new_max
+                rescale = cute.math.exp2(row_max[h] - safe, fastmath=True)
+                row_max[h] = new_max
+                total = row_sum[h] * rescale
+                for e in cutlass.range_constexpr(_VEC):
+                    acc[h, e] = acc[h, e] * rescale
+                for u in cutlass.range_constexpr(nu):
+                    p = cute.math.exp2(s[u, h] - safe, fastmath=True)
+                    total = total + p
+                    v_f = r_v[u, None].load().to(cutlass.Float32)
+                    for e in cutlass.range_constexpr(_VEC):
+                        acc[h, e] = acc[h, e] + p * v_f[e]
+                row_sum[h] = total
+
+        self.merge_and_store(acc, row_max, row_sum, mOpart, mLSEpart, split, batch, head0, chunk, row_in_warp,
+                             warp_id, tidx, SharedStorage)
+
+    @cute.jit
+    def merge_and_store(self, acc: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, mOpart: cute.Tensor,
+                        mLSEpart: cute.Tensor, split: cutlass.Int32, batch: cutlass.Int32, head0: cutlass.Int32,
+                        chunk: cutlass.Int32, row_in_warp: cutlass.Int32, warp_id: cutlass.Int32,
+                        tidx: cutlass.Int32, SharedStorage: cutlass.Constexpr):
+        """Merge the row groups of each warp (shuffles), then the warps (shared memory), and
+        write this split's normalized out and natural-log LSE."""
+        c = self.config
+        lay = self.layouts
+        nh = c.heads_per_cta
+        # Row groups of a warp sit lanes_per_row lanes apart: butterfly over those lane bits.
+        for sh in cutlass.range_constexpr(int(math.log2(c.rows_per_warp))):
+            offset = c.lanes_per_row << sh
+            for h in cutlass.range_constexpr(nh):
+                m_o = cute.arch.shuffle_sync_bfly(row_max[h], offset=offset)
+                l_o = cute.arch.shuffle_sync_bfly(row_sum[h], offset=offset)
+                m_new, a, b, l_new = _combine_pair(row_max[h], row_sum[h], m_o, l_o)
+                for e in cutlass.range_constexpr(_VEC):
+                    acc_o = cute.arch.shuffle_sync_bfly(acc[h, e], offset=offset)
+                    acc[h, e] = acc[h, e] * a + acc_o * b
+                row_max[h], row_sum[h] = m_new, l_new
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        s_acc = storage.acc.get_tensor(to_cute(lay.smem_acc_layout))
+        s_max = storage.row_max.get_tensor(to_cute(lay.smem_stats_layout))
+        s_sum = storage.row_sum.get_tensor(to_cute(lay.smem_stats_layout))
+        if row_in_warp == 0:
+            for h in cutlass.range_constexpr(nh):
+                for e in cutlass.range_constexpr(_VEC):
+                    s_acc[chunk * _VEC + e, h, warp_id] = acc[h, e]
+                if chunk == 0:
+                    s_max[h, warp_id] = row_max[h]
+                    s_sum[h, warp_id] = row_sum[h]
+        cute.arch.barrier()
+
+        # Thread (chunk, head) of the first heads * lanes_per_row threads merges the warps.
+        for idx in cutlass.range_constexpr(0, nh * c.lanes_per_row, c.threads):
+            if tidx + idx < nh * c.lanes_per_row:
+                self.merge_warps(s_acc, s_max, s_sum, mOpart, mLSEpart, split, batch, head0, tidx + idx)
+
+    @cute.jit
+    def merge_warps(self, s_acc: cute.Tensor, s_max: cute.Tensor, s_sum: cute.Tensor, mOpart: cute.Tensor,
+                    mLSEpart: cute.Tensor, split: cutlass.Int32, batch: cutlass.Int32, head0: cutlass.Int32,
+                    item: cutlass.Int32):
+        """Chunk `item % lanes_per_row` of head `item // lanes_per_row`: the warps' states merged,
+        normalized, stored (and the head's LSE, by chunk 0)."""
+        c = self.config
+        h = item // c.lanes_per_row
+        ch = item % c.lanes_per_row
+        m = s_max[h, 0]
+        l = s_sum[h, 0]
+        out = cute.make_rmem_tensor((_VEC,), cutlass.Float32)
+        for e in cutlass.range_constexpr(_VEC):
+            out[e] = s_acc[ch * _VEC + e, h, 0]
+        for w in cutlass.range_constexpr(1, c.num_warps):
+            m_new, a, b, l_new = _combine_pair(m, l, s_max[h, w], s_sum[h, w])
+            for e in cutlass.range_constexpr(_VEC):
+                out[e] = out[e] * a + s_acc[ch * _VEC + e, h, w] * b
+            m, l = m_new, l_new
+        inv = cutlass.Float32(0.0) if l == 0.0 else cute.arch.rcp_approx(l)
+        for e in cutlass.range_constexpr(_VEC):
+            out[e] = out[e] * inv
+        cute.autovec_copy(out, cute.local_tile(mOpart[split, batch, head0 + h, None], (_VEC,), (ch,)))
+        if ch == 0:
+            safe = cutlass.Float32(0.0) if m == -cutlass.Float32.inf else m
+            mLSEpart[split, batch, head0 + h] = (
+                -cutlass.Float32.inf if l == 0.0 else (safe + cute.math.log2(l, fastmath=True)) * LN_2)
+
+
+class PagedDecodeCombine:
+    """out (B, Hq, D) in the input dtype from the splits' partial (out, LSE) (module docstring)."""
+
+    threads = 128
+
+    def __init__(self, head_dim: int, dtype: str):
+        self.head_dim = head_dim
+        self.dtype = _CUTLASS[dtype]
+        self.lanes = head_dim // _VEC
+        self.heads_per_cta = self.threads // self.lanes
+
+    @cute.jit
+    def __call__(self, mOpart: cute.Tensor, mLSEpart: cute.Tensor, mO: cute.Tensor, stream):
+        mOpart, mO = assume_aligned_rows(mOpart), assume_aligned_rows(mO)
+        grid = (cute.ceil_div(mO.shape[1], self.heads_per_cta), mO.shape[0], 1)
+        self.kernel(mOpart, mLSEpart, mO).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mOpart: cute.Tensor, mLSEpart: cute.Tensor, mO: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        head_block, batch, _ = cute.arch.block_idx()
+        head = head_block * self.heads_per_cta + tidx // self.lanes
+        chunk = tidx % self.lanes
+        num_splits = mLSEpart.shape[0]
+        if head < mO.shape[1]:
+            lse_max = -cutlass.Float32.inf
+            for s in cutlass.range(num_splits, unroll=1):
+                lse_max = cute.arch.fmax(lse_max, mLSEpart[s, batch, head])
+            safe = cutlass.Float32(0.0) if lse_max == -cutlass.Float32.inf else lse_max
+            acc = cute.make_rmem_tensor((_VEC,), cutlass.Float32)
+            acc.fill(0.0)
+            total = cutlass.Float32(0.0)
+            part = cute.make_rmem_tensor((_VEC,), cutlass.Float32)
+            for s in cutlass.range(num_splits, unroll=1):
+                w = cute.math.exp2((mLSEpart[s, batch, head] - safe) * LOG2_E, fastmath=True)
+                total = total + w
+                cute.autovec_copy(cute.local_tile(mOpart[s, batch, head, None], (_VEC,), (chunk,)), part)
+                for e in cutlass.range_constexpr(_VEC):
+                    acc[e] = acc[e] + w * part[e]
+            inv = cutlass.Float32(0.0) if total == 0.0 else cute.arch.rcp_approx(total)
+            for e in cutlass.range_constexpr(_VEC):
+                acc[e] = acc[e] * inv
+            out = cute.make_rmem_tensor((_VEC,), self.dtype)
+            out.store(acc.load().to(self.dtype))
+            cute.autovec_copy(out, cute.local_tile(mO[batch, head, None], (_VEC,), (chunk,)))
+
+
+# ---- host side: split count, compile-only variants, the rung ---------------------------------------
+
+
+def heads_per_cta_for(qhead_per_kvhead: int) -> int:
+    """The largest divisor of the GQA group size that is at most `MAX_HEADS_PER_CTA`: every
+    CTA's heads then share one KV head, and each K/V row is read by ceil(group / it) CTAs."""
+    return max(h for h in range(1, MAX_HEADS_PER_CTA + 1) if qhead_per_kvhead % h == 0)
+
+
+def num_splits_for(batch: int, head_blocks: int, max_pages: int, page_size: int, sm_count: int,
+                   *, min_keys_per_split: int = 256, waves: int = 4) -> tuple[int, int]:
+    """(num_splits, pages_per_split): enough CTAs for `waves` CTAs per SM when the batch and
+    heads alone are too few, each split at least `min_keys_per_split` keys (a whole number of
+    pages) so the combine stays small. Post-conditions: num_splits * pages_per_split >= max_pages,
+    every split starts below max_pages * page_size, num_splits >= 1."""
+    if max_pages <= 0:
+        return 1, 1
+    base = max(batch * head_blocks, 1)
+    want = max(1, -(-waves * sm_count // base))
+    min_pages = max(1, -(-min_keys_per_split // page_size))
+    splits = max(1, min(want, -(-max_pages // min_pages)))
+    pages_per_split = -(-max_pages // splits)
+    return -(-max_pages // pages_per_split), pages_per_split
+
+
+def config_for(head_dim: int, dtype: str, page_size: int, qhead_per_kvhead: int) -> DecodeConfig:
+    return DecodeConfig(head_dim=head_dim, dtype=dtype, page_size=page_size,
+                        heads_per_cta=heads_per_cta_for(qhead_per_kvhead)).validate()
+
+
+def build_variant(head_dim: int = 128, dtype: str = "bfloat16", page_size: int = 16, heads_per_cta: int = 8,
+                  **tile):
+    """A CompileJob for the split kernel over fake tensors with symbolic sizes."""
+    from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
+
+    config = DecodeConfig(head_dim=head_dim, dtype=dtype, page_size=page_size, heads_per_cta=heads_per_cta,
+                          **tile).validate()
+    t = _CUTLASS[dtype]
+    q = fake_tensor(t, 3, leading_dim=2, assumed_align=16)
+    kc, vc = (fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(2))
+    table = fake_tensor(cutlass.Int32, 2, leading_dim=1, assumed_align=4)
+    seqlens = fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4)
+    o_part = fake_tensor(cutlass.Float32, 4, leading_dim=3, assumed_align=16)
+    lse_part = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
+    args = (q, kc, vc, table, seqlens, o_part, lse_part, cutlass.Float32(1.0 / math.sqrt(head_dim)),
+            cutlass.Int32(heads_per_cta), cutlass.Int32(1), cutlass.Int32(1), fake_stream())
+    return CompileJob(PagedDecodeSplit(config), args, ("attention.decode.split", config))
+
+
+def build_combine_variant(head_dim: int = 128, dtype: str = "bfloat16"):
+    from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
+
+    o_part = fake_tensor(cutlass.Float32, 4, leading_dim=3, assumed_align=16)
+    lse_part = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
+    out = fake_tensor(_CUTLASS[dtype], 3, leading_dim=2, assumed_align=16)
+    return CompileJob(PagedDecodeCombine(head_dim, dtype), (o_part, lse_part, out, fake_stream()),
+                      ("attention.decode.combine", head_dim, dtype))
+
+
+VARIANT_CONFIGS = {
+    "d128_bf16_page16_g8": {"head_dim": 128, "dtype": "bfloat16", "page_size": 16, "heads_per_cta": 8},
+    "d128_bf16_page64_g4": {"head_dim": 128, "dtype": "bfloat16", "page_size": 64, "heads_per_cta": 4},
+    "d64_fp16_page256_g1": {"head_dim": 64, "dtype": "float16", "page_size": 256, "heads_per_cta": 1},
+    "d256_bf16_page16_g2": {"head_dim": 256, "dtype": "bfloat16", "page_size": 16, "heads_per_cta": 2},
+}
+
+
+def _register() -> None:
+    from cute_kernels.runtime import register_variant
+
+    # K and V stream through 128-bit global loads: LDG.E.128 in the SASS is the design.
+    register_variant("attention.decode", build_variant, configs=VARIANT_CONFIGS, requires={"LDG.E.128", "SHFL.BFLY"})
+    register_variant("attention.decode_combine", build_combine_variant,
+                     configs={"d128_bf16": {"head_dim": 128, "dtype": "bfloat16"}}, requires={"LDG.E.128"})
+
+
+_register()
+
+
+class DecodeRung:
+    """The `decode` rung: `paged_decode`'s kernels (interface in `cute_kernels.attention.registry`;
+    it serves `paged.paged_decode`, not `scaled_dot_product_attention`, so dispatch's "auto"
+    skips it and `supports` says so for a dense problem)."""
+
+    name = "decode"
+    min_capability = (8, 0)
+
+    @property
+    def dtypes(self):
+        import torch
+
+        return (torch.float16, torch.bfloat16)
+
+    def supports(self, q, k, v, problem) -> str | None:
+        return "the decode rung runs paged_decode (a paged KV cache), not dense attention"
+
+    def supports_paged(self, problem) -> str | None:
+        """None when the split kernel can run this `paged.PagedProblem`, else the reason."""
+        if problem.dtype not in self.dtypes:
+            return f"dtype {problem.dtype} not supported (float16, bfloat16)"
+        if problem.head_dim not in HEAD_DIMS:
+            return f"head dim {problem.head_dim} not supported ({', '.join(map(str, HEAD_DIMS))})"
+        if problem.head_dim_v != problem.head_dim:
+            return f"value head dim {problem.head_dim_v} differs from the query/key head dim {problem.head_dim}"
+        if not (math.isfinite(problem.scale) and problem.scale > 0):
+            return f"scale {problem.scale} must be finite and > 0"
+        if problem.batch > 65535 or problem.heads_q > 65535 * MAX_HEADS_PER_CTA:
+            return f"batch {problem.batch} must be at most 65535 (grid z)"
+        if problem.max_pages * problem.page_size >= 2**31:
+            return "the block table addresses 2**31 keys or more (32-bit key indices)"
+        return None
+
+    def __call__(self, q, k, v, out, lse, problem):
+        raise NotImplementedError(self.supports(q, k, v, problem))
+
+    def paged(self, q, k_cache, v_cache, block_table, seqlens_k, out, problem, *, num_splits: int | None = None):
+        """Write out (B, Hq, D) on torch's current stream: the split kernel, then the combine."""
+        import torch
+
+        from cute_kernels.runtime import compile_kernel, current_stream, from_torch
+
+        p = problem
+        group = p.heads_q // p.heads_kv
+        config = config_for(p.head_dim, str(p.dtype).removeprefix("torch."), p.page_size, group)
+        head_blocks = p.heads_q // config.heads_per_cta
+        if num_splits is None:
+            sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
+            num_splits, pages_per_split = num_splits_for(p.batch, head_blocks, p.max_pages, p.page_size, sm_count)
+        else:
+            pages_per_split = -(-max(p.max_pages, 1) // num_splits)
+        o_part = torch.empty((num_splits, p.batch, p.heads_q, p.head_dim), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((num_splits, p.batch, p.heads_q), dtype=torch.float32, device=q.device)
+        stream = current_stream()
+
+        split = _split_kernel(config)
+        args = (from_torch(q, leading_dim=2), from_torch(k_cache, leading_dim=3), from_torch(v_cache, leading_dim=3),
+                from_torch(block_table, assumed_align=4, leading_dim=1),
+                from_torch(seqlens_k, assumed_align=4, leading_dim=0),
+                from_torch(o_part, leading_dim=3), from_torch(lse_part, assumed_align=4, leading_dim=2),
+                cutlass.Float32(p.scale), cutlass.Int32(group), cutlass.Int32(pages_per_split),
+                cutlass.Int32(num_splits), stream)
+        compile_kernel(split, *args, key=("attention.decode.split", config))(*args)
+
+        combine = _combine_kernel(p.head_dim, config.dtype)
+        args = (from_torch(o_part, leading_dim=3), from_torch(lse_part, assumed_align=4, leading_dim=2),
+                from_torch(out, leading_dim=2), stream)
+        compile_kernel(combine, *args, key=("attention.decode.combine", p.head_dim, config.dtype))(*args)
+        return out
+
+
+_SPLIT: dict = {}
+_COMBINE: dict = {}
+
+
+def _split_kernel(config: DecodeConfig) -> PagedDecodeSplit:
+    if config not in _SPLIT:
+        _SPLIT[config] = PagedDecodeSplit(config)
+    return _SPLIT[config]
+
+
+def _combine_kernel(head_dim: int, dtype: str) -> PagedDecodeCombine:
+    if (head_dim, dtype) not in _COMBINE:
+        _COMBINE[head_dim, dtype] = PagedDecodeCombine(head_dim, dtype)
+    return _COMBINE[head_dim, dtype]
+
+
+RUNG = DecodeRung()
