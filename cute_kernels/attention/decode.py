@@ -22,8 +22,11 @@ Two kernels:
 - `PagedDecodeCombine`: grid (ceil(Hq / heads per CTA), B). out = sum_s w_s O_s / sum_s w_s with
   w_s = exp(LSE_s - max LSE), in fp32; all splits -inf (no key) gives out 0.
 
-Both are SIMT (no tensor cores): at one query token the MMA would be 1/16 used, and the FMA and
-shuffle work per byte is small next to the load time (see docs/attention.md for the roofline).
+This SIMT split kernel serves one query head per KV head (its FMA and shuffle work per byte is
+then small next to the load time) and page sizes that are not multiples of 16. From 2 heads per
+KV head on, with pages of a multiple of 16 keys, `DecodeRung` runs `decode_mma.PagedDecodeMma`
+instead (the group's heads as the rows of an mma.sync tile), whose partial results the same
+combine merges. `use_mma` is the rule; docs/attention.md has the instruction counts behind it.
 """
 
 from __future__ import annotations
@@ -352,7 +355,7 @@ class PagedDecodeCombine:
         head = head_block * self.heads_per_cta + tidx // self.lanes
         chunk = tidx % self.lanes
         num_splits = mLSEpart.shape[0]
-        if head < mO.shape[1]:
+        if head < mO.shape[1] and tidx < self.heads_per_cta * self.lanes:
             lse_max = -cutlass.Float32.inf
             for s in cutlass.range(num_splits, unroll=1):
                 lse_max = cute.arch.fmax(lse_max, mLSEpart[s, batch, head])
@@ -401,8 +404,12 @@ def num_splits_for(batch: int, head_blocks: int, max_pages: int, page_size: int,
 
 
 def config_for(head_dim: int, dtype: str, page_size: int, qhead_per_kvhead: int) -> DecodeConfig:
-    return DecodeConfig(head_dim=head_dim, dtype=dtype, page_size=page_size,
-                        heads_per_cta=heads_per_cta_for(qhead_per_kvhead)).validate()
+    """The split kernel's config: heads_per_cta from the group; 8 rows per thread (more bytes
+    in flight) while the registers allow it (<= 2 heads), else 4. Every such config compiles
+    without spills (tests/attention/test_paged_decode_api.py)."""
+    heads = heads_per_cta_for(qhead_per_kvhead)
+    return DecodeConfig(head_dim=head_dim, dtype=dtype, page_size=page_size, heads_per_cta=heads,
+                        rows_per_thread=8 if heads <= 2 else 4).validate()
 
 
 def build_variant(head_dim: int = 128, dtype: str = "bfloat16", page_size: int = 16, heads_per_cta: int = 8,
@@ -437,8 +444,10 @@ def build_combine_variant(head_dim: int = 128, dtype: str = "bfloat16"):
 VARIANT_CONFIGS = {
     "d128_bf16_page16_g8": {"head_dim": 128, "dtype": "bfloat16", "page_size": 16, "heads_per_cta": 8},
     "d128_bf16_page64_g4": {"head_dim": 128, "dtype": "bfloat16", "page_size": 64, "heads_per_cta": 4},
-    "d64_fp16_page256_g1": {"head_dim": 64, "dtype": "float16", "page_size": 256, "heads_per_cta": 1},
-    "d256_bf16_page16_g2": {"head_dim": 256, "dtype": "bfloat16", "page_size": 16, "heads_per_cta": 2},
+    "d64_fp16_page256_g1": {"head_dim": 64, "dtype": "float16", "page_size": 256, "heads_per_cta": 1,
+                            "rows_per_thread": 8},
+    "d256_bf16_page16_g2": {"head_dim": 256, "dtype": "bfloat16", "page_size": 16, "heads_per_cta": 2,
+                            "rows_per_thread": 8},
 }
 
 
@@ -475,8 +484,10 @@ class DecodeRung:
         """None when the split kernel can run this `paged.PagedProblem`, else the reason."""
         if problem.dtype not in self.dtypes:
             return f"dtype {problem.dtype} not supported (float16, bfloat16)"
-        if problem.head_dim not in HEAD_DIMS:
-            return f"head dim {problem.head_dim} not supported ({', '.join(map(str, HEAD_DIMS))})"
+        group = problem.heads_q // problem.heads_kv
+        if use_mma(problem.head_dim, problem.page_size, group) is None and problem.head_dim not in HEAD_DIMS:
+            return (f"head dim {problem.head_dim} not supported (with a page size multiple of 16: a multiple of 16 "
+                    f"up to 256; else {', '.join(map(str, HEAD_DIMS))})")
         if problem.head_dim_v != problem.head_dim:
             return f"value head dim {problem.head_dim_v} differs from the query/key head dim {problem.head_dim}"
         if not (math.isfinite(problem.scale) and problem.scale > 0):
@@ -498,11 +509,22 @@ class DecodeRung:
 
         p = problem
         group = p.heads_q // p.heads_kv
-        config = config_for(p.head_dim, str(p.dtype).removeprefix("torch."), p.page_size, group)
+        dtype = str(p.dtype).removeprefix("torch.")
+        mma = use_mma(p.head_dim, p.page_size, group)
+        if mma is not None:
+            from .decode_mma import DecodeMmaConfig
+
+            config = DecodeMmaConfig(head_dim=p.head_dim, dtype=dtype, page_size=p.page_size,
+                                     heads_per_cta=mma).validate()
+            waves = 16  # 1-warp CTAs: many resident per SM
+        else:
+            config = config_for(p.head_dim, dtype, p.page_size, group)
+            waves = 4
         head_blocks = p.heads_q // config.heads_per_cta
         if num_splits is None:
             sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
-            num_splits, pages_per_split = num_splits_for(p.batch, head_blocks, p.max_pages, p.page_size, sm_count)
+            num_splits, pages_per_split = num_splits_for(p.batch, head_blocks, p.max_pages, p.page_size, sm_count,
+                                                         waves=waves)
         else:
             pages_per_split = -(-max(p.max_pages, 1) // num_splits)
         o_part = torch.empty((num_splits, p.batch, p.heads_q, p.head_dim), dtype=torch.float32, device=q.device)
@@ -516,7 +538,7 @@ class DecodeRung:
                 from_torch(o_part, leading_dim=3), from_torch(lse_part, assumed_align=4, leading_dim=2),
                 cutlass.Float32(p.scale), cutlass.Int32(group), cutlass.Int32(pages_per_split),
                 cutlass.Int32(num_splits), stream)
-        compile_kernel(split, *args, key=("attention.decode.split", config))(*args)
+        compile_kernel(split, *args, key=(split.key, config))(*args)
 
         combine = _combine_kernel(p.head_dim, config.dtype)
         args = (from_torch(o_part, leading_dim=3), from_torch(lse_part, assumed_align=4, leading_dim=2),
@@ -529,10 +551,35 @@ _SPLIT: dict = {}
 _COMBINE: dict = {}
 
 
-def _split_kernel(config: DecodeConfig) -> PagedDecodeSplit:
+def _split_kernel(config):
+    """The split kernel for a `DecodeConfig` (SIMT) or a `decode_mma.DecodeMmaConfig`."""
     if config not in _SPLIT:
-        _SPLIT[config] = PagedDecodeSplit(config)
+        if isinstance(config, DecodeConfig):
+            kernel, key = PagedDecodeSplit(config), "attention.decode.split"
+        else:
+            from .decode_mma import PagedDecodeMma
+
+            kernel, key = PagedDecodeMma(config), "attention.decode.mma_split"
+        kernel.key = key
+        _SPLIT[config] = kernel
     return _SPLIT[config]
+
+
+def use_mma(head_dim: int, page_size: int, qhead_per_kvhead: int) -> int | None:
+    """heads_per_cta for the tensor-core split kernel (`decode_mma`), or None for the SIMT one.
+
+    The tensor-core kernel needs a page size multiple of 16 (a K/V block inside one page) and a
+    head dim multiple of 16 up to 256; it is used from 2 query heads per KV head on, where the
+    SIMT kernel's per-head FMAs and shuffles start to outweigh the loads (docs/attention.md).
+    """
+    from .decode_mma import MAX_HEADS_PER_CTA as MMA_HEADS
+    from .decode_mma import block_n_for
+
+    if qhead_per_kvhead < 2 or page_size < 16 or block_n_for(page_size, head_dim) is None:
+        return None
+    if head_dim % 16 or not 16 <= head_dim <= 256:
+        return None
+    return max(h for h in range(1, MMA_HEADS + 1) if qhead_per_kvhead % h == 0)
 
 
 def _combine_kernel(head_dim: int, dtype: str) -> PagedDecodeCombine:

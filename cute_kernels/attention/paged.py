@@ -141,8 +141,6 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, scale=None, ker
     preallocated contiguous result, overwritten entirely."""
     import torch
 
-    problem = check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, scale=scale,
-                                 check_indices=check_indices)
     if not isinstance(kernel, str):
         raise TypeError(f"{_WHO}: kernel must be 'auto' or 'decode', got {type(kernel).__name__}")
     if kernel not in ("auto", "decode"):
@@ -150,6 +148,8 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, scale=None, ker
     if num_splits is not None and (not isinstance(num_splits, int) or isinstance(num_splits, bool)
                                    or not 1 <= num_splits <= 65535):
         raise ValueError(f"{_WHO}: num_splits must be an int in [1, 65535] or None, got {num_splits!r}")
+    problem = check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, scale=scale,
+                                 check_indices=check_indices)
     shape = (problem.batch, problem.heads_q, problem.head_dim_v)
     if out is None:
         out = torch.empty(shape, dtype=q.dtype, device=q.device)

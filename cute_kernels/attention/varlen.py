@@ -89,18 +89,20 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
 
 
 def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
-                             causal: str | None = None, scale=None, kernel: str = "auto"):
+                             causal: str | None = None, scale=None, kernel: str = "auto", out=None, lse=None):
     """(out (Tq, Hq, Dv) in q's dtype, lse (Hq, Tq) fp32 natural log): per sequence b,
     attention_forward of its rows (module docstring), GQA when Hq > Hkv (query head h reads
-    key/value head h // (Hq / Hkv)). kernel: "auto" or "sm80_flash". Forward only."""
+    key/value head h // (Hq / Hkv)). kernel: "auto" or "sm80_flash". Forward only.
+    out, lse: optional preallocated contiguous results, overwritten entirely."""
     import torch
 
+    from .api import _result
     from .dispatch import resolve
 
     problem = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                   causal=causal, scale=scale)
-    out = torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype, device=q.device)
-    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    out = _result(out, "out", (q.shape[0], q.shape[1], v.shape[2]), q.dtype, q.device, False)
+    lse = _result(lse, "lse", (q.shape[1], q.shape[0]), torch.float32, q.device, False)
     if lse.numel() == 0:
         return out, lse
     if max_seqlen_k == 0:

@@ -94,12 +94,28 @@ def _prepare_gemm_rung(name: str, case, inputs) -> Prepared:
     from cute_kernels.gemm import KERNELS
 
     rung = KERNELS[name]
+    if case.dtype.startswith("fp8"):
+        return _prepare_fp8_rung(name, case, inputs)
     out = case.empty_out(inputs)
     a3, b3, out3 = inputs["a"].unsqueeze(0), inputs["b"].T.unsqueeze(0), out.unsqueeze(0)
     reason = rung.supports(a3, b3, out3)
     if reason:
         raise Unsupported(reason)
     return Prepared(lambda: rung(a3, b3, out3, alpha=1.0, beta=0.0, c=None), out=out)
+
+
+def _prepare_fp8_rung(name: str, case, inputs) -> Prepared:
+    """fp8 with per-tensor scales goes through the rung's scaled_mm entry, as torch._scaled_mm."""
+    import torch
+
+    from cute_kernels.gemm import epilogue_api
+
+    if name not in epilogue_api.FUSING_KERNELS:
+        raise Unsupported(f"{name} has no fp8 path (fp8 rungs: {', '.join(epilogue_api.FUSING_KERNELS)})")
+    a, bt = inputs["a"], inputs["b"].T
+    one = torch.ones((), dtype=torch.float32, device=a.device)
+    out_dtype = torch_dtype(case.result_dtype)
+    return Prepared(lambda: epilogue_api.scaled_mm(a, bt, one, one, out_dtype=out_dtype, kernel=name))
 
 
 def _prepare_cublas(case, inputs) -> Prepared:

@@ -28,12 +28,26 @@ FUSING_KERNELS = ("sm90_persistent", "sm90_warp_specialized", "sm90_tma_wgmma")
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-def _rung(kernel: str):
-    if kernel not in FUSING_KERNELS:
-        raise ValueError(f"kernel must be one of {FUSING_KERNELS}, got {kernel!r}")
-    import importlib
+_rungs: dict = {}
 
-    return importlib.import_module(f"cute_kernels.gemm.{kernel}").rung
+
+def _rung(kernel: str):
+    """The rung object for `kernel` (imported once per process)."""
+    rung = _rungs.get(kernel)
+    if rung is None:
+        if kernel not in FUSING_KERNELS:
+            raise ValueError(f"kernel must be one of {FUSING_KERNELS}, got {kernel!r}")
+        import importlib
+
+        rung = _rungs[kernel] = importlib.import_module(f"cute_kernels.gemm.{kernel}").rung
+    return rung
+
+
+def _device_reason(a, b) -> str | None:
+    """Why a and b cannot feed one GPU kernel, or None (tests replace this to run on CPU)."""
+    if not (a.is_cuda and b.is_cuda) or a.device != b.device:
+        return f"a and b must be on one CUDA device, got {a.device} and {b.device}"
+    return None
 
 
 def _k_major_or_copy(t: torch.Tensor, fp8: bool) -> torch.Tensor:
@@ -51,8 +65,9 @@ def _normalize(name, a, b):
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"{name}: shapes {tuple(a.shape)} and {tuple(b.shape)} do not compose (K {a.shape[-1]} "
                          f"vs {b.shape[-2]})")
-    if not (a.is_cuda and b.is_cuda) or a.device != b.device:
-        raise ValueError(f"{name}: a and b must be on one CUDA device, got {a.device} and {b.device}")
+    why = _device_reason(a, b)
+    if why is not None:
+        raise ValueError(f"{name}: {why}")
     la = a.shape[0] if a.dim() == 3 else 1
     lb = b.shape[0] if b.dim() == 3 else 1
     if la != lb and 1 not in (la, lb):

@@ -399,8 +399,8 @@ FP8_VARIANTS = {
 def _register() -> None:
     from cute_kernels.gemm.sm90_rung import register_compile_variants
 
-    register_compile_variants("sm90_persistent", Sm90PersistentGemm, VARIANTS, {"HGMMA", "UTMALDG", "UTMASTG"})
-    register_compile_variants("sm90_persistent_fp8", Sm90PersistentGemm, FP8_VARIANTS, {"QGMMA", "UTMALDG", "UTMASTG"})
+    register_compile_variants("gemm.sm90_persistent", Sm90PersistentGemm, VARIANTS, {"HGMMA", "UTMALDG", "UTMASTG"})
+    register_compile_variants("gemm.sm90_persistent_fp8", Sm90PersistentGemm, FP8_VARIANTS, {"QGMMA", "UTMALDG", "UTMASTG"})
 
 
 _register()

@@ -17,18 +17,19 @@ become the kernel's batch mode and the fp32 partials are summed afterwards.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from cute_kernels.gemm.sm90_config import Sm90GemmConfig, pick_config, pick_split_k
 from cute_kernels.hopper.epilogue import ACTIVATIONS, EpilogueSpec
+from cute_kernels.runtime import compile_kernel, tvm_ffi_available
 
 _IN_DTYPES = (torch.bfloat16, torch.float16)
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _compiled: dict = {}
 _max_clusters: dict = {}
+# per device: why it cannot run sm_90a code, or None (the capability query is not per call)
+_device_reasons: dict = {}
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -49,6 +50,11 @@ def _sane_batch_stride(t: torch.Tensor) -> torch.Tensor:
         return t
     span = max(t.stride(0) * t.size(0), t.stride(1) * t.size(1))
     return t.as_strided(t.shape, (t.stride(0), t.stride(1), _round_up(span, 16)))
+
+
+def _zero_strides(*ts: torch.Tensor) -> tuple:
+    """Which modes of each tensor have stride 0 (part of a DSL-tensor build's key)."""
+    return tuple(tuple(s == 0 for s in t.stride()) for t in ts)
 
 
 def _leading(t: torch.Tensor) -> int:
@@ -74,10 +80,30 @@ _dummies: dict = {}
 
 
 def _dummy_bias(device) -> torch.Tensor:
-    """A 1-element fp32 stand-in for the bias argument of builds that do not read it."""
-    if device not in _dummies:
-        _dummies[device] = torch.zeros(1, dtype=torch.float32, device=device)
-    return _dummies[device]
+    """A 1-element fp32 stand-in for the bias / scale arguments of builds that do not read them.
+
+    One per device for the life of the process: made on a call that needs it first, never again,
+    so a warm call allocates and initializes nothing for absent operands.
+    """
+    t = _dummies.get(device)
+    if t is None:
+        t = _dummies[device] = torch.zeros(1, dtype=torch.float32, device=device)
+    return t
+
+
+def _cuda_reason(a, b, out) -> str | None:
+    """Why these tensors cannot reach an sm_90 kernel (not all on CUDA, or the device is not
+    Hopper), or None. The device's capability is asked once per device and remembered."""
+    if not (a.is_cuda and b.is_cuda and out.is_cuda):
+        return "tensors must be on a CUDA device"
+    device = a.device
+    try:
+        return _device_reasons[device]
+    except KeyError:
+        major, minor = torch.cuda.get_device_capability(device)
+        why = None if (major, minor) == (9, 0) else f"needs an sm_90 (Hopper) GPU, device has {major}.{minor}"
+        _device_reasons[device] = why
+        return why
 
 
 def _unit_stride_mn(t: torch.Tensor) -> torch.Tensor:
@@ -151,24 +177,10 @@ def torch_epilogue(acc: torch.Tensor, spec: EpilogueSpec, beta, c, bias, scales=
 
 
 def _stream():
-    try:
-        from cute_kernels.runtime import current_stream
+    """torch's current stream for the DSL-tensor fallback (the TVM-FFI build reads it itself)."""
+    from cute_kernels.runtime import current_stream
 
-        return current_stream()
-    except (ImportError, AttributeError):
-        import cuda.bindings.driver as cuda
-
-        return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-
-
-def _tvm_ffi_available() -> bool:
-    if "tvm" not in _max_clusters:
-        import importlib.util
-        import os
-
-        _max_clusters["tvm"] = (importlib.util.find_spec("tvm_ffi") is not None
-                                and os.environ.get("CUTE_KERNELS_NO_TVM_FFI") != "1")
-    return _max_clusters["tvm"]
+    return current_stream()
 
 
 def max_active_clusters(cluster_size: int) -> int:
@@ -184,9 +196,16 @@ def max_active_clusters(cluster_size: int) -> int:
 
 
 class Sm90Rung:
-    """A GEMM ladder rung backed by one of the sm_90a kernel classes."""
+    """A GEMM ladder rung backed by one of the sm_90a kernel classes.
+
+    The warm call path (a config, dtypes and majors seen before) allocates only what the problem
+    needs through torch's caching allocator (the output, a split-K workspace, padded copies),
+    never creates a tensor from host data, never synchronizes, and with TVM-FFI hands the torch
+    tensors straight to the compiled function (tests/gemm/test_sm90_call_path.py holds it to that).
+    """
 
     dtypes = _IN_DTYPES
+    min_capability = (9, 0)  # dispatch checks this once per device; `supports` remembers it too
 
     def __init__(self, name: str, kernel_cls, pick=pick_config, split_k: bool = True, persistent: bool = True):
         self.name = name
@@ -196,10 +215,6 @@ class Sm90Rung:
         self.split_k = split_k
 
     def supports(self, a, b, out) -> str | None:
-        if not (a.is_cuda and b.is_cuda and out.is_cuda):
-            return "tensors must be on a CUDA device"
-        if torch.cuda.get_device_capability(a.device) != (9, 0):
-            return "needs an sm_90 (Hopper) GPU"
         fp8_ok = getattr(self.kernel_cls, "fuses_epilogue", False)
         allowed = _IN_DTYPES + (_FP8_DTYPES if fp8_ok else ())
         if a.dtype not in allowed or b.dtype not in allowed or (a.element_size() != b.element_size()) \
@@ -210,7 +225,7 @@ class Sm90Rung:
             return f"output dtype {out.dtype} not supported (bf16, fp16, fp32)"
         if a.dim() != 3 or b.dim() != 3 or out.dim() != 3:
             return "expects 3-D (L, M, K) x (L, K, N) -> (L, M, N) views"
-        return None
+        return _cuda_reason(a, b, out)  # last, so that every other reason can be checked on CPU
 
     def compiled(self, config: Sm90GemmConfig, A, B, C, epi: EpilogueSpec = EpilogueSpec(), Csrc=None, bias=None,
                  scales=None):
@@ -221,34 +236,37 @@ class Sm90Rung:
         Kernels that fuse the epilogue also take (Csrc, bias, scale_a, scale_b) after C and beta
         after alpha.
         """
-        import cutlass
-
         # a non-persistent launch: a grid of every cluster (the scheduler then hands each CTA one tile)
         ncl = max_active_clusters(config.cluster_m * config.cluster_n) if self.persistent else 65535
-        tvm = _tvm_ffi_available()
+        tvm = tvm_ffi_available()
         fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
         extra = (str(Csrc.dtype), _leading(Csrc), str(bias.dtype), str(scales[0].dtype)) if fuses else ()
         key = (self.name, config, epi, str(A.dtype), str(B.dtype), str(C.dtype), _leading(A), _leading(B),
                _leading(C), *extra, ncl, tvm)
+        if not tvm:  # DSL tensors bake a zero (broadcast) stride into the build
+            key += (_zero_strides(A, B, C, Csrc) if fuses else _zero_strides(A, B, C),)
         fn = _compiled.get(key)
         if fn is None:
-            kern = self.kernel_cls(config, epilogue_spec=epi) if fuses else self.kernel_cls(config)
-            scalars = (cutlass.Float32(1.0), cutlass.Float32(0.0)) if fuses else (cutlass.Float32(1.0),)
-            if tvm:
-                from cute_kernels.runtime import compile_kernel, fake_stream, fake_tensor
+            fn = _compiled[key] = self._compile(key, config, epi, A, B, C, Csrc, bias, scales, ncl, tvm, fuses)
+        return fn, tvm
 
-                args = tuple(fake_tensor(t.dtype, 3, leading_dim=_leading(t)) for t in (A, B, C))
-                if fuses:
-                    args += (fake_tensor(Csrc.dtype, 3, leading_dim=_leading(Csrc), assumed_align=Csrc.element_size()),
-                             fake_tensor(bias.dtype, 1, leading_dim=0, assumed_align=bias.element_size()),
-                             *(fake_tensor(t.dtype, 1, leading_dim=0, assumed_align=4) for t in scales))
-                fn = compile_kernel(kern, *args, *scalars, ncl, fake_stream(tvm_ffi_env_stream=True),
-                                    key=key, options="--enable-tvm-ffi")
-            else:
-                import cutlass.cute as cute
+    def _compile(self, key, config, epi, A, B, C, Csrc, bias, scales, ncl, tvm, fuses):
+        import cutlass
 
-                fn = cute.compile(kern, *self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses), *scalars, ncl, _stream())
-            _compiled[key] = fn
+        kern = self.kernel_cls(config, epilogue_spec=epi) if fuses else self.kernel_cls(config)
+        scalars = (cutlass.Float32(1.0), cutlass.Float32(0.0)) if fuses else (cutlass.Float32(1.0),)
+        if tvm:
+            from cute_kernels.runtime import TVM_FFI_OPTION, fake_stream, fake_tensor
+
+            args = tuple(fake_tensor(t.dtype, 3, leading_dim=_leading(t)) for t in (A, B, C))
+            if fuses:
+                args += (fake_tensor(Csrc.dtype, 3, leading_dim=_leading(Csrc), assumed_align=Csrc.element_size()),
+                         fake_tensor(bias.dtype, 1, leading_dim=0, assumed_align=bias.element_size()),
+                         *(fake_tensor(t.dtype, 1, leading_dim=0, assumed_align=4) for t in scales))
+            return compile_kernel(kern, *args, *scalars, ncl, fake_stream(tvm_ffi_env_stream=True), key=key,
+                                  options=TVM_FFI_OPTION)
+        return compile_kernel(kern, *self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses), *scalars, ncl, _stream(),
+                              key=key)
         return fn, tvm
 
     @staticmethod
@@ -264,9 +282,8 @@ class Sm90Rung:
         one = _dummy_bias(C.device)
         return (C if Csrc is None else Csrc), (one if bias is None else bias), (scales or (one, one))
 
-    def launcher(self, config, A, B, C, alpha: float = 1.0, *, epi: EpilogueSpec = EpilogueSpec(), beta: float = 0.0,
-                 Csrc=None, bias=None, scales=None):
-        """A zero-argument callable launching the kernel on prepared kernel-order tensors."""
+    def _bound(self, config, A, B, C, alpha, epi, beta, Csrc, bias, scales):
+        """(compiled function, its arguments) for prepared kernel-order tensors."""
         fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
         Csrc, bias, scales = self._epi_operands(C, Csrc, bias, scales)
         fn, tvm = self.compiled(config, A, B, C, epi, Csrc, bias, scales)
@@ -275,13 +292,22 @@ class Sm90Rung:
             args = (A, B, C, Csrc, bias, *scales, *scalars) if fuses else (A, B, C, *scalars)
             # DLPack export refuses tensors that require grad (nn.Linear's weight and bias);
             # a detached alias shares the storage
-            args = tuple(t.detach() if isinstance(t, torch.Tensor) and t.requires_grad else t for t in args)
-            return lambda: fn(*args)
-        args = (*self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses), *scalars, _stream())
+            if any(type(t) is not float and t.requires_grad for t in args):
+                args = tuple(t.detach() if type(t) is not float and t.requires_grad else t for t in args)
+            return fn, args
+        return fn, (*self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses), *scalars, _stream())
+
+    def launcher(self, config, A, B, C, alpha: float = 1.0, *, epi: EpilogueSpec = EpilogueSpec(), beta: float = 0.0,
+                 Csrc=None, bias=None, scales=None):
+        """A zero-argument callable launching the kernel on prepared kernel-order tensors (on the
+        stream current when the launcher was made, for the DSL-tensor fallback)."""
+        fn, args = self._bound(config, A, B, C, float(alpha), epi, float(beta), Csrc, bias, scales)
         return lambda: fn(*args)
 
-    def launch(self, config, A, B, C, alpha: float, **epi_kw) -> None:
-        self.launcher(config, A, B, C, alpha, **epi_kw)()
+    def launch(self, config, A, B, C, alpha: float, *, epi: EpilogueSpec = EpilogueSpec(), beta: float = 0.0,
+               Csrc=None, bias=None, scales=None) -> None:
+        fn, args = self._bound(config, A, B, C, float(alpha), epi, float(beta), Csrc, bias, scales)
+        fn(*args)
 
     def __call__(self, a, b, out, *, alpha=1.0, beta=0.0, c=None, config: Sm90GemmConfig | None = None,
                  bias=None, bias_dim: str = "n", activation: str | None = None, scale_a=None, scale_b=None):
@@ -350,10 +376,13 @@ class Sm90Rung:
         N = b.shape[2]
         kp = _round_up(K, 16 // a.element_size())
         np_ = _round_up(N, 16 // target.element_size())
-        ap = torch.zeros(L, M, kp, dtype=a.dtype, device=a.device)
+        # torch.empty (the caching allocator) and a zeroed K tail: each byte written once
+        ap = torch.empty(L, M, kp, dtype=a.dtype, device=a.device)
         ap[:, :, :K] = a
-        bp = torch.zeros(L, N, kp, dtype=b.dtype, device=b.device)
+        ap[:, :, K:].zero_()
+        bp = torch.empty(L, N, kp, dtype=b.dtype, device=b.device)
         bp[:, :, :K] = b.transpose(1, 2)
+        bp[:, :, K:].zero_()
         cp = torch.empty(L, M, np_, dtype=target.dtype, device=target.device)
         A, B, C = (_sane_batch_stride(t.permute(1, 2, 0)) for t in (ap, bp, cp))
         self.launch(config, A, B, C, alpha)

@@ -219,7 +219,7 @@ VARIANTS = {
 def _register() -> None:
     from cute_kernels.gemm.sm90_rung import register_compile_variants
 
-    register_compile_variants("sm90_tma_wgmma", Sm90TmaWgmmaGemm, VARIANTS, {"HGMMA", "UTMALDG", "UTMASTG"})
+    register_compile_variants("gemm.sm90_tma_wgmma", Sm90TmaWgmmaGemm, VARIANTS, {"HGMMA", "UTMALDG", "UTMASTG"})
 
 
 _register()

@@ -45,7 +45,7 @@ VARIANTS = {"default": {}, "cluster_1x2": {"cluster_m": 1, "cluster_n": 2}, "til
 def _register() -> None:
     from cute_kernels.gemm.sm90_rung import register_compile_variants
 
-    register_compile_variants("sm90_warp_specialized", Sm90WarpSpecializedGemm, VARIANTS,
+    register_compile_variants("gemm.sm90_warp_specialized", Sm90WarpSpecializedGemm, VARIANTS,
                               {"HGMMA", "UTMALDG", "UTMASTG"})
 
 

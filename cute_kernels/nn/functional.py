@@ -1,8 +1,9 @@
 """Functional forms, drop-in for their `torch.nn.functional` namesakes.
 
 Both call the `cute_kernels::` operators (so they compile, capture and differentiate as those
-do) and add two keyword options: `kernel` (a rung name, or "auto") and `fallback` ("none": input
-our kernels do not take raises; "torch": PyTorch computes it, with a `FallbackWarning`).
+do) and add two keyword options: `kernel` (a rung name, or "auto"; the operators' `rung` argument)
+and `fallback` ("none": input our kernels do not take raises; "torch": PyTorch computes it, with a
+`FallbackWarning`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ __all__ = ["linear", "scaled_dot_product_attention"]
 def linear(input, weight, bias=None, *, activation=None, kernel: str = "auto", fallback: str = "none"):
     """activation(input @ weightᵀ + bias), as torch.nn.functional.linear plus `activation`
     (None, "relu", "gelu_tanh" or "silu")."""
-    return ops.linear(input, weight, bias, activation, kernel, fallback)
+    return ops.linear(input, weight, bias, activation, rung=kernel, fallback=fallback)
 
 
 def _causal(attn_mask, is_causal: bool):
@@ -61,5 +62,5 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         extra = {"enable_gqa": True} if enable_gqa else {}
         return torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **extra)
-    out, _ = ops.sdpa(query, key, value, causal, scale, enable_gqa, kernel, fallback)
+    out, _ = ops.sdpa(query, key, value, causal, scale, enable_gqa, rung=kernel, fallback=fallback)
     return out

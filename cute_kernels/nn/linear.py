@@ -43,7 +43,7 @@ class Linear(torch.nn.Linear):
         return new
 
     def forward(self, input):
-        return linear_op(input, self.weight, self.bias, self.activation, self.kernel, self.fallback)
+        return linear_op(input, self.weight, self.bias, self.activation, rung=self.kernel, fallback=self.fallback)
 
     def extra_repr(self) -> str:
         # The kernel is always shown, so a patched model's repr says which layers are ours.

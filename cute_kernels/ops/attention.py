@@ -20,9 +20,10 @@ __all__ = ["sdpa", "sdpa_backward", "sdpa_varlen", "paged_decode", "CAUSAL"]
 
 CAUSAL = (None, "top_left", "bottom_right")
 
-# op -> (entry point in cute_kernels.attention, the kernel it stands for). Expected signatures:
+# op -> (entry point in cute_kernels.attention, the kernel it stands for). Expected signatures
+# (each op's `rung` argument is the entry's `kernel`; tensors are handed down detached):
 #   attention_forward(q, k, v, *, causal, scale, enable_gqa, kernel) -> (out, lse)
-#   attention_backward(grad_out, q, k, v, out, lse, *, causal, scale, enable_gqa) -> (dq, dk, dv)
+#   attention_backward(grad_out, q, k, v, out, lse, *, causal, scale, enable_gqa, kernel) -> (dq, dk, dv)
 #   attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
 #                            causal, scale, kernel) -> (out (Tq, Hq, Dv), lse (Hq, Tq))
 #   paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, scale, kernel) -> out (B, Hq, Dv)
@@ -49,6 +50,12 @@ def _entry(op: str):
     return fn
 
 
+def _detached(*tensors):
+    """The tensors without autograd history: the op bodies run below autograd, but their inputs
+    still carry requires_grad, which DLPack export (and so TVM-FFI) refuses."""
+    return tuple(t.detach() for t in tensors)
+
+
 def _check_causal(op: str, causal) -> None:
     if causal not in CAUSAL:
         raise ValueError(f"cute_kernels.{op}: causal must be one of {CAUSAL}, got {causal!r}")
@@ -58,10 +65,11 @@ def _check_causal(op: str, causal) -> None:
 
 @torch.library.custom_op("cute_kernels::sdpa", mutates_args=())
 def sdpa(q: Tensor, k: Tensor, v: Tensor, causal: Optional[str] = None, scale: Optional[float] = None,
-         enable_gqa: bool = False, kernel: str = "auto", fallback: str = "none") -> tuple[Tensor, Tensor]:
+         enable_gqa: bool = False, rung: str = "auto", fallback: str = "none") -> tuple[Tensor, Tensor]:
     """(out, lse): attention of q (B, Hq, Sq, D) over k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv) (or
     all without B); out (B, Hq, Sq, Dv) in q's dtype, lse (B, Hq, Sq) fp32 (not differentiable).
-    causal: None, "top_left" or "bottom_right"; scale default 1/sqrt(D)."""
+    causal: None, "top_left" or "bottom_right"; scale default 1/sqrt(D); rung: an attention rung
+    (`cute_kernels.attention.KERNELS`) or "auto"."""
     check_fallback("sdpa", fallback)
     _check_causal("sdpa", causal)
     if fallback == "torch" and not on_cuda(q, k, v):
@@ -69,7 +77,8 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, causal: Optional[str] = None, scale: O
         return reference.forward(q, k, v, causal, scale, enable_gqa)
     try:
         with device_guard(q):
-            return _entry("sdpa")(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, kernel=kernel)
+            return _entry("sdpa")(*_detached(q, k, v), causal=causal, scale=scale, enable_gqa=enable_gqa,
+                                  kernel=rung)
     except UNSUPPORTED as err:
         if fallback != "torch":
             raise_unsupported("sdpa", err)
@@ -85,7 +94,7 @@ def _check_ranks(op: str, *tensors) -> None:
 
 
 @sdpa.register_fake
-def _sdpa_fake(q, k, v, causal=None, scale=None, enable_gqa=False, kernel="auto", fallback="none"):
+def _sdpa_fake(q, k, v, causal=None, scale=None, enable_gqa=False, rung="auto", fallback="none"):
     _check_causal("sdpa", causal)
     _check_ranks("sdpa", q, k, v)
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
@@ -93,16 +102,17 @@ def _sdpa_fake(q, k, v, causal=None, scale=None, enable_gqa=False, kernel="auto"
 
 
 def _sdpa_setup(ctx, inputs, output):
-    q, k, v, causal, scale, enable_gqa, kernel, fallback = inputs
+    q, k, v, causal, scale, enable_gqa, rung, fallback = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.scale, ctx.enable_gqa, ctx.fallback = causal, scale, enable_gqa, fallback
+    ctx.causal, ctx.scale, ctx.enable_gqa, ctx.rung, ctx.fallback = causal, scale, enable_gqa, rung, fallback
 
 
 def _sdpa_grad(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = sdpa_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale, ctx.enable_gqa, ctx.fallback)
+    dq, dk, dv = sdpa_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale, ctx.enable_gqa, ctx.rung,
+                               ctx.fallback)
     return dq, dk, dv, None, None, None, None, None
 
 
@@ -114,9 +124,10 @@ sdpa.register_autograd(_sdpa_grad, setup_context=_sdpa_setup)
 @torch.library.custom_op("cute_kernels::sdpa_backward", mutates_args=())
 def sdpa_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                   causal: Optional[str] = None, scale: Optional[float] = None, enable_gqa: bool = False,
-                  fallback: str = "none") -> tuple[Tensor, Tensor, Tensor]:
+                  rung: str = "auto", fallback: str = "none") -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of `sdpa`'s out given its (out, lse); contiguous, shaped and typed as q, k, v.
-    Raises NotImplementedError naming the missing kernel until the attention backward exists."""
+    `rung` is the forward's (the backward of that rung runs). Raises NotImplementedError naming
+    the missing kernel when no attention backward exists for the input."""
     check_fallback("sdpa_backward", fallback)
     _check_causal("sdpa_backward", causal)
     if fallback == "torch" and not on_cuda(grad_out, q, k, v):
@@ -124,8 +135,8 @@ def sdpa_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor
         return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa)
     try:
         with device_guard(q):
-            grads = _entry("sdpa_backward")(grad_out, q, k, v, out, lse, causal=causal, scale=scale,
-                                            enable_gqa=enable_gqa)
+            grads = _entry("sdpa_backward")(*_detached(grad_out, q, k, v, out, lse), causal=causal, scale=scale,
+                                            enable_gqa=enable_gqa, kernel=rung)
     except UNSUPPORTED as err:
         if fallback != "torch":
             raise_unsupported("sdpa_backward", err)
@@ -135,7 +146,8 @@ def sdpa_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor
 
 
 @sdpa_backward.register_fake
-def _sdpa_backward_fake(grad_out, q, k, v, out, lse, causal=None, scale=None, enable_gqa=False, fallback="none"):
+def _sdpa_backward_fake(grad_out, q, k, v, out, lse, causal=None, scale=None, enable_gqa=False, rung="auto",
+                        fallback="none"):
     _check_causal("sdpa_backward", causal)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -144,7 +156,7 @@ def _sdpa_backward_fake(grad_out, q, k, v, out, lse, causal=None, scale=None, en
 
 @torch.library.custom_op("cute_kernels::sdpa_varlen", mutates_args=())
 def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
-                max_seqlen_k: int, causal: Optional[str] = None, scale: Optional[float] = None, kernel: str = "auto",
+                max_seqlen_k: int, causal: Optional[str] = None, scale: Optional[float] = None, rung: str = "auto",
                 fallback: str = "none") -> tuple[Tensor, Tensor]:
     """(out (Tq, Hq, Dv), lse (Hq, Tq) fp32) for sequences packed along dim 0 of q (Tq, Hq, D),
     k (Tk, Hkv, D), v (Tk, Hkv, Dv), delimited by int32 cu_seqlens_q/k (B + 1,) (see
@@ -156,8 +168,8 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
         return reference.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale)
     try:
         with device_guard(q):
-            return _entry("sdpa_varlen")(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                         causal=causal, scale=scale, kernel=kernel)
+            return _entry("sdpa_varlen")(*_detached(q, k, v, cu_seqlens_q, cu_seqlens_k), max_seqlen_q, max_seqlen_k,
+                                         causal=causal, scale=scale, kernel=rung)
     except UNSUPPORTED as err:
         if fallback != "torch":
             raise_unsupported("sdpa_varlen", err)
@@ -167,7 +179,7 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
 
 @sdpa_varlen.register_fake
 def _sdpa_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=None, scale=None,
-                      kernel="auto", fallback="none"):
+                      rung="auto", fallback="none"):
     _check_causal("sdpa_varlen", causal)
     if not (q.dim() == k.dim() == v.dim() == 3):
         raise ValueError(f"cute_kernels.sdpa_varlen: q, k, v must be 3-D (total_tokens, heads, head_dim), got "
@@ -180,7 +192,7 @@ def _sdpa_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 
 @torch.library.custom_op("cute_kernels::paged_decode", mutates_args=())
 def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seqlens_k: Tensor,
-                 scale: Optional[float] = None, kernel: str = "auto", fallback: str = "none") -> Tensor:
+                 scale: Optional[float] = None, rung: str = "auto", fallback: str = "none") -> Tensor:
     """out (B, Hq, Dv): one query token q (B, Hq, D) per sequence over a paged KV cache
     k_cache (pages, page_size, Hkv, D), v_cache (pages, page_size, Hkv, Dv), int32
     block_table (B, max_pages), seqlens_k (B,) (see `attention_reference.paged_decode`)."""
@@ -190,7 +202,8 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tenso
         return reference.paged_decode(q, k_cache, v_cache, block_table, seqlens_k, scale)
     try:
         with device_guard(q):
-            return _entry("paged_decode")(q, k_cache, v_cache, block_table, seqlens_k, scale=scale, kernel=kernel)
+            return _entry("paged_decode")(*_detached(q, k_cache, v_cache, block_table, seqlens_k), scale=scale,
+                                          kernel=rung)
     except UNSUPPORTED as err:
         if fallback != "torch":
             raise_unsupported("paged_decode", err)
@@ -199,7 +212,7 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tenso
 
 
 @paged_decode.register_fake
-def _paged_decode_fake(q, k_cache, v_cache, block_table, seqlens_k, scale=None, kernel="auto", fallback="none"):
+def _paged_decode_fake(q, k_cache, v_cache, block_table, seqlens_k, scale=None, rung="auto", fallback="none"):
     if q.dim() != 3 or k_cache.dim() != 4 or v_cache.dim() != 4:
         raise ValueError(f"cute_kernels.paged_decode: q must be 3-D (B, Hq, D) and the caches 4-D (pages, page_size, "
                          f"Hkv, D), got {q.dim()}-D, {k_cache.dim()}-D, {v_cache.dim()}-D")

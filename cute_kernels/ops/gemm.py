@@ -4,7 +4,10 @@ Each is a `torch.library.custom_op` whose CUDA path is `cute_kernels.gemm.matmul
 layer validates and picks the rung); `register_fake` infers shapes and dtypes without touching
 data, and `register_autograd` writes the gradients as GEMMs through the same operator
 (dA = dC·Bᵀ, dB = Aᵀ·dC), so compiled graphs and CUDA graphs see only our ops.
-Every op takes `kernel` (a rung name or "auto") and `fallback` (see `cute_kernels.ops.fallback`).
+Every op takes `rung` (a GEMM rung name, or "auto"; passed down as the kernel layer's `kernel=`)
+and `fallback` (see `cute_kernels.ops.fallback`). No schema argument may be named `kernel`: Inductor
+lowers an op it cannot see into as `FallbackKernel.create(kernel, *args, **kwargs)`, so such a
+keyword collides (see `cute_kernels.ops.RESERVED_ARGUMENT_NAMES`).
 """
 
 from typing import Optional
@@ -50,7 +53,7 @@ def _torch_matmul(a: Tensor, b: Tensor, out_dtype) -> Tensor:
 
 
 @torch.library.custom_op("cute_kernels::matmul", mutates_args=())
-def matmul(a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype] = None, kernel: str = "auto",
+def matmul(a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype] = None, rung: str = "auto",
            fallback: str = "none") -> Tensor:
     """a @ b with torch.matmul semantics for 2-D and batched 3-D operands (a 2-D operand or a
     batch of 1 broadcasts), on the GEMM ladder; the result has dtype `out_dtype` (default a's)
@@ -61,7 +64,7 @@ def matmul(a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype] = None, kernel
         return _torch_matmul(a, b, out_dtype)
     try:
         with device_guard(a):
-            return _gemm()(a, b, kernel=kernel, out_dtype=out_dtype)
+            return _gemm()(a.detach(), b.detach(), kernel=rung, out_dtype=out_dtype)
     except UNSUPPORTED as err:
         if fallback != "torch":
             raise_unsupported("matmul", err)
@@ -70,7 +73,7 @@ def matmul(a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype] = None, kernel
 
 
 @matmul.register_fake
-def _matmul_fake(a, b, out_dtype=None, kernel="auto", fallback="none"):
+def _matmul_fake(a, b, out_dtype=None, rung="auto", fallback="none"):
     if a.dim() not in (2, 3) or b.dim() not in (2, 3):
         raise ValueError(f"cute_kernels.matmul: operands must be 2-D or 3-D, got {a.dim()}-D and {b.dim()}-D")
     torch._check(a.shape[-1] == b.shape[-2],
@@ -92,14 +95,14 @@ def _sum_to(t: Tensor, like: Tensor) -> Tensor:
 
 
 def _matmul_setup(ctx, inputs, output):
-    a, b, _, kernel, fallback = inputs
+    a, b, _, rung, fallback = inputs
     ctx.save_for_backward(a, b)
-    ctx.kernel, ctx.fallback = kernel, fallback
+    ctx.rung, ctx.fallback = rung, fallback
 
 
 def _matmul_backward(ctx, grad):
     a, b = ctx.saved_tensors
-    kw = dict(kernel=ctx.kernel, fallback=ctx.fallback)
+    kw = dict(rung=ctx.rung, fallback=ctx.fallback)
     g = _gemm_ready(grad.to(a.dtype))
     da = db = None
     if ctx.needs_input_grad[0]:
@@ -154,9 +157,25 @@ def _check_linear(x: Tensor, weight: Tensor, bias) -> None:
             raise ValueError(f"cute_kernels.linear: bias is on {bias.device} but input is on {x.device}")
 
 
+_FUSED_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _fused_linear(x2: Tensor, w_t: Tensor, bias, activation, rung: str):
+    """x2 @ w_t with bias and activation fused into the GEMM's epilogue, where a Hopper rung can
+    take it; None where none can (then the caller runs the unfused path)."""
+    from cute_kernels.gemm import epilogue_api
+
+    if rung != "auto" and rung not in epilogue_api.FUSING_KERNELS:
+        return None
+    if x2.dtype not in _FUSED_DTYPES or torch.cuda.get_device_capability(x2.device) < (9, 0):
+        return None
+    kernel = epilogue_api.FUSING_KERNELS[0] if rung == "auto" else rung
+    return epilogue_api.matmul_epilogue(x2, w_t, bias=bias, bias_dim="n", activation=activation, kernel=kernel)
+
+
 @torch.library.custom_op("cute_kernels::linear", mutates_args=())
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None,
-           kernel: str = "auto", fallback: str = "none") -> Tensor:
+           rung: str = "auto", fallback: str = "none") -> Tensor:
     """activation(x @ weightᵀ + bias) for x (..., in_features), weight (out_features,
     in_features), bias (out_features,) or None; activation in `ACTIVATIONS`. Contiguous
     result (..., out_features) in x's dtype."""
@@ -167,17 +186,21 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation:
         return _torch_linear(x, weight, bias, activation)
     try:
         _check_linear(x, weight, bias)
+        x2, w_t = x.detach().reshape(-1, x.shape[-1]), weight.detach().t()
         with device_guard(x):
-            y = _gemm()(x.reshape(-1, x.shape[-1]), weight.t(), kernel=kernel)
+            fused = _fused_linear(x2, w_t, None if bias is None else bias.detach(), activation, rung)
+            if fused is not None:
+                return fused.reshape(*x.shape[:-1], weight.shape[0])
+            y = _gemm()(x2, w_t, kernel=rung)
     except UNSUPPORTED as err:
         if fallback != "torch":
             raise_unsupported("linear", err)
         note_fallback("linear", str(err))
         return _torch_linear(x, weight, bias, activation)
-    # UNFUSED EPILOGUE: bias and activation run as separate PyTorch kernels on our GEMM's output
-    # until the GEMM rungs take a bias+activation epilogue; in place, so no extra allocation.
+    # UNFUSED EPILOGUE, for rungs without a fused one (below sm_90): bias and activation run as
+    # separate PyTorch kernels on our GEMM's output, in place, so no extra allocation.
     if bias is not None:
-        y.add_(bias)
+        y.add_(bias.detach())
     if activation == "relu":
         y.relu_()
     elif activation == "silu":
@@ -188,7 +211,7 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation:
 
 
 @linear.register_fake
-def _linear_fake(x, weight, bias=None, activation=None, kernel="auto", fallback="none"):
+def _linear_fake(x, weight, bias=None, activation=None, rung="auto", fallback="none"):
     _check_activation(activation)
     if weight.dim() != 2 or x.dim() < 1:
         raise ValueError(f"cute_kernels.linear: weight must be 2-D and input at least 1-D, got {tuple(weight.shape)} "
@@ -199,16 +222,16 @@ def _linear_fake(x, weight, bias=None, activation=None, kernel="auto", fallback=
 
 
 def _linear_setup(ctx, inputs, output):
-    x, weight, bias, activation, kernel, fallback = inputs
+    x, weight, bias, activation, rung, fallback = inputs
     # relu's derivative is read off the output; silu's and gelu's need the pre-activation,
     # recomputed in the backward (one more GEMM) rather than kept alive between passes.
     ctx.save_for_backward(x, weight, bias, output if activation == "relu" else None)
-    ctx.activation, ctx.kernel, ctx.fallback = activation, kernel, fallback
+    ctx.activation, ctx.rung, ctx.fallback = activation, rung, fallback
 
 
 def _linear_backward(ctx, grad):
     x, weight, bias, out = ctx.saved_tensors
-    kw = dict(kernel=ctx.kernel, fallback=ctx.fallback)
+    kw = dict(rung=ctx.rung, fallback=ctx.fallback)
     n, k = weight.shape
     x2 = x.reshape(-1, k)
     g = _gemm_ready(grad.reshape(-1, n))
@@ -264,21 +287,28 @@ def _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype) -> Tensor:
 
 @torch.library.custom_op("cute_kernels::scaled_mm", mutates_args=())
 def scaled_mm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, bias: Optional[Tensor] = None,
-              out_dtype: Optional[torch.dtype] = None, kernel: str = "auto", fallback: str = "none") -> Tensor:
+              out_dtype: Optional[torch.dtype] = None, rung: str = "auto", fallback: str = "none") -> Tensor:
     """(scale_a·a) @ (scale_b·b) + bias for FP8 a (M, K), b (K, N); scales float32, one element
     or per row of a (M, 1) / per column of b (1, N). Result (M, N) in `out_dtype` (default a's
-    dtype, as torch._scaled_mm). No FP8 rung exists yet: without fallback="torch" this raises
-    NotImplementedError naming the missing kernel."""
+    dtype, as torch._scaled_mm). Per-tensor scales run on the sm90 FP8 rung; row/column-wise
+    scales raise NotImplementedError naming the missing kernel unless fallback="torch"."""
     check_fallback("scaled_mm", fallback)
     if fallback == "torch" and not on_cuda(a, b):
         note_fallback("scaled_mm", f"inputs on {a.device}/{b.device}")
         return _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)
     try:
         _check_scaled_mm(a, b, scale_a, scale_b, bias)
-        raise NotImplementedError(
-            "cute_kernels.scaled_mm: the FP8 GEMM kernel is not written yet (cute_kernels.gemm has no FP8 rung: "
-            "an sm90 FP8 wgmma GEMM applying scale_a/scale_b in its epilogue)"
-        )
+        if scale_a.numel() != 1 or scale_b.numel() != 1:
+            raise NotImplementedError("cute_kernels.scaled_mm: row/column-wise scales have no kernel yet "
+                                      "(the sm90 FP8 rung takes per-tensor scales)")
+        from cute_kernels.gemm import epilogue_api
+
+        kernel = epilogue_api.FUSING_KERNELS[0] if rung == "auto" else rung
+        with device_guard(a):
+            return epilogue_api.scaled_mm(a.detach(), b.detach(), scale_a.detach().reshape(()),
+                                          scale_b.detach().reshape(()),
+                                          bias=None if bias is None else bias.detach(),
+                                          out_dtype=a.dtype if out_dtype is None else out_dtype, kernel=kernel)
     except UNSUPPORTED as err:
         if fallback != "torch":
             raise_unsupported("scaled_mm", err)
@@ -287,7 +317,7 @@ def scaled_mm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, bias: Opti
 
 
 @scaled_mm.register_fake
-def _scaled_mm_fake(a, b, scale_a, scale_b, bias=None, out_dtype=None, kernel="auto", fallback="none"):
+def _scaled_mm_fake(a, b, scale_a, scale_b, bias=None, out_dtype=None, rung="auto", fallback="none"):
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"cute_kernels.scaled_mm: a and b must be 2-D, got {a.dim()}-D and {b.dim()}-D")
     torch._check(a.shape[1] == b.shape[0], lambda: "cute_kernels.scaled_mm: inner dimensions differ")

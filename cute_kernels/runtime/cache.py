@@ -57,14 +57,19 @@ TVM_FFI_OPTION = "--enable-tvm-ffi"
 
 @functools.cache
 def tvm_ffi_available() -> bool:
-    """True when apache-tvm-ffi is importable, so compiles may pass `TVM_FFI_OPTION`.
+    """True when apache-tvm-ffi is importable and CUTE_KERNELS_NO_TVM_FFI is not "1", so
+    compiles may pass `TVM_FFI_OPTION`. Decided once per process (call
+    `tvm_ffi_available.cache_clear()` after changing the variable).
 
     A function compiled with it takes torch tensors directly (validating dtype, rank,
     device, alignment and divisibility itself) and, given `fake_stream(tvm_ffi_env_stream=True)`
     at compile time, launches on torch's current stream: the cheapest warm call.
+    CUTE_KERNELS_NO_TVM_FFI=1 selects the DSL-tensor path everywhere (for comparisons).
     """
     import importlib.util
 
+    if os.environ.get("CUTE_KERNELS_NO_TVM_FFI") == "1":
+        return False
     return importlib.util.find_spec("tvm_ffi") is not None
 
 

@@ -75,12 +75,18 @@ def test_bad_arguments_are_named(change, kwargs, error, pattern):
 def test_unused_table_entries_are_not_checked():
     q, kc, vc, table, _ = paged()
     table[:, 1:] = -7  # past each sequence's end: never read
-    check_paged_inputs(q, kc, vc, table, torch.tensor([16, 0, 9], dtype=torch.int32), scale=None)
+    # The index checks pass: the first error is the device one, which comes last.
+    with pytest.raises(ValueError, match="on 'cpu'"):
+        check_paged_inputs(q, kc, vc, table, torch.tensor([16, 0, 9], dtype=torch.int32), scale=None)
+    with pytest.raises(ValueError, match=r"block_table\[0, 1\] = -7"):
+        check_paged_inputs(q, kc, vc, table, torch.tensor([17, 0, 9], dtype=torch.int32), scale=None)
 
 
 def test_num_splits_and_kernel_arguments_are_checked():
     with pytest.raises(ValueError, match="num_splits must be an int"):
-        paged_decode(*paged(), num_splits=0, check_indices=False)
+        paged_decode(*paged(), num_splits=0)
+    with pytest.raises(ValueError, match="unknown kernel 'sm80_flash'"):
+        paged_decode(*paged(), kernel="sm80_flash")
 
 
 @given(batch=st.integers(1, 300), head_blocks=st.integers(1, 64), max_pages=st.integers(0, 5000),
@@ -93,8 +99,9 @@ def test_split_heuristic_covers_the_table(batch, head_blocks, max_pages, page, s
     assert splits >= 1 and per >= 1
     assert splits * per >= max_pages
     assert (splits - 1) * per < max(max_pages, 1)  # no split starts past the table
-    if max_pages:
-        assert per * page >= min(256, max_pages * page) or splits == 1
+    # Splits are no shorter than 256 keys unless that would leave too few of them to fill the GPU.
+    min_pages = -(-256 // page)
+    assert splits <= max(1, -(-max_pages // min_pages))
 
 
 def test_heads_per_cta_divides_the_group():
@@ -151,3 +158,27 @@ def test_split_kernel_streams_kv_with_128_bit_loads_and_no_spills(config):
     assert report.opcodes.get("LDG.E.128", 0) == 2 * c.rows_per_thread + c.heads_per_cta
     assert not any(op.startswith(("LDG.E.U16", "LDG.E.16")) for op in report.opcodes)
     assert report.registers <= 255
+
+
+def test_kernel_choice_rule():
+    pytest.importorskip("cutlass")
+    from cute_kernels.attention.decode import use_mma
+    from cute_kernels.attention.decode_mma import block_n_for
+
+    assert use_mma(128, 16, 1) is None  # one head per KV head: SIMT
+    assert use_mma(128, 24, 8) is None  # a page is not a whole number of 16-key blocks
+    assert [use_mma(128, 16, g) for g in (2, 4, 8, 16, 24, 32)] == [2, 4, 8, 16, 12, 16]
+    assert use_mma(80, 64, 4) == 4 and use_mma(72, 64, 4) is None
+    assert [block_n_for(p) for p in (16, 32, 48, 64, 256, 8)] == [16, 32, 16, 64, 64, None]
+    assert block_n_for(256, head_dim=256) == 16
+
+
+@pytest.mark.compile
+def test_tensor_core_split_kernel_runs_hmma_on_cp_async_tiles():
+    pytest.importorskip("cutlass")
+    from cute_kernels.runtime.registry import check_variant, compile_variant, get_variant
+
+    report = compile_variant("attention.decode_mma", "d128_bf16_page16_g8")
+    assert check_variant(report, get_variant("attention.decode_mma")) == []
+    assert report.opcodes.get("HMMA.16816.F32.BF16", 0) > 0
+    assert report.opcodes.get("LDGSTS.E.BYPASS.LTC128B.128", 0) > 0

@@ -19,13 +19,13 @@ def _sass(name, config):
 
 @pytest.mark.parametrize("config,types", [("e4m3", "E4M3.E4M3"), ("e5m2_fp32out", "E5M2.E5M2")])
 def test_fp8_builds_issue_fp8_wgmma(config, types):
-    report = _sass("sm90_persistent_fp8", config)
+    report = _sass("gemm.sm90_persistent_fp8", config)
     mmas = set(re.findall(r"\b([QH]GMMA\.[\w.]+)", report.sass))
     assert mmas and all(m.startswith("QGMMA") and m.endswith("F32." + types) for m in mmas), mmas
 
 
 @pytest.mark.parametrize("config,loads", [("default", False), ("epi_c_bias_n_gelu", True)])
 def test_epilogue_reads_global_memory_only_when_fused(config, loads):
-    report = _sass("sm90_persistent", config)
+    report = _sass("gemm.sm90_persistent", config)
     n_ldg = report.histogram["LDG"]
     assert (n_ldg > 0) == loads, f"{config}: {n_ldg} LDG"

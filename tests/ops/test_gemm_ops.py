@@ -33,7 +33,7 @@ def meta(*shape, dtype=torch.bfloat16):
 def test_schemas_are_registered_under_the_namespace():
     schemas = {name: str(getattr(torch.ops.cute_kernels, name).default._schema) for name in ops.OPS}
     assert schemas["matmul"] == ('cute_kernels::matmul(Tensor a, Tensor b, ScalarType? out_dtype=None, '
-                                 'str kernel="auto", str fallback="none") -> Tensor')
+                                 'str rung="auto", str fallback="none") -> Tensor')
     assert schemas["linear"].startswith("cute_kernels::linear(Tensor x, Tensor weight, Tensor? bias=None, "
                                         "str? activation=None")
     assert "Tensor scale_a, Tensor scale_b" in schemas["scaled_mm"]
@@ -191,10 +191,13 @@ def test_linear_checks_shapes_before_anything_runs():
         ops.linear(randn(4, 5), randn(3, 5), randn(4))
 
 
-def test_scaled_mm_names_the_missing_kernel():
+def test_scaled_mm_names_what_it_cannot_run():
     fp8 = torch.float8_e4m3fn
-    with pytest.raises(NotImplementedError, match="FP8 GEMM kernel is not written yet"):
-        ops.scaled_mm(randn(4, 32).to(fp8), randn(32, 8).to(fp8), torch.tensor(1.0), torch.tensor(1.0))
+    a, b = randn(4, 32).to(fp8), randn(32, 8).to(fp8)
+    with pytest.raises(NotImplementedError, match="row/column-wise scales have no kernel"):
+        ops.scaled_mm(a, b, torch.ones(4, 1), torch.ones(1, 8))
+    with pytest.raises(ValueError, match="CUDA device"):  # per-tensor scales reach the sm90 rung's checks
+        ops.scaled_mm(a, b, torch.tensor(1.0), torch.tensor(1.0))
     with pytest.raises(TypeError, match="FP8 dtype"):
         ops.scaled_mm(randn(4, 32).float(), randn(32, 8).float(), torch.tensor(1.0), torch.tensor(1.0))
 

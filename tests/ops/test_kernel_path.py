@@ -1,8 +1,9 @@
 """The operators' kernel path (fallback="none") on CPU, with the kernel layer's entry points
 replaced by stand-ins that check what they are handed and compute with PyTorch. This runs in
-CI the code the GPU runs around the kernels: views and strides handed down, `kernel` passed
-through (also to the backward GEMMs), the in-place unfused epilogue of `linear`, and opcheck
-of the ops as they are on the device."""
+CI the code the GPU runs around the kernels: views and strides handed down, tensors handed down
+detached (DLPack, so TVM-FFI, refuses tensors that require grad), the `rung` argument passed
+through as the entry's `kernel` (also to the backward kernels), the in-place unfused epilogue of
+`linear`, and opcheck of the ops as they are on the device."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ from cute_kernels.ops import gemm as gemm_ops  # noqa: E402
 F64 = torch.float64
 
 
+def _detached(*tensors):
+    for t in tensors:
+        assert not t.requires_grad, "a tensor requiring grad was handed to the kernel entry (DLPack refuses it)"
+
+
 def randn(*shape, grad=False):
     return torch.randn(*shape, dtype=F64).requires_grad_(grad)
 
@@ -35,8 +41,8 @@ def gemm_calls(monkeypatch):
     calls = []
 
     def stand_in(a, b, *, kernel="auto", out_dtype=None):
-        assert not torch.is_grad_enabled() or not (a.requires_grad or b.requires_grad), \
-            "the kernel entry must be called below autograd"
+        assert not torch.is_grad_enabled(), "the kernel entry must be called below autograd"
+        _detached(a, b)
         for name, t in (("a", a), ("b", b)):
             assert t.dim() in (2, 3), f"{name} handed down {t.dim()}-D"
             assert t.stride(-1) == 1 or t.stride(-2) == 1, f"{name} handed down with strides {t.stride()}"
@@ -52,11 +58,13 @@ def attention_calls(monkeypatch):
     calls = []
 
     def forward(q, k, v, *, causal, scale, enable_gqa, kernel):
+        _detached(q, k, v)
         calls.append(("forward", causal, kernel))
         return reference.forward(q, k, v, causal, scale, enable_gqa)
 
-    def backward(grad_out, q, k, v, out, lse, *, causal, scale, enable_gqa):
-        calls.append(("backward", causal))
+    def backward(grad_out, q, k, v, out, lse, *, causal, scale, enable_gqa, kernel):
+        _detached(grad_out, q, k, v, out, lse)
+        calls.append(("backward", causal, kernel))
         assert lse.dtype == torch.float32 and lse.shape == q.shape[:-1]
         return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa)
 
@@ -66,9 +74,9 @@ def attention_calls(monkeypatch):
 
 # ---- matmul and linear -------------------------------------------------------------------------
 
-def test_matmul_passes_kernel_to_forward_and_backward_gemms(gemm_calls):
+def test_matmul_passes_rung_to_forward_and_backward_gemms(gemm_calls):
     a, b = randn(3, 6, 5, grad=True), randn(5, 4, grad=True)
-    out = ops.matmul(a, b, kernel="naive")
+    out = ops.matmul(a, b, rung="naive")
     out.backward(randn(3, 6, 4))
     assert [c[2] for c in gemm_calls] == ["naive"] * 3
     assert gemm_calls[0][:2] == ((3, 6, 5), (5, 4))
@@ -81,7 +89,7 @@ def test_matmul_passes_kernel_to_forward_and_backward_gemms(gemm_calls):
 def test_linear_kernel_path_matches_torch(gemm_calls, activation, with_bias):
     x, w = randn(2, 3, 7, grad=True), randn(4, 7, grad=True)
     b = randn(4, grad=True) if with_bias else None
-    out = ops.linear(x, w, b, activation, kernel="sm80_mma")
+    out = ops.linear(x, w, b, activation, rung="sm80_mma")
     y = F.linear(x, w, b)
     ref = {None: y, "relu": torch.relu(y), "silu": F.silu(y), "gelu_tanh": F.gelu(y, approximate="tanh")}[activation]
     assert out.shape == ref.shape and out.is_contiguous() and _rel(out, ref) < 1e-12
@@ -126,8 +134,36 @@ def test_kernel_layer_errors_propagate_or_fall_back(monkeypatch):
 @pytest.mark.parametrize("causal", ops.CAUSAL)
 def test_sdpa_kernel_path_forward_and_backward(attention_calls, causal):
     q, k, v = randn(2, 4, 5, 8, grad=True), randn(2, 2, 6, 8, grad=True), randn(2, 2, 6, 8, grad=True)
-    out, lse = ops.sdpa(q, k, v, causal, None, True, kernel="sm80_flash")
+    out, lse = ops.sdpa(q, k, v, causal, None, True, rung="sm80_flash")
     out.backward(randn(*out.shape))
-    assert attention_calls == [("forward", causal, "sm80_flash"), ("backward", causal)]
+    assert attention_calls == [("forward", causal, "sm80_flash"), ("backward", causal, "sm80_flash")]
     assert not lse.requires_grad
     torch.library.opcheck(ops.sdpa, (q, k, v), {"causal": causal, "enable_gqa": True})
+
+
+def test_varlen_and_paged_decode_kernel_path(monkeypatch):
+    calls = []
+
+    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, causal, scale, kernel):
+        _detached(q, k, v, cu_q, cu_k)
+        calls.append(("varlen", max_q, max_k, causal, kernel))
+        return reference.varlen_forward(q, k, v, cu_q, cu_k, causal, scale)
+
+    def decode(q, k_cache, v_cache, block_table, seqlens_k, *, scale, kernel):
+        _detached(q, k_cache, v_cache, block_table, seqlens_k)
+        calls.append(("decode", scale, kernel))
+        return reference.paged_decode(q, k_cache, v_cache, block_table, seqlens_k, scale)
+
+    monkeypatch.setattr(attention_ops, "_found", {"sdpa_varlen": varlen, "paged_decode": decode})
+    cu_q, cu_k = torch.tensor([0, 3, 8], dtype=torch.int32), torch.tensor([0, 4, 11], dtype=torch.int32)
+    q, k, v = randn(8, 4, 16, grad=True), randn(11, 2, 16, grad=True), randn(11, 2, 16, grad=True)
+    out, lse = ops.sdpa_varlen(q, k, v, cu_q, cu_k, 5, 7, "bottom_right", rung="sm80_flash")
+    want_out, want_lse = reference.varlen_forward(q, k, v, cu_q, cu_k, "bottom_right", None)
+    assert _rel(out, want_out) < 1e-12 and _rel(lse, want_lse) < 1e-12
+
+    k_cache, v_cache = randn(6, 4, 2, 16, grad=True), randn(6, 4, 2, 16, grad=True)
+    table, seqlens = torch.tensor([[5, 0, 3], [2, 1, 0]], dtype=torch.int32), torch.tensor([10, 3], dtype=torch.int32)
+    qd = randn(2, 4, 16, grad=True)
+    out = ops.paged_decode(qd, k_cache, v_cache, table, seqlens, 0.5, rung="decode")
+    assert _rel(out, reference.paged_decode(qd, k_cache, v_cache, table, seqlens, 0.5)) < 1e-12
+    assert calls == [("varlen", 5, 7, "bottom_right", "sm80_flash"), ("decode", 0.5, "decode")]

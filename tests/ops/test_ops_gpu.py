@@ -117,6 +117,29 @@ def test_linear_values_and_gradients_match_torch(activation):
         assert rel(a, r) < 2e-2, name
 
 
+@pytest.mark.parametrize("rung", ["sm90_persistent", "sm80_mma"])
+def test_linear_fused_and_unfused_epilogues_agree_with_torch(rung):
+    # sm90 rungs fuse bias + activation into the GEMM's epilogue; sm80_mma runs them after.
+    x, w, b = randn(200, 136), randn(264, 136), randn(264)
+    poison((200, 264))
+    out = ops.linear(x, w, b, "gelu_tanh", rung=rung)
+    ref = _torch_linear(x.float(), w.float(), b.float(), "gelu_tanh")
+    assert out.shape == ref.shape and torch.isfinite(out).all()
+    assert rel(out, ref) < 1e-2
+
+
+def test_scaled_mm_matches_dequantized_product():
+    fp8 = torch.float8_e4m3fn
+    a, b = randn(256, 512).to(fp8), randn(384, 512).to(fp8).t()
+    sa, sb = torch.tensor(0.5, device="cuda"), torch.tensor(2.0, device="cuda")
+    poison((256, 384))
+    out = ops.scaled_mm(a, b, sa, sb, out_dtype=BF16)
+    ref = (a.float() * 0.5) @ (b.float() * 2.0)
+    assert out.dtype == BF16 and rel(out, ref) < 1e-2
+    want = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=BF16)
+    assert rel(out, want.float()) < 1e-2
+
+
 # ---- sdpa ----------------------------------------------------------------------------------------
 
 def _torch_sdpa(q, k, v, causal):

@@ -1,0 +1,496 @@
+"""Rung `sm90_flash`: FlashAttention-3's forward pass with Hopper's TMA and warpgroup MMA.
+
+A CTA owns 128 query rows of one (batch, head) and is three warpgroups (`hopper.warp_roles`):
+
+    producer   warpgroup 0 gives registers back (setmaxnreg.dec); one warp TMA-loads Q once,
+               then K and V blocks (descending, masked blocks first, as `block_info` orders
+               them) into two mbarrier pipelines of `stages` 128B-swizzled slots each
+    consumers  warpgroups 1 and 2 grow their registers (setmaxnreg.inc); each owns 64 rows:
+               S = Q K^T by wgmma SS, mask, online softmax in registers (`sm90_softmax`: base 2,
+               scale folded in, fp32 statistics), P converted to 16 bits in registers and
+               O += P V by wgmma RS (P re-viewed as the A operand, `sm90_layouts.p_as_a_layout`)
+
+The consumer loop overlaps within a warpgroup: block n's S = Q K_n is issued together with
+block n+1's O += P V (the previous block, visited before it), softmax of S_n runs while the
+P V GEMM is still in flight, and O is rescaled only after it retires. With `pingpong` the two
+consumer warpgroups also take turns issuing those GEMMs (named barriers 2 and 3), so one's
+softmax runs under the other's tensor-core work.
+
+Epilogue: O /= l, converted, written with stmatrix into Q's buffer (each warpgroup into its
+own rows, which only it read), then one TMA store of the tile (rows past the sequence end are
+clipped by the tensor map); LSE (natural log) by one thread of each row quad.
+
+Causal work is balanced by launching the longest Q tiles first (m_block reversed along grid x).
+Layouts come from `cute_kernels.layouts` (GMMA smem atoms via `hopper.smem_layouts`, the
+register views via `sm90_layouts`) and are converted with `runtime.to_cute` while tracing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warp, warpgroup
+
+from cute_kernels.hopper import smem_layouts, tma, wgmma
+from cute_kernels.hopper import pipeline as hpipe
+from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP, WarpRoles
+
+from . import block_info
+from .mask import apply_mask
+from .softmax import LOG2_E
+from .sm90_layouts import BLOCK_M, FlashSm90Config, config_for
+from .sm90_softmax import Sm90Softmax, acc_as_a, acc_mn_view
+
+__all__ = ["FlashAttentionSm90", "FlashSm90Config", "config_for", "RUNG", "build_variant"]
+
+_CUTLASS = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
+_CONSUMER_THREADS = 2 * THREADS_PER_WARPGROUP
+# Named barrier ids (0 is __syncthreads): warpgroup w's turn to issue GEMMs is 2 + w; the
+# epilogue's "O is in shared memory" barrier over both consumer warpgroups is 4.
+_TURN_BARRIER = 2
+_EPILOGUE_BARRIER = 4
+
+
+def _transposed(t: cute.Tensor, rows: int, cols: int, stages: int) -> cute.Tensor:
+    """(rows, cols, stages) smem tensor viewed (cols, rows, stages): V read as wgmma's
+    MN-major B operand (N = head dim, K = keys) from the buffer TMA filled row-major."""
+    return cute.composition(t, cute.make_layout((cols, rows, stages), stride=(rows, 1, rows * cols)))
+
+
+class FlashAttentionSm90:
+    """out, lse = attention(q, k, v) for q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D), out like q,
+    lse (B, Hq, Sq) fp32; head h reads K/V head h // qhead_per_kvhead."""
+
+    def __init__(self, config: FlashSm90Config):
+        self.config = config.validate()
+        self.dtype = _CUTLASS[config.dtype]
+        self.roles = WarpRoles(consumer_warpgroups=2, producer_regs=config.producer_regs,
+                               consumer_regs=config.consumer_regs)
+        self.roles.validate()
+        c = self.config
+        # GMMA smem atoms (`cute_kernels.layouts.smem_atoms`), K-major over the head dim: Q, K and V
+        # are all stored row-major (D contiguous); V is read through a transposed view.
+        self.smem_atom = smem_layouts.gmma_atom("K", c.dtype, c.head_dim)
+
+    # ---- host side -----------------------------------------------------------------------------
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, qhead_per_kvhead: cutlass.Int32,
+                 stream):
+        """Launch over (q tiles, heads, batch)."""
+        c = self.config
+        d, bm, bn = c.head_dim, BLOCK_M, c.block_n
+        # (B, H, S, D) -> (S, D, H, B): a TMA box is a (rows, D) slab of one (head, batch), and the
+        # tensor map clips rows past S (zero-filled loads, dropped stores).
+        qkvo = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 3, 1, 0])) for t in (mQ, mK, mV, mO)]
+        mQ, mK, mV, mO = qkvo
+        mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
+
+        smem_q_layout = smem_layouts.staged_smem_layout(self.smem_atom, bm, d, 1)
+        smem_kv_layout = smem_layouts.staged_smem_layout(self.smem_atom, bn, d, c.stages)
+        tma_q, tQ = tma.make_tma_load(mQ, smem_q_layout, (bm, d), 1)
+        tma_k, tK = tma.make_tma_load(mK, smem_kv_layout, (bn, d), 1)
+        tma_v, tV = tma.make_tma_load(mV, smem_kv_layout, (bn, d), 1)
+        tma_o, tO = tma.make_tma_store(mO, smem_q_layout, (bm, d))
+
+        tiled_mma_qk = wgmma.make_tiled_mma(self.dtype, self.dtype, "K", "K", cutlass.Float32, (2, 1, 1), bn)
+        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, wgmma.operand_major("K"), wgmma.operand_major("MN"), cutlass.Float32,
+            (2, 1, 1), tiler_mn=(64, d), a_source=warpgroup.OperandSource.RMEM)
+
+        @cute.struct
+        class SharedStorage:
+            bar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            bar_k: cute.struct.MemRange[cutlass.Int64, 2 * c.stages]
+            bar_v: cute.struct.MemRange[cutlass.Int64, 2 * c.stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_q_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_kv_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_kv_layout)], 1024]
+
+        grid = (cute.ceil_div(mQ.shape[0], bm), mQ.shape[2], mQ.shape[3])
+        self.kernel(tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, mLSE, softmax_scale * LOG2_E, causal_offset,
+                    qhead_per_kvhead, smem_q_layout, smem_kv_layout, tiled_mma_qk, tiled_mma_pv,
+                    SharedStorage).launch(grid=grid, block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+
+    # ---- device side ---------------------------------------------------------------------------
+
+    @cute.kernel
+    def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
+               tma_v: cute.CopyAtom, mV: cute.Tensor, tma_o: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor,
+               scale_log2: cutlass.Float32, causal_offset: cutlass.Int32, qhead_per_kvhead: cutlass.Int32,
+               smem_q_layout: cute.ComposedLayout, smem_kv_layout: cute.ComposedLayout,
+               tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+        c = self.config
+        d, bm, bn = c.head_dim, BLOCK_M, c.block_n
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            tma.prefetch(tma_q, tma_k, tma_v, tma_o)
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 2 * 4)
+        pipe_q = pipeline.PipelineTmaAsync.create(barrier_storage=storage.bar_q.data_ptr(), num_stages=1,
+                                                  producer_group=producer, consumer_group=consumers,
+                                                  tx_count=c.tx_bytes_q)
+        pipe_k = pipeline.PipelineTmaAsync.create(barrier_storage=storage.bar_k.data_ptr(), num_stages=c.stages,
+                                                  producer_group=producer, consumer_group=consumers,
+                                                  tx_count=c.tx_bytes_kv)
+        pipe_v = pipeline.PipelineTmaAsync.create(barrier_storage=storage.bar_v.data_ptr(), num_stages=c.stages,
+                                                  producer_group=producer, consumer_group=consumers,
+                                                  tx_count=c.tx_bytes_kv)
+        sQ = storage.sQ.get_tensor(smem_q_layout.outer, swizzle=smem_q_layout.inner)[None, None, 0]
+        sK = storage.sK.get_tensor(smem_kv_layout.outer, swizzle=smem_kv_layout.inner)
+        sV = storage.sV.get_tensor(smem_kv_layout.outer, swizzle=smem_kv_layout.inner)
+
+        # This CTA's work: the longest causal tiles are launched first.
+        m_block = cute.arch.grid_dim()[0] - 1 - cute.arch.block_idx()[0]
+        _, head, batch = cute.arch.block_idx()
+        kv_head = head // qhead_per_kvhead
+        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        n_block_max, n_unmasked_end = block_info.n_block_range(
+            m_block, seqlen_q, seqlen_k, causal_offset, block_m=bm, block_n=bn, causal=c.causal,
+            minimum=cutlass.min, maximum=cutlass.max)
+        cute.arch.sync_threads()  # the mbarrier inits are visible to every warp
+
+        warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+        if warpgroup_idx == 0:
+            self.roles.become_producer()
+            if warp_idx == 0:
+                gQ = cute.local_tile(mQ[None, None, head, batch], (bm, d), (m_block, 0))
+                gK = cute.local_tile(mK[None, None, kv_head, batch], (bn, d), (None, 0))
+                gV = cute.local_tile(mV[None, None, kv_head, batch], (bn, d), (None, 0))
+                self.produce(tma_q, gQ, sQ, tma_k, gK, sK, tma_v, gV, sV, pipe_q, pipe_k, pipe_v, n_block_max)
+        else:
+            self.roles.become_consumer()
+            wg = warpgroup_idx - 1
+            gO = cute.local_tile(mO[None, None, head, batch], (bm, d), (m_block, 0))
+            self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipe_q, pipe_k, pipe_v, tma_o, gO,
+                         mLSE[None, head, batch], scale_log2, causal_offset, m_block, seqlen_q, seqlen_k,
+                         n_block_max, n_unmasked_end, tidx - THREADS_PER_WARPGROUP, warp_idx, wg)
+
+    @cute.jit
+    def produce(self, tma_q, gQ, sQ, tma_k, gK, sK, tma_v, gV, sV, pipe_q, pipe_k, pipe_v,
+                n_block_max: cutlass.Int32):
+        """Producer warp: Q once, then K[n], V[n] for n = n_block_max - 1 down to 0."""
+        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                           cute.group_modes(gQ, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+        if n_block_max > 0:
+            q_state = hpipe.producer_state(1)
+            pipe_q.producer_acquire(q_state)
+            cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+            k_state = hpipe.producer_state(self.config.stages)
+            v_state = hpipe.producer_state(self.config.stages)
+            for i in cutlass.range(n_block_max, unroll=1):
+                n = n_block_max - 1 - i
+                pipe_k.producer_acquire(k_state)
+                cute.copy(tma_k, tKgK[None, n], tKsK[None, k_state.index],
+                          tma_bar_ptr=pipe_k.producer_get_barrier(k_state))
+                k_state.advance()
+                pipe_v.producer_acquire(v_state)
+                cute.copy(tma_v, tVgV[None, n], tVsV[None, v_state.index],
+                          tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
+                v_state.advance()
+            pipe_k.producer_tail(k_state)
+            pipe_v.producer_tail(v_state)
+
+    @cute.jit
+    def consume(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, sQ, sK, sV, pipe_q, pipe_k,
+                pipe_v, tma_o, gO, gLSE, scale_log2: cutlass.Float32, causal_offset: cutlass.Int32,
+                m_block: cutlass.Int32, seqlen_q: cutlass.Int32, seqlen_k: cutlass.Int32,
+                n_block_max: cutlass.Int32, n_unmasked_end: cutlass.Int32, ctidx: cutlass.Int32,
+                warp_idx: cutlass.Int32, wg: cutlass.Int32):
+        """Consumer warpgroup `wg` (0 or 1, rows 64 wg .. 64 wg + 63 of the tile)."""
+        c = self.config
+        d, bm, bn = c.head_dim, BLOCK_M, c.block_n
+        thr_qk = tiled_mma_qk.get_slice(ctidx)
+        thr_pv = tiled_mma_pv.get_slice(ctidx)
+        tSrQ = tiled_mma_qk.make_fragment_A(thr_qk.partition_A(sQ))
+        tSrK = tiled_mma_qk.make_fragment_B(thr_qk.partition_B(sK))
+        sVt = _transposed(sV, bn, d, c.stages)
+        tOrVt = tiled_mma_pv.make_fragment_B(thr_pv.partition_B(sVt))
+        acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((bm, bn)), cutlass.Float32)
+        acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((bm, d)), cutlass.Float32)
+        acc_o.fill(0.0)
+        r_p = cute.make_rmem_tensor(acc_s.layout, self.dtype)
+        t_p = acc_as_a(r_p)
+        acc_s_mn, acc_o_mn = acc_mn_view(acc_s), acc_mn_view(acc_o)
+        # Tile-local (row, col) of each score this thread holds, for the mask and the LSE rows.
+        coord_s = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((bm, bn))))
+        softmax = Sm90Softmax(2, scale_log2)
+        row_scale = cute.make_rmem_tensor((2,), cutlass.Float32)
+        turn = [pipeline.NamedBarrier(barrier_id=_TURN_BARRIER + i, num_threads=_CONSUMER_THREADS) for i in (0, 1)]
+        row_base = m_block * bm
+        # The epilogue's stmatrix partition, made before the main loop sets the MMAs' fields.
+        stmatrix = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        thr_r2s = cute.make_tiled_copy_C(stmatrix, tiled_mma_pv).get_slice(ctidx)
+
+        if n_block_max > 0:
+            self.mainloop(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_s, acc_o, r_p, t_p, acc_s_mn, acc_o_mn,
+                          coord_s, softmax, row_scale, pipe_q, pipe_k, pipe_v, turn, wg, row_base, seqlen_k,
+                          causal_offset, n_block_max, n_unmasked_end)
+
+        # ---- epilogue
+        lse = cute.make_rmem_tensor((2,), cutlass.Float32)
+        softmax.finalize(acc_o_mn, lse)
+        if ctidx % 4 == 0:
+            for r in cutlass.range_constexpr(2):
+                row = row_base + coord_s[r, 0][0]
+                if row < seqlen_q:
+                    gLSE[row] = lse[r]
+        self.store_o(stmatrix, thr_r2s, acc_o, sQ, tma_o, gO, warp_idx)
+
+    @cute.jit
+    def mainloop(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_s, acc_o, r_p, t_p, acc_s_mn, acc_o_mn,
+                 coord_s, softmax: Sm90Softmax, row_scale, pipe_q, pipe_k, pipe_v, turn, wg: cutlass.Int32,
+                 row_base: cutlass.Int32, seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32,
+                 n_block_max: cutlass.Int32, n_unmasked_end: cutlass.Int32):
+        """Every K/V block of this tile (n_block_max > 0): the first alone, then the overlapped steps,
+        then the last block's P V."""
+        c = self.config
+        bn = c.block_n
+        k_state = hpipe.consumer_state(c.stages)
+        v_state = hpipe.consumer_state(c.stages)
+        if cutlass.const_expr(c.pingpong):
+            # Warpgroup 0 issues first: hand it the first turn.
+            if wg == 1:
+                turn[0].arrive()
+        pipe_q.consumer_wait(hpipe.consumer_state(1))
+
+        # ---- the first block (the highest; masked when any block is): S alone, then softmax
+        n_first = n_block_max - 1
+        self.wait_turn(turn, wg)
+        pipe_k.consumer_wait(k_state)
+        self.gemm_qk(tiled_mma_qk, acc_s, tSrQ, tSrK, k_state.index)
+        self.pass_turn(turn, wg, n_block_max > 1)
+        wgmma.wait_group(0)
+        pipe_k.consumer_release(k_state)
+        k_state.advance()
+        apply_mask(acc_s_mn, coord_s, row_base, n_first * bn, seqlen_k, causal_offset, c.causal)
+        softmax.update(acc_s_mn, row_scale)
+        r_p.store(acc_s.load().to(self.dtype))
+
+        # ---- the rest: masked blocks (descending), then the unmasked ones
+        n_masked = cutlass.max(n_first - n_unmasked_end, 0)
+        for i in cutlass.range(n_masked, unroll=1):
+            n = n_first - 1 - i
+            k_state, v_state = self.step(n, True, n > 0, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_s, acc_o, r_p, t_p,
+                      acc_s_mn, acc_o_mn, coord_s, softmax, row_scale, pipe_k, pipe_v, k_state, v_state, turn, wg,
+                      row_base, seqlen_k, causal_offset)
+        for i in cutlass.range(n_first - n_masked, unroll=1):
+            n = n_first - n_masked - 1 - i
+            k_state, v_state = self.step(n, False, n > 0, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_s, acc_o, r_p, t_p,
+                      acc_s_mn, acc_o_mn, coord_s, softmax, row_scale, pipe_k, pipe_v, k_state, v_state, turn, wg,
+                      row_base, seqlen_k, causal_offset)
+
+        # ---- the last block's O += P V
+        pipe_v.consumer_wait(v_state)
+        self.gemm_pv(tiled_mma_pv, acc_o, t_p, tOrVt, v_state.index)
+        wgmma.wait_group(0)
+        pipe_v.consumer_release(v_state)
+        v_state.advance()
+
+    @cute.jit
+    def step(self, n: cutlass.Int32, masked: cutlass.Constexpr, more: cutlass.Boolean, tiled_mma_qk, tiled_mma_pv,
+             tSrQ, tSrK, tOrVt, acc_s, acc_o, r_p, t_p, acc_s_mn, acc_o_mn, coord_s, softmax: Sm90Softmax,
+             row_scale, pipe_k, pipe_v, k_state, v_state, turn, wg: cutlass.Int32, row_base: cutlass.Int32,
+             seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32):
+        """Block n: issue S = Q K_n and O += P V of the previous block together; softmax of S_n
+        under the P V GEMM; O rescaled and P overwritten once that GEMM retired. `more`: a block
+        follows (the ping-pong turn is passed only to a warpgroup that will take it). Returns the
+        advanced pipeline states (loop-carried by the caller)."""
+        c = self.config
+        self.wait_turn(turn, wg)
+        pipe_k.consumer_wait(k_state)
+        self.gemm_qk(tiled_mma_qk, acc_s, tSrQ, tSrK, k_state.index)
+        pipe_v.consumer_wait(v_state)
+        self.gemm_pv(tiled_mma_pv, acc_o, t_p, tOrVt, v_state.index)
+        self.pass_turn(turn, wg, more)
+        wgmma.wait_group(1)  # S_n landed; P V still in flight
+        pipe_k.consumer_release(k_state)
+        k_state.advance()
+        if cutlass.const_expr(masked):
+            apply_mask(acc_s_mn, coord_s, row_base, n * c.block_n, seqlen_k, causal_offset, c.causal)
+        softmax.update(acc_s_mn, row_scale)
+        wgmma.wait_group(0)  # P V retired: O and P are free
+        pipe_v.consumer_release(v_state)
+        v_state.advance()
+        softmax.rescale(acc_o_mn, row_scale)
+        r_p.store(acc_s.load().to(self.dtype))
+        return k_state, v_state
+
+    @cute.jit
+    def gemm_qk(self, tiled_mma, acc_s, tSrQ, tSrK, stage):
+        """acc_s = Q K_stage^T (first k step overwrites), issued and committed, not waited."""
+        wgmma.fence()
+        for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+            cute.gemm(tiled_mma, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, stage], acc_s)
+        wgmma.commit_group()
+
+    @cute.jit
+    def gemm_pv(self, tiled_mma, acc_o, t_p, tOrVt, stage):
+        """acc_o += P V_stage with P from registers, issued and committed, not waited."""
+        wgmma.fence()
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        for kb in cutlass.range_constexpr(cute.size(t_p, mode=[2])):
+            cute.gemm(tiled_mma, acc_o, t_p[None, None, kb], tOrVt[None, None, kb, stage], acc_o)
+        wgmma.commit_group()
+
+    @cute.jit
+    def wait_turn(self, turn, wg: cutlass.Int32):
+        if cutlass.const_expr(self.config.pingpong):
+            if wg == 0:
+                turn[0].arrive_and_wait()
+            else:
+                turn[1].arrive_and_wait()
+
+    @cute.jit
+    def pass_turn(self, turn, wg: cutlass.Int32, more: cutlass.Boolean):
+        """Hand the tensor cores to the other warpgroup. Warpgroup 1 skips its last hand-off:
+        warpgroup 0 takes exactly n_block_max turns (one given up front), so every arrive is
+        matched by one wait."""
+        if cutlass.const_expr(self.config.pingpong):
+            if wg == 0:
+                turn[1].arrive()
+            else:
+                if more:
+                    turn[0].arrive()
+
+    @cute.jit
+    def store_o(self, stmatrix, thr_r2s, acc_o, sO, tma_o, gO, warp_idx: cutlass.Int32):
+        """O (normalized) -> 16 bits -> stmatrix into sO (Q's buffer: each warpgroup writes only
+        the rows it alone read) -> one TMA store of the tile."""
+        r_o = cute.make_rmem_tensor(acc_o.layout, self.dtype)
+        r_o.store(acc_o.load().to(self.dtype))
+        cute.copy(stmatrix, thr_r2s.retile(r_o), thr_r2s.partition_D(sO))
+        cute.arch.fence_proxy("async.shared", space="cta")
+        pipeline.NamedBarrier(barrier_id=_EPILOGUE_BARRIER, num_threads=_CONSUMER_THREADS).arrive_and_wait()
+        if warp_idx == 4:
+            tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                                               cute.group_modes(gO, 0, 2))
+            cute.copy(tma_o, tOsO, tOgO)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+
+# ---- compile-only variants ------------------------------------------------------------------------
+
+
+def build_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False, **tile):
+    """A CompileJob for `sm90_flash` over fake (B, H, S, D) tensors with symbolic sizes; `tile`
+    (block_n, stages, pingpong, producer_regs, consumer_regs) overrides `config_for`."""
+    from dataclasses import replace
+
+    from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
+
+    config = replace(config_for(head_dim, dtype, causal), **tile).validate()
+    t = _CUTLASS[dtype]
+    # TMA needs 16-byte aligned strides: the rung checks it, the fake tensors state it.
+    qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16, stride_divisibility=8) for _ in range(4)]
+    lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
+    args = (*qkvo, lse, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(0), cutlass.Int32(1), fake_stream())
+    return CompileJob(FlashAttentionSm90(config), args, ("attention.sm90_flash", config))
+
+
+VARIANT_CONFIGS = {
+    f"d{d}_{dt}{'_causal' if causal else ''}": {"head_dim": d, "dtype": dt, "causal": causal}
+    for d, dt, causal in (
+        (64, "bfloat16", False), (64, "float16", True), (128, "bfloat16", False), (128, "bfloat16", True),
+        (128, "float16", False), (256, "bfloat16", True),
+    )
+}
+
+
+def _register() -> None:
+    from cute_kernels.runtime import register_variant
+
+    register_variant("attention.sm90_flash", build_variant, configs=VARIANT_CONFIGS, requires={"HGMMA", "UTMALDG"})
+
+
+_register()
+
+
+# ---- the rung --------------------------------------------------------------------------------------
+
+_MAX_GRID_YZ = 65535
+
+
+class Sm90FlashRung:
+    """The `sm90_flash` rung of the attention ladder (interface in `cute_kernels.attention.registry`)."""
+
+    name = "sm90_flash"
+    min_capability = (9, 0)
+
+    @property
+    def dtypes(self):
+        import torch
+
+        return (torch.float16, torch.bfloat16)
+
+    def supports(self, q, k, v, problem) -> str | None:
+        if problem.dtype not in self.dtypes:
+            return f"dtype {problem.dtype} not supported (float16, bfloat16)"
+        d = problem.head_dim
+        if d % 16 or not 16 <= d <= 256:
+            return f"head dim {d} not supported (a multiple of 16 from 16 to 256)"
+        if problem.head_dim_v != d:
+            return f"value head dim {problem.head_dim_v} differs from the query/key head dim {d}"
+        if not (math.isfinite(problem.scale) and problem.scale > 0):
+            return f"scale {problem.scale} must be finite and > 0 (the running max is taken before scaling)"
+        if problem.heads_q > _MAX_GRID_YZ or problem.batch > _MAX_GRID_YZ:
+            return f"batch {problem.batch} and heads {problem.heads_q} must each be at most {_MAX_GRID_YZ} (grid y/z)"
+        if max(problem.seqlen_q, problem.seqlen_k) >= 2**31 - 256:
+            return "sequence lengths must be below 2**31 (32-bit row indices)"
+        if getattr(problem, "window_left", None) is not None:
+            return "sliding windows are not implemented in sm90_flash yet"
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if t.data_ptr() % 16:
+                return f"{name}'s data pointer is not 16-byte aligned (TMA); call .contiguous() on it"
+            # TMA tensor maps need every stride but the unit one to be a multiple of 16 bytes.
+            bad = [s for s in t.stride()[:-1] if s % 8]
+            if bad:
+                return (f"{name}'s strides {tuple(t.stride())} are not multiples of 8 elements (16 bytes) outside "
+                        "the head dim (a TMA requirement); call .contiguous() on it")
+        return None
+
+    def __call__(self, q, k, v, out, lse, problem):
+        """Write out (B, Hq, Sq, D) and lse (B, Hq, Sq) fp32 on torch's current stream."""
+        from cute_kernels.runtime import compile_kernel, current_stream, from_torch
+
+        if out.data_ptr() % 16 or any(s % 8 for s in out.stride()[:-1]):
+            raise ValueError(f"out's strides {tuple(out.stride())} must be multiples of 8 elements and its "
+                             "pointer 16-byte aligned (TMA store)")
+        config = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), problem.causal is not None)
+        kernel = _kernel_for(config)
+        tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in (q, k, v, out)]
+        tensors.append(from_torch(lse, assumed_align=4, leading_dim=2))
+        offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
+        args = (*tensors, cutlass.Float32(problem.scale), cutlass.Int32(offset),
+                cutlass.Int32(problem.heads_q // problem.heads_kv))
+        stream = current_stream()
+        compiled = compile_kernel(kernel, *args, stream, key=("attention.sm90_flash", config))
+        compiled(*args, stream)
+        return out, lse
+
+
+_KERNELS: dict = {}
+
+
+def _kernel_for(config: FlashSm90Config) -> FlashAttentionSm90:
+    if config not in _KERNELS:
+        _KERNELS[config] = FlashAttentionSm90(config)
+    return _KERNELS[config]
+
+
+RUNG = Sm90FlashRung()

@@ -1,0 +1,187 @@
+"""The static shape of the `sm90_flash` forward, and the register views it relies on.
+
+Pure Python (`cute_kernels.layouts` only; neither the DSL nor torch is imported here), so the
+tile arithmetic and the layout derivations are checked on the CPU.
+
+`FlashSm90Config`: one compiled kernel. A CTA is three warpgroups: warpgroup 0 produces (one
+warp issues the TMA loads), warpgroups 1 and 2 consume, each owning 64 of the CTA's
+`block_m` = 128 query rows; K/V blocks of `block_n` rows flow through `stages` smem slots.
+
+The register views (all index maps over this thread's registers; nothing moves):
+
+- `accumulator_value_layout(n)`: the wgmma m64nN accumulator's value mode, (2, 2, N/8) ->
+  offset (m + 64 n) in the warpgroup's 64 x N tile (from `layouts.atoms_sm90.c_layout`).
+- `p_as_a_layout(n)`: the accumulator S (64 x n), converted to 16 bits, re-viewed as the A
+  operand of `n / 16` m64k16 wgmma steps (RS form): ((2, 2, 2), 1, n / 16) -> index into the
+  accumulator fragment ((2, 2, N/8), 1, 1). Derived, not assumed: it is
+  left_inverse(C values) o (A values, k step), see `derive_p_as_a`.
+- `mn_view_layout(n)`: the accumulator fragment as (rows, columns) of this thread's share:
+  rows (2,) = the two rows 8 apart, columns (2, N/8) = adjacent pairs every 8 columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cute_kernels.layouts import Layout, composition, left_inverse
+
+__all__ = ["FlashSm90Config", "config_for", "HEAD_DIMS", "BLOCK_M", "accumulator_value_layout",
+           "a_value_layout", "derive_p_as_a", "p_as_a_layout", "mn_view_layout", "num_m_blocks",
+           "SMEM_LIMIT"]
+
+HEAD_DIMS = (64, 96, 128, 192, 256)
+_DTYPES = ("float16", "bfloat16")
+BLOCK_M = 128  # two consumer warpgroups x 64 rows (one wgmma M each)
+SMEM_LIMIT = 227 * 1024  # sm_90's opt-in dynamic shared memory per block
+_REGS = 65536  # 32-bit registers per SM
+
+
+@dataclass(frozen=True)
+class FlashSm90Config:
+    """The static shape of one compiled `sm90_flash` kernel.
+
+    head_dim: D of Q, K and V (a multiple of 16 in [16, 256]); dtype: "float16" | "bfloat16";
+    causal: whether the causal diagonal is tested (its alignment is a runtime column offset);
+    block_n: K/V rows per step (a multiple of 16 up to 256: the N of S = Q K^T and the K of
+    O += P V); stages: smem slots of each of the K and V pipelines; pingpong: the two consumer
+    warpgroups take turns issuing their GEMMs (named barriers), so one's softmax runs under the
+    other's tensor-core work; producer_regs / consumer_regs: the setmaxnreg budgets.
+    """
+
+    head_dim: int = 128
+    dtype: str = "bfloat16"
+    causal: bool = False
+    block_n: int = 128
+    stages: int = 2
+    pingpong: bool = True
+    producer_regs: int = 24
+    consumer_regs: int = 240
+
+    def validate(self) -> "FlashSm90Config":
+        d = self.head_dim
+        if not isinstance(d, int) or d < 16 or d > 256 or d % 16:
+            raise ValueError(f"FlashSm90Config.head_dim must be a multiple of 16 in [16, 256], got {d!r}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"FlashSm90Config.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        for name in ("causal", "pingpong"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"FlashSm90Config.{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.block_n, int) or self.block_n % 16 or not 16 <= self.block_n <= 256:
+            raise ValueError(f"FlashSm90Config.block_n must be a multiple of 16 in [16, 256], got {self.block_n!r}")
+        if self.stages not in (1, 2, 3, 4):
+            raise ValueError(f"FlashSm90Config.stages must be 1 to 4, got {self.stages!r}")
+        for name in ("producer_regs", "consumer_regs"):
+            r = getattr(self, name)
+            if not isinstance(r, int) or r % 8 or not 24 <= r <= 256:
+                raise ValueError(f"FlashSm90Config.{name} must be a multiple of 8 in [24, 256], got {r!r}")
+        if 128 * (self.producer_regs + 2 * self.consumer_regs) > _REGS:
+            raise ValueError(
+                f"setmaxnreg budgets {self.producer_regs} + 2 x {self.consumer_regs} per thread exceed the "
+                f"{_REGS} registers of an SM for 3 warpgroups")
+        if self.accumulator_regs > self.consumer_regs - 48:
+            raise ValueError(
+                f"the fp32 accumulators S and O and the 16-bit P take {self.accumulator_regs} registers per "
+                f"consumer thread, too close to its budget {self.consumer_regs}: lower block_n")
+        if self.smem_bytes > SMEM_LIMIT:
+            raise ValueError(f"FlashSm90Config needs {self.smem_bytes} bytes of shared memory (Q + {self.stages} "
+                             f"stages of K and V), over sm_90's {SMEM_LIMIT}: lower block_n or stages")
+        return self
+
+    @property
+    def block_m(self) -> int:
+        return BLOCK_M
+
+    @property
+    def threads(self) -> int:
+        return 3 * 128
+
+    @property
+    def accumulator_regs(self) -> int:
+        """Registers per consumer thread held across the main loop: S (64 x block_n fp32), O
+        (64 x D fp32) and P (64 x block_n 16-bit) over 128 threads."""
+        return (64 * self.block_n + 64 * self.head_dim) // 128 + 64 * self.block_n // 256
+
+    @property
+    def smem_bytes(self) -> int:
+        """Q (also O's staging buffer) plus `stages` slots of K and of V, 16-bit elements, plus
+        the mbarriers (8 bytes each: full and empty per slot, Q's pair)."""
+        return 2 * self.head_dim * (BLOCK_M + 2 * self.stages * self.block_n) + 8 * (2 + 4 * self.stages) + 1024
+
+    @property
+    def tx_bytes_q(self) -> int:
+        return 2 * BLOCK_M * self.head_dim
+
+    @property
+    def tx_bytes_kv(self) -> int:
+        return 2 * self.block_n * self.head_dim
+
+
+def config_for(head_dim: int, dtype: str, causal: bool) -> FlashSm90Config:
+    """The tile for a head dim: 128 x 128 up to D = 128 (FA3's causal tile), 128 x 96 for D up to
+    192 and 128 x 64 above (shared memory: Q plus two slots of K and V must fit 227 KiB, and the
+    registers S + O + P must leave room in the consumers' 240)."""
+    if head_dim <= 128:
+        block_n = 128
+    elif head_dim <= 192:
+        block_n = 96
+    else:
+        block_n = 64
+    return FlashSm90Config(head_dim=head_dim, dtype=dtype, causal=causal, block_n=block_n).validate()
+
+
+def num_m_blocks(seqlen_q: int) -> int:
+    """Q tiles of one (batch, head): the grid's x extent."""
+    return (seqlen_q + BLOCK_M - 1) // BLOCK_M
+
+
+# ---- register views --------------------------------------------------------------------------------
+
+
+def _c_values(n: int) -> Layout:
+    from cute_kernels.layouts.atoms_sm90 import c_layout
+
+    return c_layout(n)[1]
+
+
+def accumulator_value_layout(n: int) -> Layout:
+    """The value mode of the m64nN accumulator TV layout: (2, 2, N/8) -> m + 64 n."""
+    if n % 16 or not 16 <= n <= 256:
+        raise ValueError(f"the re-view needs N a multiple of 16 in [16, 256], got {n}")
+    return _c_values(n)
+
+
+def a_value_layout(n: int) -> Layout:
+    """The register A of `n / 16` m64k16 steps side by side: ((2, 2, 2), k step) -> m + 64 k,
+    k counted over the n columns (step kb starts at column 16 kb)."""
+    from cute_kernels.layouts.atoms_sm90 import rs_a_layout
+
+    a = rs_a_layout(16)[1]
+    return Layout((a.shape, n // 16), (a.stride, 64 * 16))
+
+
+def derive_p_as_a(n: int) -> Layout:
+    """((2, 2, 2), k step) -> index of the accumulator value holding that A value.
+
+    For every thread the thread modes of the two TV layouts agree (the same (4, 8, 4) lanes with
+    the same row/column offsets), so A value (v, kb) lies at accumulator offset a(v, kb), and the
+    accumulator value there is left_inverse(C values)(a(v, kb)). Post-condition (tested): for all
+    threads t, C(t, g(v, kb)) == A(t, v) + 64 * 16 * kb.
+    """
+    return composition(left_inverse(accumulator_value_layout(n)), a_value_layout(n))
+
+
+def p_as_a_layout(n: int) -> Layout:
+    """`derive_p_as_a(n)` with the (size 1) MMA_M mode inserted: ((2, 2, 2), 1, n / 16) ->
+    index into a fragment ((2, 2, N/8), 1, 1). Compose the fragment's layout with it."""
+    g = derive_p_as_a(n)
+    return Layout((g.shape[0], 1, g.shape[1]), (g.stride[0], 0, g.stride[1]))
+
+
+def mn_view_layout(n: int) -> Layout:
+    """(rows (2,), columns (2, N/8)) -> index into a fragment ((2, 2, N/8), 1, 1): row r of this
+    thread is accumulator value mode 1 (8 rows apart), columns are mode 0 (adjacent) then mode 2
+    (every 8 columns). Post-condition: increasing row / column index = increasing tile row /
+    column (tested against `accumulator_value_layout`)."""
+    if n % 8 or not 8 <= n <= 256:
+        raise ValueError(f"N must be a multiple of 8 in [8, 256], got {n}")
+    return Layout((2, (2, n // 8)), (2, (1, 4)))

@@ -1,0 +1,102 @@
+"""Online softmax for the wgmma accumulator, split so the O rescale can wait for a GEMM.
+
+Same recurrence as `softmax` (base 2, scale folded into the exponent, fp32 statistics, a row's
+max and sum combined over the 4 threads of a quad), but `update` only folds the scores in and
+returns each row's rescale factor; `rescale` applies it to O. The split lets the intra-warpgroup
+overlap keep O += P V of the previous block in flight while this block's exponentials run: O
+is rescaled after that GEMM retires.
+
+Also the trace-time register views of a wgmma accumulator fragment ((2, 2, N/8), 1, 1): as
+(rows, columns) for softmax and masking, and (converted to 16 bits) as the RS A operand; their
+index maps come from `sm90_layouts` (derived and tested on the CPU).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+
+from cute_kernels.runtime import to_cute
+
+from .sm90_layouts import mn_view_layout, p_as_a_layout
+from .softmax import LN_2, quad_allreduce_max, quad_allreduce_sum
+
+__all__ = ["Sm90Softmax", "acc_mn_view", "acc_as_a"]
+
+
+def _columns(t: cute.Tensor) -> int:
+    return 8 * cute.size(t.layout.shape[0][2])
+
+
+def acc_mn_view(t: cute.Tensor) -> cute.Tensor:
+    """`t` (an accumulator fragment or its coordinate tensor, ((2, 2, N/8), 1, 1)) as (2 rows,
+    (2, N/8) columns), in increasing tile order."""
+    return cute.make_tensor(t.iterator, cute.composition(t.layout, to_cute(mn_view_layout(_columns(t)))))
+
+
+def acc_as_a(t: cute.Tensor) -> cute.Tensor:
+    """A 16-bit copy of the accumulator, ((2, 2, N/8), 1, 1), as the A operand of N/16 wgmma
+    k-steps: ((2, 2, 2), 1, N/16); step kb holds columns [16 kb, 16 kb + 16)."""
+    return cute.make_tensor(t.iterator, cute.composition(t.layout, to_cute(p_as_a_layout(_columns(t)))))
+
+
+class Sm90Softmax:
+    """Running statistics of this thread's `num_rows` rows (see the module docstring)."""
+
+    def __init__(self, num_rows: int, scale_log2: cutlass.Float32):
+        self.num_rows = num_rows
+        self.scale_log2 = scale_log2
+        self.row_max = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
+        self.row_sum = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
+        self.row_max.fill(-cutlass.Float32.inf)
+        self.row_sum.fill(0.0)
+
+    @cute.jit
+    def update(self, acc_s_mn: cute.Tensor, row_scale: cute.Tensor):
+        """Raw scores acc_s_mn (rows, cols) -> unnormalized probabilities, in place; row_scale[r]
+        = 2^((m_old - m_new) * scale_log2), the factor O's row r must be multiplied by.
+
+        A row that has seen only -inf uses 0 as its max (no -inf - -inf): its P is 0 and its
+        scale 0 (O is still 0 there)."""
+        for r in cutlass.range_constexpr(self.num_rows):
+            block_max = acc_s_mn[r, 0]
+            for c in cutlass.range_constexpr(1, cute.size(acc_s_mn.shape[1])):
+                block_max = cute.arch.fmax(block_max, acc_s_mn[r, c])
+            block_max = quad_allreduce_max(block_max)
+            old_max = self.row_max[r]
+            new_max = cute.arch.fmax(old_max, block_max)
+            safe_max = cutlass.Float32(0.0) if new_max == -cutlass.Float32.inf else new_max
+            max_scaled = safe_max * self.scale_log2
+            scale = cute.math.exp2(old_max * self.scale_log2 - max_scaled, fastmath=True)
+            block_sum = cutlass.Float32(0.0)
+            for c in cutlass.range_constexpr(cute.size(acc_s_mn.shape[1])):
+                p = cute.math.exp2(acc_s_mn[r, c] * self.scale_log2 - max_scaled, fastmath=True)
+                acc_s_mn[r, c] = p
+                block_sum = block_sum + p
+            self.row_max[r] = new_max
+            self.row_sum[r] = self.row_sum[r] * scale + block_sum
+            row_scale[r] = scale
+
+    @cute.jit
+    def rescale(self, acc_o_mn: cute.Tensor, row_scale: cute.Tensor):
+        """O[r, :] *= row_scale[r]."""
+        for r in cutlass.range_constexpr(self.num_rows):
+            for c in cutlass.range_constexpr(cute.size(acc_o_mn.shape[1])):
+                acc_o_mn[r, c] = acc_o_mn[r, c] * row_scale[r]
+
+    @cute.jit
+    def finalize(self, acc_o_mn: cute.Tensor, lse: cute.Tensor):
+        """O /= l per row; lse[r] = natural-log log-sum-exp of the scaled scores (-inf and O = 0
+        for a row that saw no key; NaN in l propagates to both)."""
+        for r in cutlass.range_constexpr(self.num_rows):
+            total = quad_allreduce_sum(self.row_sum[r])
+            inv = cutlass.Float32(0.0) if total == 0.0 else cute.arch.rcp_approx(total)
+            for c in cutlass.range_constexpr(cute.size(acc_o_mn.shape[1])):
+                acc_o_mn[r, c] = acc_o_mn[r, c] * inv
+            row_max = self.row_max[r]
+            safe_max = cutlass.Float32(0.0) if row_max == -cutlass.Float32.inf else row_max
+            lse[r] = (
+                -cutlass.Float32.inf
+                if total == 0.0
+                else (safe_max * self.scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
+            )
