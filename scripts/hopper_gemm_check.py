@@ -3,6 +3,10 @@
     python scripts/hopper_gemm_check.py correctness [--rungs sm90_persistent,...]
     python scripts/hopper_gemm_check.py bench [--shapes default|quick] [--configs name,...]
     python scripts/hopper_gemm_check.py batch [--groups a,b] [--jobs 8] [--deadline 150]
+    python scripts/hopper_gemm_check.py host
+
+host: host time vs GPU time per warm call (rung, kernel-only launcher, matmul_epilogue, cuBLAS;
+256³, skinny M, linear+GELU), telling slow host code from a wait for the GPU or extra GPU work.
 
 batch: one device session's checks: correctness groups (base rungs, ping-pong, fused
 epilogue, fp8), each in its own process, in parallel (a faulting kernel poisons only its own
@@ -544,6 +548,72 @@ def bench_phase(records, warm_only=False, allow=("pingpong", "p64", "fp8")):
         record(*item[:5], now=True)
 
 
+def host_phase(records, calls=100, spin_cycles=400_000_000):
+    """Host vs GPU cost of warm calls: `host_us` is the wall time per call of `calls` calls
+    enqueued behind a GPU spin (GPU time cannot count; `waited` says whether the spin finished
+    during them, i.e. something in the call waited for the GPU); `gpu_us` is the per-call GPU
+    time of back-to-back calls between two events (no L2 flush). A call whose gpu_us exceeds
+    the kernel's is paying for extra GPU work or idle gaps, not host code."""
+    import time
+
+    import cute_kernels.gemm.sm90_rung as R
+    from cute_kernels.gemm.epilogue_api import matmul_epilogue
+    from cute_kernels.gemm.sm90_config import pick_config
+    from cute_kernels.gemm.sm90_persistent import rung
+    from cute_kernels.hopper.epilogue import EpilogueSpec
+    from cute_kernels.runtime import tvm_ffi_available
+
+    def measure(case, impl, fn):
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(spin_cycles)
+        spin = torch.cuda.Event()
+        spin.record()
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host_us = (time.perf_counter() - t) / calls * 1e6
+        waited = spin.query()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        gpu_us = start.elapsed_time(end) / calls * 1e3
+        records.append(dict(case=case, impl=impl, host_us=host_us, gpu_us=gpu_us, waited=waited,
+                            tvm_ffi=tvm_ffi_available()))
+        print(f"{case:>24} {impl:>22} host {host_us:7.1f} us/call  gpu {gpu_us:8.1f} us/call"
+              f"{'  WAITED FOR THE GPU' if waited else ''}", flush=True)
+
+    def kernel_only(cfg, a3, b3, out3, **kw):
+        Ak, Bk, Ck = (R._sane_batch_stride(t) for t in (a3.permute(1, 2, 0), b3.permute(2, 1, 0), out3.permute(1, 2, 0)))
+        return rung.launcher(cfg, Ak, Bk, Ck, **kw)
+
+    print(f"TVM-FFI available: {tvm_ffi_available()}", flush=True)
+    for (M, N, K) in [(256, 256, 256)] + SKINNY:
+        A = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        B = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+        C0 = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        a3, b3, out3 = A.unsqueeze(0), B.t().unsqueeze(0), C0.unsqueeze(0)
+        case = f"{M}x{N}x{K}"
+        measure(case, "cublas", lambda: torch.matmul(A, B.t(), out=C0))
+        measure(case, "sm90_persistent[call]", lambda: rung(a3, b3, out3))
+        measure(case, "sm90_persistent[kernel]", kernel_only(pick_config(M, N, K), a3, b3, out3))
+    M, N, K = 8192, 14336, 4096
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty(1, M, N, device="cuda", dtype=torch.bfloat16)
+    case = f"linear+gelu {M}x{N}x{K}"
+    measure(case, "matmul_epilogue", lambda: matmul_epilogue(x, w.t(), bias=bias, activation="gelu_tanh"))
+    measure(case, "rung[call,fused]", lambda: rung(x.unsqueeze(0), w.t().unsqueeze(0), y, bias=bias,
+                                                   activation="gelu_tanh"))
+    measure(case, "kernel[fused]", kernel_only(pick_config(M, N, K), x.unsqueeze(0), w.t().unsqueeze(0), y,
+                                               epi=EpilogueSpec(bias="n", activation="gelu_tanh"), bias=bias))
+
+
 def batch(args):
     import time
 
@@ -575,16 +645,21 @@ def batch(args):
         print(f"timing with {allow}", flush=True)
         bench_phase(summary["bench"], allow=tuple(allow))
     dump()
+    if args.host:
+        summary["host"] = []
+        host_phase(summary["host"])
+        dump()
     print(f"[{time.time() - t0:5.0f}s] all done", flush=True)
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("phase", choices=["correctness", "bench", "batch"])
+    p.add_argument("phase", choices=["correctness", "bench", "batch", "host"])
     p.add_argument("--groups", default=",".join(GROUPS), help="batch: correctness groups to run")
     p.add_argument("--deadline", type=float, default=150.0, help="batch: seconds before stuck groups are killed")
     p.add_argument("--jobs", type=int, default=8, help="batch: groups run at once")
     p.add_argument("--bench", type=int, default=1, help="batch: run the timing table after the groups")
+    p.add_argument("--host", type=int, default=1, help="batch: then time host vs GPU per warm call")
     p.add_argument("--rungs", default="sm90_persistent,sm90_warp_specialized,sm90_tma_wgmma")
     p.add_argument("--shapes", default="default")
     p.add_argument("--no-peers", action="store_true", help="skip the other rungs' timing lines")
@@ -596,6 +671,8 @@ def main():
         return batch(args)
     if args.phase == "correctness":
         correctness(load_rungs(args.rungs.split(",")), records)
+    elif args.phase == "host":
+        host_phase(records)
     else:
         shapes = {"default": SUITE, "quick": SUITE[:2], "skinny": SKINNY, "all": SUITE + SKINNY}[args.shapes]
         bench(shapes, [c for c in args.configs.split(",") if c], records, others=not args.no_peers)

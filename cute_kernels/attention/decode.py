@@ -492,10 +492,12 @@ class DecodeRung:
             return f"value head dim {problem.head_dim_v} differs from the query/key head dim {problem.head_dim}"
         if not (math.isfinite(problem.scale) and problem.scale > 0):
             return f"scale {problem.scale} must be finite and > 0"
-        if problem.batch > 65535 or problem.heads_q > 65535 * MAX_HEADS_PER_CTA:
+        if problem.batch > 65535:
             return f"batch {problem.batch} must be at most 65535 (grid z)"
-        if problem.max_pages * problem.page_size >= 2**31:
-            return "the block table addresses 2**31 keys or more (32-bit key indices)"
+        if problem.heads_q > 65535:
+            return f"{problem.heads_q} query heads: at most 65535 (grid y)"
+        if problem.max_pages * problem.page_size >= 2**30:
+            return "the block table addresses 2**30 keys or more (32-bit key indices, with room for the last split)"
         return None
 
     def __call__(self, q, k, v, out, lse, problem):

@@ -13,9 +13,9 @@ O += P V^T run on HMMA and each K/V byte costs a small fraction of an instructio
                wait V; cp.async next K   mask the split's end, online softmax, O += P V^T
     epilogue   O /= l -> fp32 partial out rows < heads; natural-log LSE per head
 
-A K/V block of `block_n` keys lies inside one page (block_n divides page_size), so each block is
-one strided (block_n, D) tile of k_cache[page, :, kv_head, :] found through one block_table
-read. One warp per CTA keeps the shared memory small (Q 16 x D, one K and one V block), so many
+A K/V block of `block_n` keys lies inside one page or spans whole pages (`block_n_for`): one
+block_table read per page, and each page's rows are one strided tile of
+k_cache[page, :, kv_head, :]. One warp per CTA keeps the shared memory small (Q 16 x D, one K and one V block), so many
 CTAs (and their cp.async copies) share an SM. The combine is `decode.PagedDecodeCombine`.
 """
 
@@ -42,19 +42,26 @@ MAX_HEADS_PER_CTA = 16  # the MMA's M
 
 
 def block_n_for(page_size: int, head_dim: int = 128) -> int | None:
-    """Keys per K/V block: the largest of 64, 32, 16 dividing page_size (None if none does),
-    and 16 above D = 128, where the K fragments of wider blocks would spill (every K/V block
-    of a warp's tile is held in registers for one S GEMM)."""
-    for n in (64, 32, 16) if head_dim <= 128 else (16,):
-        if page_size % n == 0:
-            return n
-    return None
+    """Keys per K/V block, or None unless page_size is a multiple of 16.
+
+    The widest block the registers hold without spilling: 64 keys up to D = 64, 32 up to
+    D = 128, 16 above (a warp holds the K fragments of a whole block for the S GEMM). That
+    width is used when it is a whole number of pages, or when pages are a whole number of such
+    blocks; otherwise the widest of 32, 16 dividing the page size. Post-condition: the result
+    divides page_size or is a multiple of it, so a block is within one page or is whole pages.
+    """
+    if not isinstance(page_size, int) or page_size < 16 or page_size % 16:
+        return None
+    cap = 64 if head_dim <= 64 else 32 if head_dim <= 128 else 16
+    if page_size % cap == 0 or cap % page_size == 0:
+        return cap
+    return next(n for n in (32, 16) if n < cap and page_size % n == 0)
 
 
 @dataclass(frozen=True)
 class DecodeMmaConfig:
     """head_dim: a multiple of 16 up to 256; dtype: "float16" | "bfloat16"; page_size: keys per
-    page (a multiple of 16); heads_per_cta: query heads of one KV group per CTA (1 to 16, the
+    page (a multiple of 16: a K/V block is within one page or whole pages); heads_per_cta: query heads of one KV group per CTA (1 to 16, the
     rows of the 16-row MMA tile that hold data)."""
 
     head_dim: int = 128
@@ -74,6 +81,11 @@ class DecodeMmaConfig:
     @property
     def block_n(self) -> int:
         return block_n_for(self.page_size, self.head_dim)
+
+    @property
+    def pages_per_block(self) -> int:
+        """Pages one K/V block spans (1 when a block lies within a page)."""
+        return max(1, self.block_n // self.page_size)
 
     @property
     def tile(self):
@@ -120,7 +132,8 @@ class PagedDecodeMma:
         grid = (num_splits, mQ.shape[1] // c.heads_per_cta, mQ.shape[0])
         self.kernel(mQ, mKc, mVc, mBlockTable, mSeqlensK, mOpart, mLSEpart, softmax_scale * LOG2_E,
                     qhead_per_kvhead, pages_per_split, gmem_load, tiled_mma, SharedStorage).launch(
-            grid=grid, block=[t.threads, 1, 1], stream=stream)
+            # minctasm 1: without it ptxas aims at more resident 1-warp CTAs and spills a register.
+            grid=grid, block=[t.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mKc: cute.Tensor, mVc: cute.Tensor, mBlockTable: cute.Tensor,
@@ -165,13 +178,15 @@ class PagedDecodeMma:
         )
         t_coord_s = mn_view(thr_mma.partition_C(cute.make_identity_tensor((16, t.block_n))))
         softmax = OnlineSoftmax(cute.size(t_coord_s.shape[0]), scale_log2)
-        kv = (mKc, mVc, mBlockTable, batch, kv_head, key_begin)
+        # The last page holding a key of the split: block table reads never go past it.
+        last_page = cutlass.max(key_end - 1, 0) // c.page_size
+        kv = (mKc, mVc, mBlockTable, batch, kv_head, key_begin, last_page)
 
         # ---- prologue: the group's q rows and the split's last K block ----
         if n_block_max > 0:
             load_rows(gmem_load, tQgQ, tQsQ, tQcQ, c.heads_per_cta)
-            load_rows(gmem_load, self.kv_block(thr_load, kv, 0, n_block_max - 1), tKsK, tKVcKV,
-                      n_keys - (n_block_max - 1) * t.block_n)
+            self.load_kv(gmem_load, thr_load, kv, 0, n_block_max - 1, tKsK, tKVcKV,
+                         n_keys - (n_block_max - 1) * t.block_n, True)
         cute.arch.cp_async_commit_group()
 
         # ---- main loop: the split's partial last block, then the full ones, descending ----
@@ -203,17 +218,44 @@ class PagedDecodeMma:
                     gLSE[row] = lse[r]
 
     @cute.jit
-    def kv_block(self, thr_load, kv, which: cutlass.Constexpr, n_block: cutlass.Int32):
-        """This thread's source partition of K (which=0) or V (1) block n_block of the split:
-        block_n keys inside one page, so one (block_n, D) strided tile of the cache."""
-        t = self.config.tile
-        mKc, mVc, mBlockTable, batch, kv_head, key_begin = kv
+    def load_kv(self, gmem_load: cute.TiledCopy, thr_load, kv, which: cutlass.Constexpr, n_block: cutlass.Int32,
+                dst: cute.Tensor, coord: cute.Tensor, rows_left: cutlass.Int32, masked: cutlass.Constexpr):
+        """cp.async K (which=0) or V (1) block n_block of the split into this thread's smem
+        partition `dst`; masked: rows at or past rows_left are zeroed instead (`load_rows`).
+
+        A block within one page is one strided (block_n, D) tile of cache[page, :, kv_head, :].
+        A block of several pages copies each page's (page_size, D) tile into its rows: the copy
+        tiling steps rows_per_pass rows at a time on both sides, so row mode j of a page's
+        partition is row mode p * (page_size / rows_per_pass) + j of the block's."""
+        c = self.config
+        t = c.tile
+        mKc, mVc, mBlockTable, batch, kv_head, key_begin, last_page = kv
         cache = mKc if cutlass.const_expr(which == 0) else mVc
         key0 = key_begin + n_block * t.block_n
-        page = mBlockTable[batch, key0 // self.config.page_size]
-        slot_block = (key0 % self.config.page_size) // t.block_n
-        tile = cute.local_tile(cache[page, None, kv_head, None], (t.block_n, t.head_dim), (slot_block, 0))
-        return thr_load.partition_S(tile)
+        if cutlass.const_expr(c.pages_per_block == 1):
+            page = mBlockTable[batch, key0 // c.page_size]
+            tile = cute.local_tile(cache[page, None, kv_head, None], (t.block_n, t.head_dim),
+                                   ((key0 % c.page_size) // t.block_n, 0))
+            if cutlass.const_expr(masked):
+                load_rows(gmem_load, thr_load.partition_S(tile), dst, coord, rows_left)
+            else:
+                cute.copy(gmem_load, thr_load.partition_S(tile), dst)
+        else:
+            for p in cutlass.range_constexpr(c.pages_per_block):
+                # Pages past the split's keys are never copied; clamping keeps the read in the table.
+                page = mBlockTable[batch, cutlass.min(key0 // c.page_size + p, last_page)]
+                src = thr_load.partition_S(cute.local_tile(cache[page, None, kv_head, None],
+                                                           (c.page_size, t.head_dim), (0, 0)))
+                rows = cute.size(src.shape[1])
+                for j in cutlass.range_constexpr(rows):
+                    i = p * rows + j
+                    if cutlass.const_expr(masked):
+                        if coord[0, i, 0][0] < rows_left:
+                            cute.copy(gmem_load, src[None, j, None], dst[None, i, None])
+                        else:
+                            dst[None, i, None].fill(0)
+                    else:
+                        cute.copy(gmem_load, src[None, j, None], dst[None, i, None])
 
     @cute.jit
     def compute_block(self, n_block: cutlass.Int32, masked: cutlass.Constexpr, n_keys: cutlass.Int32, kv,
@@ -229,11 +271,7 @@ class PagedDecodeMma:
         # K[n] landed, and the warp is done reading V of the previous block: refill V.
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
-        tVgV = self.kv_block(thr_load, kv, 1, n_block)
-        if cutlass.const_expr(masked):
-            load_rows(gmem_load, tVgV, tVsV, tKVcKV, n_keys - n_block * t.block_n)
-        else:
-            cute.copy(gmem_load, tVgV, tVsV)
+        self.load_kv(gmem_load, thr_load, kv, 1, n_block, tVsV, tKVcKV, n_keys - n_block * t.block_n, masked)
         cute.arch.cp_async_commit_group()
 
         gemm_ss(tiled_mma, acc_s, q_frag, k_frag)  # S = Q K^T
@@ -242,7 +280,7 @@ class PagedDecodeMma:
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         if n_block > 0:
-            cute.copy(gmem_load, self.kv_block(thr_load, kv, 0, n_block - 1), tKsK)
+            self.load_kv(gmem_load, thr_load, kv, 0, n_block - 1, tKsK, tKVcKV, t.block_n, False)
         cute.arch.cp_async_commit_group()
 
         acc_s_mn = mn_view(acc_s)

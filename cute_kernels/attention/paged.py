@@ -154,8 +154,8 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, scale=None, ker
     if out is None:
         out = torch.empty(shape, dtype=q.dtype, device=q.device)
     elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != q.dtype
-          or out.device != q.device or not out.is_contiguous()):
-        raise ValueError(f"{_WHO}: out must be a contiguous {shape} {q.dtype} tensor on {q.device}")
+          or out.device != q.device or not out.is_contiguous() or out.data_ptr() % 16):
+        raise ValueError(f"{_WHO}: out must be a contiguous, 16-byte aligned {shape} {q.dtype} tensor on {q.device}")
     if out.numel() == 0:
         return out
     if problem.max_pages == 0:  # no sequence has a key

@@ -9,6 +9,8 @@ A rung object has `name`, `dtypes`, `min_capability` ((major, minor) or None),
 else the reason) and `__call__(q, k, v, out, lse, problem)`, which writes out (B, Hq, Sq, Dv)
 and lse (B, Hq, Sq), fp32 natural-log log-sum-exp of the scaled scores, on torch's current
 stream. q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv) have unit head-dim stride.
+Optional launches: `varlen(...)` (packed sequences, `varlen.attention_varlen_forward`) and, for
+the `decode` rung, `supports_paged(problem)` / `paged(...)` (`paged.paged_decode`).
 """
 
 from __future__ import annotations

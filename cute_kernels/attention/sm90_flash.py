@@ -40,10 +40,9 @@ from cute_kernels.hopper import pipeline as hpipe
 from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP, WarpRoles
 
 from . import block_info
-from .mask import apply_mask
 from .softmax import LOG2_E
 from .sm90_layouts import BLOCK_M, FlashSm90Config, config_for
-from .sm90_softmax import Sm90Softmax, acc_as_a, acc_mn_view
+from .sm90_softmax import Sm90Softmax, acc_as_a, acc_mn_view, mask_scores
 
 __all__ = ["FlashAttentionSm90", "FlashSm90Config", "config_for", "RUNG", "build_variant"]
 
@@ -99,6 +98,9 @@ class FlashAttentionSm90:
         tma_o, tO = tma.make_tma_store(mO, smem_q_layout, (bm, d))
 
         tiled_mma_qk = wgmma.make_tiled_mma(self.dtype, self.dtype, "K", "K", cutlass.Float32, (2, 1, 1), bn)
+        # A second copy for the first k step of S = Q K^T, which overwrites S (ACCUMULATE off): each
+        # MMA's field is set once, outside any loop, so no MMA state is carried through control flow.
+        tiled_mma_qk0 = wgmma.make_tiled_mma(self.dtype, self.dtype, "K", "K", cutlass.Float32, (2, 1, 1), bn)
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, wgmma.operand_major("K"), wgmma.operand_major("MN"), cutlass.Float32,
             (2, 1, 1), tiler_mn=(64, d), a_source=warpgroup.OperandSource.RMEM)
@@ -114,7 +116,7 @@ class FlashAttentionSm90:
 
         grid = (cute.ceil_div(mQ.shape[0], bm), mQ.shape[2], mQ.shape[3])
         self.kernel(tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, mLSE, softmax_scale * LOG2_E, causal_offset,
-                    qhead_per_kvhead, smem_q_layout, smem_kv_layout, tiled_mma_qk, tiled_mma_pv,
+                    qhead_per_kvhead, smem_q_layout, smem_kv_layout, tiled_mma_qk, tiled_mma_qk0, tiled_mma_pv,
                     SharedStorage).launch(grid=grid, block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # ---- device side ---------------------------------------------------------------------------
@@ -124,7 +126,8 @@ class FlashAttentionSm90:
                tma_v: cute.CopyAtom, mV: cute.Tensor, tma_o: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor,
                scale_log2: cutlass.Float32, causal_offset: cutlass.Int32, qhead_per_kvhead: cutlass.Int32,
                smem_q_layout: cute.ComposedLayout, smem_kv_layout: cute.ComposedLayout,
-               tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+               tiled_mma_qk: cute.TiledMma, tiled_mma_qk0: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
+               SharedStorage: cutlass.Constexpr):
         c = self.config
         d, bm, bn = c.head_dim, BLOCK_M, c.block_n
         tidx, _, _ = cute.arch.thread_idx()
@@ -171,7 +174,7 @@ class FlashAttentionSm90:
             self.roles.become_consumer()
             wg = warpgroup_idx - 1
             gO = cute.local_tile(mO[None, None, head, batch], (bm, d), (m_block, 0))
-            self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipe_q, pipe_k, pipe_v, tma_o, gO,
+            self.consume(tiled_mma_qk, tiled_mma_qk0, tiled_mma_pv, sQ, sK, sV, pipe_q, pipe_k, pipe_v, tma_o, gO,
                          mLSE[None, head, batch], scale_log2, causal_offset, m_block, seqlen_q, seqlen_k,
                          n_block_max, n_unmasked_end, tidx - THREADS_PER_WARPGROUP, warp_idx, wg)
 
@@ -205,14 +208,19 @@ class FlashAttentionSm90:
             pipe_v.producer_tail(v_state)
 
     @cute.jit
-    def consume(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, sQ, sK, sV, pipe_q, pipe_k,
-                pipe_v, tma_o, gO, gLSE, scale_log2: cutlass.Float32, causal_offset: cutlass.Int32,
-                m_block: cutlass.Int32, seqlen_q: cutlass.Int32, seqlen_k: cutlass.Int32,
+    def consume(self, tiled_mma_qk: cute.TiledMma, tiled_mma_qk0: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
+                sQ, sK, sV, pipe_q, pipe_k, pipe_v, tma_o, gO, gLSE, scale_log2: cutlass.Float32,
+                causal_offset: cutlass.Int32, m_block: cutlass.Int32, seqlen_q: cutlass.Int32, seqlen_k: cutlass.Int32,
                 n_block_max: cutlass.Int32, n_unmasked_end: cutlass.Int32, ctidx: cutlass.Int32,
                 warp_idx: cutlass.Int32, wg: cutlass.Int32):
         """Consumer warpgroup `wg` (0 or 1, rows 64 wg .. 64 wg + 63 of the tile)."""
         c = self.config
         d, bm, bn = c.head_dim, BLOCK_M, c.block_n
+        # Set once, outside any branch or loop: an MMA field set inside one is state the tracer
+        # cannot carry out of it.
+        tiled_mma_qk0.set(warpgroup.Field.ACCUMULATE, False)
+        tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, True)
+        tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
         thr_qk = tiled_mma_qk.get_slice(ctidx)
         thr_pv = tiled_mma_pv.get_slice(ctidx)
         tSrQ = tiled_mma_qk.make_fragment_A(thr_qk.partition_A(sQ))
@@ -224,6 +232,10 @@ class FlashAttentionSm90:
         acc_o.fill(0.0)
         r_p = cute.make_rmem_tensor(acc_s.layout, self.dtype)
         t_p = acc_as_a(r_p)
+        # The re-view must have exactly the shape wgmma RS expects of its register A operand.
+        a_shape = thr_pv.partition_shape_A((bm, bn))
+        if cutlass.const_expr(str(cute.shape(t_p)) != str(a_shape)):
+            raise RuntimeError(f"P's A view {cute.shape(t_p)} does not match wgmma's A fragment {a_shape}")
         acc_s_mn, acc_o_mn = acc_mn_view(acc_s), acc_mn_view(acc_o)
         # Tile-local (row, col) of each score this thread holds, for the mask and the LSE rows.
         coord_s = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((bm, bn))))
@@ -231,14 +243,14 @@ class FlashAttentionSm90:
         row_scale = cute.make_rmem_tensor((2,), cutlass.Float32)
         turn = [pipeline.NamedBarrier(barrier_id=_TURN_BARRIER + i, num_threads=_CONSUMER_THREADS) for i in (0, 1)]
         row_base = m_block * bm
-        # The epilogue's stmatrix partition, made before the main loop sets the MMAs' fields.
+        # The epilogue's stmatrix partition (O's register layout is the P V accumulator's).
         stmatrix = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         thr_r2s = cute.make_tiled_copy_C(stmatrix, tiled_mma_pv).get_slice(ctidx)
 
         if n_block_max > 0:
-            self.mainloop(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_s, acc_o, r_p, t_p, acc_s_mn, acc_o_mn,
-                          coord_s, softmax, row_scale, pipe_q, pipe_k, pipe_v, turn, wg, row_base, seqlen_k,
-                          causal_offset, n_block_max, n_unmasked_end)
+            self.mainloop((tiled_mma_qk0, tiled_mma_qk), tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_s, acc_o, r_p, t_p,
+                          acc_s_mn, acc_o_mn, coord_s, softmax, row_scale, pipe_q, pipe_k, pipe_v, turn, wg, row_base,
+                          seqlen_k, causal_offset, n_block_max, n_unmasked_end)
 
         # ---- epilogue
         lse = cute.make_rmem_tensor((2,), cutlass.Float32)
@@ -276,22 +288,19 @@ class FlashAttentionSm90:
         wgmma.wait_group(0)
         pipe_k.consumer_release(k_state)
         k_state.advance()
-        apply_mask(acc_s_mn, coord_s, row_base, n_first * bn, seqlen_k, causal_offset, c.causal)
+        mask_scores(acc_s_mn, coord_s, row_base, n_first * bn, seqlen_k, causal_offset, c.causal)
         softmax.update(acc_s_mn, row_scale)
         r_p.store(acc_s.load().to(self.dtype))
 
-        # ---- the rest: masked blocks (descending), then the unmasked ones
-        n_masked = cutlass.max(n_first - n_unmasked_end, 0)
-        for i in cutlass.range(n_masked, unroll=1):
+        # ---- the rest, descending: one loop, the mask applied while n is past n_unmasked_end (one
+        # loop body, not a masked and an unmasked copy: with two, ptxas kept more accumulator
+        # copies live than setmaxnreg's 240 registers allow and serialized the wgmma)
+        for i in cutlass.range(n_first, unroll=1):
             n = n_first - 1 - i
-            k_state, v_state = self.step(n, True, n > 0, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_s, acc_o, r_p, t_p,
-                      acc_s_mn, acc_o_mn, coord_s, softmax, row_scale, pipe_k, pipe_v, k_state, v_state, turn, wg,
-                      row_base, seqlen_k, causal_offset)
-        for i in cutlass.range(n_first - n_masked, unroll=1):
-            n = n_first - n_masked - 1 - i
-            k_state, v_state = self.step(n, False, n > 0, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_s, acc_o, r_p, t_p,
-                      acc_s_mn, acc_o_mn, coord_s, softmax, row_scale, pipe_k, pipe_v, k_state, v_state, turn, wg,
-                      row_base, seqlen_k, causal_offset)
+            k_state, v_state = self.step(n, n >= n_unmasked_end, n > 0, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK,
+                                         tOrVt, acc_s, acc_o, r_p, t_p, acc_s_mn, acc_o_mn, coord_s, softmax,
+                                         row_scale, pipe_k, pipe_v, k_state, v_state, turn, wg, row_base, seqlen_k,
+                                         causal_offset)
 
         # ---- the last block's O += P V
         pipe_v.consumer_wait(v_state)
@@ -301,7 +310,7 @@ class FlashAttentionSm90:
         v_state.advance()
 
     @cute.jit
-    def step(self, n: cutlass.Int32, masked: cutlass.Constexpr, more: cutlass.Boolean, tiled_mma_qk, tiled_mma_pv,
+    def step(self, n: cutlass.Int32, masked: cutlass.Boolean, more: cutlass.Boolean, tiled_mma_qk, tiled_mma_pv,
              tSrQ, tSrK, tOrVt, acc_s, acc_o, r_p, t_p, acc_s_mn, acc_o_mn, coord_s, softmax: Sm90Softmax,
              row_scale, pipe_k, pipe_v, k_state, v_state, turn, wg: cutlass.Int32, row_base: cutlass.Int32,
              seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32):
@@ -319,8 +328,8 @@ class FlashAttentionSm90:
         wgmma.wait_group(1)  # S_n landed; P V still in flight
         pipe_k.consumer_release(k_state)
         k_state.advance()
-        if cutlass.const_expr(masked):
-            apply_mask(acc_s_mn, coord_s, row_base, n * c.block_n, seqlen_k, causal_offset, c.causal)
+        if masked:
+            mask_scores(acc_s_mn, coord_s, row_base, n * c.block_n, seqlen_k, causal_offset, c.causal)
         softmax.update(acc_s_mn, row_scale)
         wgmma.wait_group(0)  # P V retired: O and P are free
         pipe_v.consumer_release(v_state)
@@ -331,18 +340,18 @@ class FlashAttentionSm90:
 
     @cute.jit
     def gemm_qk(self, tiled_mma, acc_s, tSrQ, tSrK, stage):
-        """acc_s = Q K_stage^T (first k step overwrites), issued and committed, not waited."""
+        """acc_s = Q K_stage^T, issued and committed, not waited. `tiled_mma` is the pair (overwrite,
+        accumulate): the first k step overwrites S."""
         wgmma.fence()
         for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-            cute.gemm(tiled_mma, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, stage], acc_s)
+            mma = tiled_mma[0] if kb == 0 else tiled_mma[1]
+            cute.gemm(mma, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, stage], acc_s)
         wgmma.commit_group()
 
     @cute.jit
     def gemm_pv(self, tiled_mma, acc_o, t_p, tOrVt, stage):
         """acc_o += P V_stage with P from registers, issued and committed, not waited."""
         wgmma.fence()
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         for kb in cutlass.range_constexpr(cute.size(t_p, mode=[2])):
             cute.gemm(tiled_mma, acc_o, t_p[None, None, kb], tOrVt[None, None, kb, stage], acc_o)
         wgmma.commit_group()
@@ -407,9 +416,13 @@ VARIANT_CONFIGS = {
     f"d{d}_{dt}{'_causal' if causal else ''}": {"head_dim": d, "dtype": dt, "causal": causal}
     for d, dt, causal in (
         (64, "bfloat16", False), (64, "float16", True), (128, "bfloat16", False), (128, "bfloat16", True),
-        (128, "float16", False), (256, "bfloat16", True),
+        (128, "float16", False), (96, "bfloat16", True), (192, "float16", False), (256, "bfloat16", True),
     )
 }
+# Without the ping-pong turns (each warpgroup issues as soon as its data is ready): the baseline the
+# ping-pong is measured against, and a bisection point when debugging on the GPU.
+VARIANT_CONFIGS["d128_bfloat16_causal_no_pingpong"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True,
+                                                        "pingpong": False}
 
 
 def _register() -> None:

@@ -21,7 +21,7 @@ from cute_kernels.runtime import to_cute
 from .sm90_layouts import mn_view_layout, p_as_a_layout
 from .softmax import LN_2, quad_allreduce_max, quad_allreduce_sum
 
-__all__ = ["Sm90Softmax", "acc_mn_view", "acc_as_a"]
+__all__ = ["Sm90Softmax", "acc_mn_view", "acc_as_a", "mask_scores"]
 
 
 def _columns(t: cute.Tensor) -> int:
@@ -38,6 +38,21 @@ def acc_as_a(t: cute.Tensor) -> cute.Tensor:
     """A 16-bit copy of the accumulator, ((2, 2, N/8), 1, 1), as the A operand of N/16 wgmma
     k-steps: ((2, 2, 2), 1, N/16); step kb holds columns [16 kb, 16 kb + 16)."""
     return cute.make_tensor(t.iterator, cute.composition(t.layout, to_cute(p_as_a_layout(_columns(t)))))
+
+
+@cute.jit
+def mask_scores(acc_s_mn: cute.Tensor, coord_mn: cute.Tensor, row_base: cutlass.Int32, col_base: cutlass.Int32,
+                seqlen_k: cutlass.Int32, offset: cutlass.Int32, causal: cutlass.Constexpr):
+    """`mask.apply_mask`'s rule (columns past seqlen_k, and past row + offset when causal, get
+    -inf), written as one select per score instead of a branch: with branches the compiler
+    threads the (monotone) column tests into select chains quadratic in the row length, whose
+    registers then serialize the in-flight wgmma."""
+    for r in cutlass.range_constexpr(cute.size(acc_s_mn.shape[0])):
+        col_limit = seqlen_k - col_base
+        if cutlass.const_expr(causal):
+            col_limit = cutlass.min(col_limit, row_base + coord_mn[r, 0][0] + offset + 1 - col_base)
+        for c in cutlass.range_constexpr(cute.size(acc_s_mn.shape[1])):
+            acc_s_mn[r, c] = cutlass.select_(coord_mn[0, c][1] >= col_limit, -cutlass.Float32.inf, acc_s_mn[r, c])
 
 
 class Sm90Softmax:

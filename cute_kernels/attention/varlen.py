@@ -98,6 +98,7 @@ def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
 
     from .api import _result
     from .dispatch import resolve
+    from .registry import KERNELS
 
     problem = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                   causal=causal, scale=scale)
@@ -109,9 +110,11 @@ def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
         out.zero_()
         lse.fill_(-math.inf)
         return out, lse
-    # The rung checks strides and sizes on the (1, H, T, D) views the kernel runs on.
+    # The rung checks strides and sizes on the (1, H, T, D) views the kernel runs on; "auto"
+    # picks among the rungs that have a varlen launch.
     views = [t.permute(1, 0, 2).unsqueeze(0) for t in (q, k, v)]
-    rung = resolve(kernel, *views, problem)
-    if not hasattr(rung, "varlen"):
-        raise ValueError(f"attention kernel {rung.name!r} has no varlen launch")
+    with_varlen = {name: KERNELS[name] for name in KERNELS if hasattr(KERNELS[name], "varlen")}
+    if kernel != "auto" and kernel in KERNELS and kernel not in with_varlen:
+        raise ValueError(f"attention kernel {kernel!r} has no varlen launch; varlen kernels: {list(with_varlen)}")
+    rung = resolve(kernel, *views, problem, registry=with_varlen)
     return rung.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out, lse, problem)

@@ -50,8 +50,6 @@ _compiled: dict = {}
 
 
 def _init():
-    import os
-
     import torch
 
     from cute_kernels.runtime import tvm_ffi_available
@@ -64,7 +62,7 @@ def _init():
         default=vector_copy.CopyConfig(),
         # element bytes -> the integer dtype whose bits the kernel moves
         bits={1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64},
-        tvm_ffi=tvm_ffi_available() and os.environ.get("CUTE_KERNELS_NO_TVM_FFI") != "1",
+        tvm_ffi=tvm_ffi_available(),
     )
     return _state
 

@@ -81,7 +81,7 @@ def _normalize(name, a, b):
 
 def _run(name, a, b, *, bias, bias_dim, activation, alpha, beta, c, out_dtype, kernel, config, scales):
     for nm, v in (("alpha", alpha), ("beta", beta)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        if type(v) not in (float, int) and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
             raise TypeError(f"{name}: {nm} must be a real number, got {v!r}")
     a3, b3, L, batched = _normalize(name, a, b)
     fp8 = a.dtype in _FP8

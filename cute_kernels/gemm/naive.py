@@ -14,7 +14,6 @@ problem do nothing), any of the four transposes (strides are runtime values), ba
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import cutlass
@@ -137,8 +136,8 @@ def _torch_dtypes():
 @functools.cache
 def use_tvm_ffi() -> bool:
     """Launch through TVM-FFI (torch tensors in, torch's current stream) when it is installed,
-    unless CUTE_KERNELS_NO_TVM_FFI=1 asks for the DSL-tensor path."""
-    return tvm_ffi_available() and os.environ.get("CUTE_KERNELS_NO_TVM_FFI") != "1"
+    unless CUTE_KERNELS_NO_TVM_FFI=1 asks for the DSL-tensor path (see runtime.tvm_ffi_available)."""
+    return tvm_ffi_available()
 
 
 def _leading(t) -> int:

@@ -29,7 +29,6 @@ wholly outside the problem). Out and c may have any layout.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import cutlass
@@ -349,8 +348,8 @@ def _layout_class(t) -> tuple:
 @functools.cache
 def use_tvm_ffi() -> bool:
     """Launch through TVM-FFI (torch tensors in, torch's current stream) when it is installed,
-    unless CUTE_KERNELS_NO_TVM_FFI=1 asks for the DSL-tensor path."""
-    return tvm_ffi_available() and os.environ.get("CUTE_KERNELS_NO_TVM_FFI") != "1"
+    unless CUTE_KERNELS_NO_TVM_FFI=1 asks for the DSL-tensor path (see runtime.tvm_ffi_available)."""
+    return tvm_ffi_available()
 
 
 _BLOCK_M = SimtSmemConfig().block_m

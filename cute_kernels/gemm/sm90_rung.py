@@ -34,22 +34,27 @@ _device_reasons: dict = {}
 
 def _tma_ok(t: torch.Tensor) -> bool:
     """True when `t` (3-D, kernel order) is addressable by a TMA descriptor."""
-    es = t.element_size()
     if t.data_ptr() % 16:
         return False
-    unit = [i for i in (0, 1) if t.stride(i) == 1 or t.size(i) == 1]
-    if not unit:
+    shape, stride = t.shape, t.stride()
+    if stride[0] == 1 or shape[0] == 1:
+        lead = 0
+    elif stride[1] == 1 or shape[1] == 1:
+        lead = 1
+    else:
         return False
-    lead = unit[0]
-    return all((t.stride(i) * es) % 16 == 0 for i in range(3) if i != lead and t.size(i) > 1)
+    es = t.element_size()
+    return all((stride[i] * es) % 16 == 0 for i in range(3) if i != lead and shape[i] > 1)
 
 
 def _sane_batch_stride(t: torch.Tensor) -> torch.Tensor:
     """A size-1 batch mode gets a 16-byte-aligned stride (never dereferenced) so TMA accepts it."""
-    if t.size(2) != 1:
+    shape = t.shape
+    if shape[2] != 1:
         return t
-    span = max(t.stride(0) * t.size(0), t.stride(1) * t.size(1))
-    return t.as_strided(t.shape, (t.stride(0), t.stride(1), _round_up(span, 16)))
+    stride = t.stride()
+    span = max(stride[0] * shape[0], stride[1] * shape[1])
+    return t.as_strided(shape, (stride[0], stride[1], _round_up(span, 16)))
 
 
 def _zero_strides(*ts: torch.Tensor) -> tuple:
@@ -267,7 +272,6 @@ class Sm90Rung:
                                   options=TVM_FFI_OPTION)
         return compile_kernel(kern, *self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses), *scalars, ncl, _stream(),
                               key=key)
-        return fn, tvm
 
     @staticmethod
     def _dsl_tensors(A, B, C, Csrc, bias, scales, fuses):
@@ -292,8 +296,10 @@ class Sm90Rung:
             args = (A, B, C, Csrc, bias, *scales, *scalars) if fuses else (A, B, C, *scalars)
             # DLPack export refuses tensors that require grad (nn.Linear's weight and bias);
             # a detached alias shares the storage
-            if any(type(t) is not float and t.requires_grad for t in args):
-                args = tuple(t.detach() if type(t) is not float and t.requires_grad else t for t in args)
+            for t in args:
+                if type(t) is not float and t.requires_grad:
+                    args = tuple(t.detach() if type(t) is not float and t.requires_grad else t for t in args)
+                    break
             return fn, args
         return fn, (*self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses), *scalars, _stream())
 
@@ -344,7 +350,7 @@ class Sm90Rung:
         C = _sane_batch_stride(out.permute(1, 2, 0))
         if _tma_ok(A) and _tma_ok(B) and _tma_ok(C) and k_major and (fuses or not spec.fused):
             Csrc = _unit_stride_mn(c.permute(1, 2, 0)) if spec.beta_c else None
-            bias_t = bias.contiguous() if bias is not None else None
+            bias_t = bias if bias is None or bias.stride(0) == 1 else bias.contiguous()
             self.launch(config, A, B, C, float(alpha), epi=spec, beta=float(beta), Csrc=Csrc, bias=bias_t, scales=scales)
             return out
         # unfused: alpha * A.B into an fp32 temporary (when anything follows), the rest in torch

@@ -169,8 +169,13 @@ def test_kernel_choice_rule():
     assert use_mma(128, 24, 8) is None  # a page is not a whole number of 16-key blocks
     assert [use_mma(128, 16, g) for g in (2, 4, 8, 16, 24, 32)] == [2, 4, 8, 16, 12, 16]
     assert use_mma(80, 64, 4) == 4 and use_mma(72, 64, 4) is None
-    assert [block_n_for(p) for p in (16, 32, 48, 64, 256, 8)] == [16, 32, 16, 64, 64, None]
-    assert block_n_for(256, head_dim=256) == 16
+    assert [block_n_for(p, head_dim=64) for p in (16, 32, 48, 64, 256, 8, 40)] == [64, 64, 16, 64, 64, None, None]
+    assert [block_n_for(p) for p in (16, 48, 64, 256)] == [32, 16, 32, 32]
+    assert block_n_for(256, head_dim=256) == block_n_for(16, head_dim=256) == 16
+    for page in range(16, 1025, 16):
+        for d in (64, 128, 256):
+            n = block_n_for(page, d)
+            assert page % n == 0 or n % page == 0  # within one page, or whole pages
 
 
 @pytest.mark.compile

@@ -79,3 +79,30 @@ def test_varlen_launch_compiles_with_cp_async_and_tensor_cores():
     assert check_variant(report, get_variant("attention.sm80_flash_varlen")) == []
     ops = report.opcodes
     assert ops.get("LDGSTS.E.BYPASS.LTC128B.128", 0) > 0 and ops.get("HMMA.16816.F32.BF16", 0) > 0
+
+
+def test_auto_picks_the_highest_rung_with_a_varlen_launch(monkeypatch):
+    from cute_kernels.attention import dispatch, registry, varlen
+    from cute_kernels.attention.api import AttentionProblem
+
+    class Rung:
+        dtypes = (torch.bfloat16,)
+        min_capability = None
+
+        def __init__(self, name, has_varlen):
+            self.name = name
+            if has_varlen:
+                self.varlen = lambda *args: (self.name, args)
+
+        def supports(self, q, k, v, problem):
+            return None
+
+    fake = {"sm80_flash": Rung("sm80_flash", True), "sm90_flash": Rung("sm90_flash", False)}
+    problem = AttentionProblem(3, 4, 2, 5, 7, 64, 64, torch.bfloat16, None, 0.125)
+    monkeypatch.setattr(varlen, "check_varlen_inputs", lambda *a, **k: problem)
+    monkeypatch.setattr(registry, "KERNELS", fake)
+    monkeypatch.setattr(dispatch, "device_capability", lambda device: (9, 0))
+    name, _ = attention_varlen_forward(*packed())
+    assert name == "sm80_flash"
+    with pytest.raises(ValueError, match="'sm90_flash' has no varlen launch"):
+        attention_varlen_forward(*packed(), kernel="sm90_flash")

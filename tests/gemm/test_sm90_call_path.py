@@ -161,8 +161,7 @@ def test_split_k_and_unfused_paths_use_the_caching_allocator_only(cpu, monkeypat
     a = torch.randn(1, 256, 8192).to(torch.bfloat16)
     b = _kmajor_b(1, 8192, 256)
     out = torch.empty(1, 256, 256, dtype=torch.bfloat16)
-    allocs = _warm(monkeypatch, lambda: persistent(a, b, out, bias=torch.ones(256), activation="relu") if False
-                   else persistent(a, b, out))
+    allocs = _warm(monkeypatch, lambda: persistent(a, b, out))
     assert cpu.launches[-1][2].shape[2] > 1, "this problem is meant to split K"
     assert set(allocs) <= {"torch.empty", "Tensor.copy_"}, allocs
     # sm90_tma_wgmma cannot fuse: the product goes through an fp32 temporary
@@ -228,3 +227,16 @@ def test_no_tvm_ffi_switch_selects_dsl_tensors_keyed_by_zero_strides(cpu, monkey
     assert all(build["options"] is None for build in cpu.builds)
     launch = cpu.launches[-1]
     assert launch[-1] == "stream" and not isinstance(launch[0], torch.Tensor)  # DSL tensors + a stream
+
+
+def test_parameters_that_require_grad_reach_the_kernel_detached(cpu, monkeypatch):
+    """nn.Linear's weight and bias require grad; DLPack refuses those, so the launch gets
+    detached aliases of the same storage (and a plain tensor is passed as is)."""
+    x = torch.randn(1, 128, 256).to(torch.bfloat16)
+    w = torch.nn.Parameter(torch.randn(1, 128, 256).to(torch.bfloat16))
+    bias = torch.nn.Parameter(torch.randn(128).to(torch.bfloat16))
+    out = torch.empty(1, 128, 128, dtype=torch.bfloat16)
+    _warm(monkeypatch, lambda: persistent(x, w.transpose(1, 2), out, bias=bias))
+    A, B, _, _, bias_arg = cpu.launches[-1][:5]
+    assert not B.requires_grad and not bias_arg.requires_grad
+    assert _ptr(B) == _ptr(w) and _ptr(bias_arg) == _ptr(bias) and _ptr(A) == _ptr(x)

@@ -1,0 +1,97 @@
+"""Fill the measured tables in the docs from the committed benchmark results.
+
+A page marks a place for a suite's results with
+
+    <!-- BEGIN GENERATED: results SUITE [impl,impl,...] -->
+    ...anything (replaced)...
+    <!-- END GENERATED -->
+
+and `python -m cute_kernels.bench.docs_tables docs/*.md` replaces what lies between with the
+newest `docs/results/YYYY-MM-DD-SUITE-<device>.json`: where it came from (date, device,
+versions), its table (only the listed implementations, if any) and its plot. The figures in the
+docs are therefore always a run's own output, never typed in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from cute_kernels.bench.records import BenchResult, load_result
+from cute_kernels.bench.table import format_table
+
+_BLOCK = re.compile(
+    r"(?P<begin><!-- BEGIN GENERATED: results (?P<suite>[\w-]+)(?: (?P<impls>[\w,]+))? -->\n)"
+    r"(?P<body>.*?)"
+    r"(?P<end><!-- END GENERATED -->)",
+    re.DOTALL,
+)
+_RESULT_NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})-(?P<suite>[\w]+)-(?P<device>[\w-]+)\.json$")
+
+
+def newest_result(results_dir: Path, suite: str) -> Path | None:
+    """The newest results file of `suite` (by the date in its name, then its name)."""
+    found = [p for p in results_dir.glob(f"*-{suite}-*.json")
+             if (m := _RESULT_NAME.match(p.name)) and m["suite"] == suite]
+    return max(found, key=lambda p: p.name) if found else None
+
+
+def render_block(result: BenchResult, json_path: Path, page: Path, impls: list[str] | None) -> str:
+    """The Markdown that stands for `result` on `page` (links relative to the page)."""
+    records = [r for r in result.records if impls is None or r.impl in impls]
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(result.versions.items()) if v)
+    rel = Path(_relpath(json_path, page.parent))
+    lines = [
+        f"Measured by `cute-kernels bench {result.suite}` on {result.device}, {result.date} "
+        f"([{rel.name}]({rel.as_posix()})); {versions}. `*` marks ours; the ratio is to the fastest "
+        "peer in the same run.",
+        "",
+        format_table(records),
+    ]
+    png = json_path.with_suffix(".png")
+    if png.exists():
+        lines += ["", f"![{result.suite} on {result.device}]({Path(_relpath(png, page.parent)).as_posix()})"]
+    return "\n".join(lines) + "\n"
+
+
+def _relpath(target: Path, start: Path) -> str:
+    import os
+
+    return os.path.relpath(target.resolve(), start.resolve())
+
+
+def fill_page(page: Path, results_dir: Path) -> tuple[str, list[str]]:
+    """The page's text with every generated block filled, and the suites it had no results for."""
+    text = page.read_text()
+    missing: list[str] = []
+
+    def replace(m: re.Match) -> str:
+        path = newest_result(results_dir, m["suite"])
+        if path is None:
+            missing.append(m["suite"])
+            return m.group(0)
+        impls = m["impls"].split(",") if m["impls"] else None
+        return m["begin"] + "\n" + render_block(load_result(path), path, page, impls) + "\n" + m["end"]
+
+    return _BLOCK.sub(replace, text), missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cute_kernels.bench.docs_tables", description=__doc__.split("\n")[0])
+    parser.add_argument("pages", nargs="+", type=Path, help="Markdown pages to fill in place")
+    parser.add_argument("--results", type=Path, default=Path("docs/results"), help="the results folder")
+    args = parser.parse_args(argv)
+    for page in args.pages:
+        text, missing = fill_page(page, args.results)
+        if text != page.read_text():
+            page.write_text(text)
+            print(f"filled {page}")
+        for suite in missing:
+            print(f"{page}: no results for suite {suite!r} in {args.results}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

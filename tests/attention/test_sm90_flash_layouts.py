@@ -1,0 +1,96 @@
+"""sm90_flash on the CPU: the register re-views derived from the wgmma atoms, and the tile
+arithmetic of its configs (pure Python; no DSL, no GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cute_kernels.attention.sm90_layouts import (BLOCK_M, HEAD_DIMS, SMEM_LIMIT, FlashSm90Config,
+                                                 accumulator_value_layout, config_for, derive_p_as_a,
+                                                 mn_view_layout, num_m_blocks, p_as_a_layout)
+from cute_kernels.layouts import Layout
+from cute_kernels.layouts.atoms import atom
+
+N_VALUES = (16, 64, 80, 96, 128, 176, 256)
+
+
+def _offset_mn(offset: int) -> tuple[int, int]:
+    """(row, column) of an `m + 64 n` offset in a 64-row tile."""
+    return offset % 64, offset // 64
+
+
+@pytest.mark.parametrize("n", N_VALUES)
+def test_p_as_a_puts_every_a_value_on_the_accumulator_value_of_the_same_element(n):
+    """For every thread t, A value v of k step kb (atom SM90_64x{n}x16 RS, A operand) must be the
+    accumulator value g(v, kb) (atom SM90_64x{n}x16 SS, C) at column offset 16 kb: the S tile
+    converted to 16 bits is exactly P as wgmma's register A, with no data movement."""
+    c_tv = atom(f"SM90_64x{n}x16_F32BF16BF16_SS").c_layout
+    a_tv = atom(f"SM90_64x{n}x16_F32BF16BF16_RS").a_layout
+    g = derive_p_as_a(n)
+    assert g.shape == ((2, 2, 2), n // 16)
+    seen = set()
+    for t in range(128):
+        for kb in range(n // 16):
+            for v in range(8):
+                v_crd = (v % 2, (v // 2) % 2, v // 4)
+                acc_value = g((v_crd, kb))
+                a_row, a_col = _offset_mn(a_tv((t, v_crd)))
+                c_row, c_col = _offset_mn(c_tv((t, acc_value)))
+                assert (c_row, c_col) == (a_row, a_col + 16 * kb), (t, kb, v)
+                seen.add((t, acc_value))
+    assert len(seen) == 128 * n // 2  # every accumulator value is used exactly once
+
+
+def test_p_as_a_is_the_k_split_of_the_third_value_mode():
+    """The derivation's closed form (the split of the N/8 mode into (2, N/16)), and its DSL form
+    with the size-1 MMA_M mode inserted."""
+    assert derive_p_as_a(128) == Layout(((2, 2, 2), 8), ((1, 2, 4), 8))
+    assert p_as_a_layout(64) == Layout(((2, 2, 2), 1, 4), ((1, 2, 4), 0, 8))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        accumulator_value_layout(72)
+
+
+@pytest.mark.parametrize("n", (8, 64, 128, 256))
+def test_mn_view_orders_rows_and_columns_of_the_accumulator(n):
+    """mn_view_layout maps (r, c) to the accumulator value holding row 8 r (+ the thread's row)
+    and this thread's c-th column, in increasing order."""
+    values = atom(f"SM90_64x{n}x16_F32BF16BF16_SS").c_layout[1]
+    view = mn_view_layout(n)
+    for r in range(2):
+        cols = [_offset_mn(values(view((r, c))))[1] for c in range(n // 4)]
+        rows = {_offset_mn(values(view((r, c))))[0] for c in range(n // 4)}
+        assert rows == {8 * r}
+        assert cols == sorted(cols) and len(set(cols)) == n // 4
+        assert cols == [8 * (c // 2) + c % 2 for c in range(n // 4)]
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_tuned_configs_fit_shared_memory_and_registers(d):
+    for causal in (False, True):
+        c = config_for(d, "bfloat16", causal)
+        assert c.smem_bytes <= SMEM_LIMIT
+        assert c.accumulator_regs <= c.consumer_regs - 48
+        assert 128 * (c.producer_regs + 2 * c.consumer_regs) <= 65536
+        assert c.block_m == BLOCK_M == 128 and c.threads == 384
+        assert c.tx_bytes_kv == 2 * c.block_n * d and c.tx_bytes_q == 2 * 128 * d
+
+
+def test_config_validation_names_the_problem():
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 16"):
+        FlashSm90Config(head_dim=72).validate()
+    with pytest.raises(ValueError, match="dtype"):
+        FlashSm90Config(dtype="float32").validate()
+    with pytest.raises(ValueError, match="block_n"):
+        FlashSm90Config(block_n=40).validate()
+    with pytest.raises(ValueError, match="shared memory"):
+        FlashSm90Config(head_dim=256, block_n=64, stages=4).validate()
+    with pytest.raises(ValueError, match="exceed"):
+        FlashSm90Config(producer_regs=40, consumer_regs=248).validate()
+    with pytest.raises(ValueError, match="registers per consumer thread"):
+        FlashSm90Config(head_dim=256, block_n=256, stages=1).validate()
+    with pytest.raises(ValueError, match="pingpong"):
+        FlashSm90Config(pingpong=1).validate()
+
+
+def test_grid_tiles():
+    assert [num_m_blocks(s) for s in (1, 127, 128, 129, 2048, 8192)] == [1, 1, 1, 2, 16, 64]

@@ -1,0 +1,44 @@
+"""docs_tables: generated blocks in the docs are filled from the newest result of their suite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cute_kernels.bench.docs_tables import fill_page, main, newest_result
+from cute_kernels.bench.records import BenchResult, Record
+
+
+def _write(results: Path, date: str, suite: str, rate: float) -> Path:
+    recs = [Record("4096x4096x4096", "sm90_persistent", "bf16", tflops=rate, ms=0.2, rel_err=1.5e-3, kind="ours",
+                   flops=1.37e11, ratio_to_best_peer=rate / 700.0),
+            Record("4096x4096x4096", "cublas", "bf16", tflops=700.0, ms=0.19, rel_err=1.4e-3, flops=1.37e11)]
+    result = BenchResult(date, "NVIDIA H200", {"torch": "2.11.0"}, suite, recs)
+    return result.write(results / f"{date}-{suite}-h200.json")
+
+
+def test_the_newest_result_of_the_suite_fills_the_block(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    _write(results, "2026-11-29", "gemm", 650.0)
+    newest = _write(results, "2026-11-30", "gemm", 712.5)
+    _write(results, "2026-12-01", "ladder", 1.0)  # another suite, newer: ignored
+    assert newest_result(results, "gemm") == newest
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n<!-- BEGIN GENERATED: results gemm sm90_persistent -->\nold text\n"
+                    "<!-- END GENERATED -->\ntail\n")
+    text, missing = fill_page(page, results)
+    assert missing == []
+    assert "old text" not in text and text.endswith("<!-- END GENERATED -->\ntail\n")
+    assert "712.5" in text and "650.0" not in text  # the newest run, not an older one
+    assert "cublas" not in text.split("<!-- BEGIN")[1]  # only the listed implementations
+    assert "(results/2026-11-30-gemm-h200.json)" in text and "torch 2.11.0" in text
+
+
+def test_a_block_without_results_is_left_alone_and_reported(tmp_path, capsys):
+    (tmp_path / "results").mkdir()
+    page = tmp_path / "page.md"
+    original = "<!-- BEGIN GENERATED: results attention -->\nplaceholder\n<!-- END GENERATED -->\n"
+    page.write_text(original)
+    assert main([str(page), "--results", str(tmp_path / "results")]) == 0
+    assert page.read_text() == original
+    assert "no results for suite 'attention'" in capsys.readouterr().err
