@@ -61,8 +61,8 @@ def block_n_for(page_size: int, head_dim: int = 128) -> int | None:
 @dataclass(frozen=True)
 class DecodeMmaConfig:
     """head_dim: a multiple of 16 up to 256; dtype: "float16" | "bfloat16"; page_size: keys per
-    page (a multiple of 16: a K/V block is within one page or whole pages); heads_per_cta: query heads of one KV group per CTA (1 to 16, the
-    rows of the 16-row MMA tile that hold data)."""
+    page (a multiple of 16: a K/V block is within one page or whole pages); heads_per_cta: query
+    heads of one KV group per CTA (1 to 16, the rows of the 16-row MMA tile that hold data)."""
 
     head_dim: int = 128
     dtype: str = "bfloat16"
@@ -70,7 +70,7 @@ class DecodeMmaConfig:
     heads_per_cta: int = 8
 
     def validate(self) -> "DecodeMmaConfig":
-        if not isinstance(self.page_size, int) or self.page_size < 16 or block_n_for(self.page_size) is None:
+        if block_n_for(self.page_size, self.head_dim) is None:
             raise ValueError(f"DecodeMmaConfig.page_size must be a positive multiple of 16, got {self.page_size!r}")
         if not isinstance(self.heads_per_cta, int) or not 1 <= self.heads_per_cta <= MAX_HEADS_PER_CTA:
             raise ValueError(f"DecodeMmaConfig.heads_per_cta must be in [1, {MAX_HEADS_PER_CTA}], "

@@ -48,8 +48,36 @@ def _candidates(name: str):
     return COPY_CASES, _prepare_our_copy
 
 
+def _run_paged_decode(device: str) -> bool:
+    """The decode kernel reads a paged KV cache, not dense attention: a small GQA case with a
+    shuffled block table, ragged lengths and 16-key pages, against the by-definition reference."""
+    import torch
+
+    from cute_kernels.attention import paged_decode
+    from cute_kernels.ops.attention_reference import paged_decode as reference
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    batch, heads_q, heads_kv, dim, page, pages_per_seq = 2, 8, 2, 128, 16, 9
+    blocks = batch * pages_per_seq
+    k_cache, v_cache = (torch.randn(blocks, page, heads_kv, dim, generator=gen, device=device, dtype=torch.bfloat16)
+                        for _ in range(2))
+    q = torch.randn(batch, heads_q, dim, generator=gen, device=device, dtype=torch.bfloat16)
+    table = torch.randperm(blocks, generator=gen, device=device).view(batch, pages_per_seq).to(torch.int32)
+    seqlens = torch.tensor([37, 141], dtype=torch.int32, device=device)
+    out = torch.full((batch, heads_q, dim), float("nan"), dtype=torch.bfloat16, device=device)
+    paged_decode(q, k_cache, v_cache, table, seqlens, kernel="decode", out=out)
+    ref = reference(q.float(), k_cache.float(), v_cache.float(), table, seqlens).float()
+    err = float((out.float() - ref).norm() / ref.norm())
+    ok = bool(torch.isfinite(out).all()) and err < 1e-2
+    print(f"sanitize: attention.decode B{batch}_Hq{heads_q}_Hkv{heads_kv}_D{dim}_page{page} bf16: "
+          f"rel_err {err:.2e} {'ok' if ok else 'FAILED'}", flush=True)
+    return ok
+
+
 def run_one(name: str, device: str = "cuda") -> bool:
     """Run `name` on the first small case it takes; print one line; True when correct."""
+    if name == "attention.decode":
+        return _run_paged_decode(device)
     cases, prepare = _candidates(name)
     reasons = []
     for case in cases:

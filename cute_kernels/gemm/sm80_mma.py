@@ -28,6 +28,8 @@ then falls back to a lower rung).
 
 from __future__ import annotations
 
+import functools
+
 import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
@@ -418,6 +420,13 @@ def _vector(t, max_elems: int) -> int:
     return _vector_in(t, _unit_mode(t, max_elems), max_elems)
 
 
+@functools.lru_cache(maxsize=None)
+def _kernel_for(config: WarpMmaConfig) -> Sm80MmaGemm:
+    # Building the kernel object derives and checks all its layouts (hundreds of µs of Python):
+    # once per config, not on every call.
+    return Sm80MmaGemm(config)
+
+
 class Sm80MmaRung:
     """The `sm80_mma` rung of the GEMM ladder (interface: `cute_kernels.gemm.registry`).
 
@@ -483,7 +492,7 @@ class Sm80MmaRung:
             raise ValueError(f"sm80_mma cannot run this problem: {why}")
         has_c = c is not None and beta != 0.0
         config = self.config_for(a, b, out, has_c)
-        kernel = Sm80MmaGemm(config)
+        kernel = _kernel_for(config)
         cin = c if has_c else out
         in_bytes, out_bytes = a.element_size(), out.element_size()
         tensors = [

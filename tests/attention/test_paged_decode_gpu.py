@@ -73,8 +73,11 @@ def test_nan_reaches_exactly_the_heads_that_read_it():
     q, kc, vc, table, seqlens_k = make(seqlens, 8, 2, 128, 16, torch.bfloat16)
     used = table[1, 1].item()  # sequence 1's keys 16..31
     unused = (set(range(kc.shape[0])) - set(table.flatten().tolist())).pop()
-    vc[used, 3, 1, 5] = math.nan  # KV head 1: query heads 4..7
+    vc[used, 3, 1, 5] = math.nan  # KV head 1 (query heads 4..7), value channel 5
     kc[unused] = math.nan
     out = run(q, kc, vc, table, seqlens_k)
-    assert out[1, 4:].isnan().all()
+    # P·V: a NaN in one value channel reaches that output channel of every head that reads it
+    # (as in SDPA), and nothing else; a NaN page no sequence maps is never read.
+    assert out[1, 4:, 5].isnan().all()
+    assert not out[1, 4:, :5].isnan().any() and not out[1, 4:, 6:].isnan().any()
     assert not out[1, :4].isnan().any() and not out[0].isnan().any() and not out[2].isnan().any()

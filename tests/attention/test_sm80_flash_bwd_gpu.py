@@ -43,8 +43,9 @@ def reference_grads(q, k, v, dout, causal=None, scale=None):
     return qf.grad, kf.grad, vf.grad
 
 
-def rel_err(x, ref):
-    return ((x.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+def rel_err(x, ref, floor=1e-30):
+    """Error relative to the reference's norm, or to `floor` where the reference vanishes."""
+    return ((x.float() - ref).norm() / ref.norm().clamp_min(floor)).item()
 
 
 CASES = [
@@ -68,10 +69,14 @@ def test_gradients_match_float32_autograd(b, hq, hkv, sq, sk, d, causal, dtype):
     dq, dk, dv = attention_backward(dout, q, k, v, out, lse, causal=causal, enable_gqa=hq != hkv)
     torch.cuda.synchronize()
     ref = reference_grads(q, k, v, dout, causal)
+    # With one key the softmax is constant, so dQ vanishes identically and its rounding noise
+    # (~1e-8 here) must be measured against the gradient's natural scale, not against zero.
+    floor = 1e-3 * dout.float().norm()
     for name, got, want in (("dq", dq, ref[0]), ("dk", dk, ref[1]), ("dv", dv, ref[2])):
         assert got.shape == want.shape and got.dtype == dtype
         assert not got.isnan().any(), f"{name} has unwritten (NaN) elements"
-        assert rel_err(got, want) < TOL[dtype], f"{name}: relative error {rel_err(got, want):.3g}"
+        err = rel_err(got, want, floor)
+        assert err < TOL[dtype], f"{name}: relative error {err:.3g}"
 
 
 def test_autograd_through_sdpa_matches_torch():
