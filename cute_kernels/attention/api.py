@@ -134,13 +134,22 @@ def check_inputs(q, k, v, *, causal: str | None, scale, enable_gqa: bool) -> Att
         scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
     elif not isinstance(scale, numbers.Real) or isinstance(scale, bool):
         raise TypeError(f"scaled_dot_product_attention: scale must be a real number or None, got {type(scale).__name__}")
-    devices = {t.device for t in (q, k, v)}
-    if len(devices) > 1:
-        raise ValueError(f"scaled_dot_product_attention: query, key and value are on different devices {sorted(map(str, devices))}")
-    if q.device.type != "cuda":
-        raise ValueError(f"scaled_dot_product_attention: tensors are on '{q.device}'; the cute_kernels attention "
-                         "kernels run on CUDA devices only (move them with .cuda())")
+    why = _device_reason(q, k, v)
+    if why is not None:
+        raise ValueError(f"scaled_dot_product_attention: {why}")
     return AttentionProblem(b, hq, hk, sq, sk, d, dv, q.dtype, causal, float(scale))
+
+
+def _device_reason(q, k, v) -> str | None:
+    """Why q, k, v cannot run here (not on one CUDA device), or None. Tests replace it to run
+    the whole call path on CPU tensors."""
+    device = q.device
+    if k.device != device or v.device != device:
+        return f"query, key and value are on different devices {sorted({str(t.device) for t in (q, k, v)})}"
+    if device.type != "cuda":
+        return (f"tensors are on '{device}'; the cute_kernels attention kernels run on CUDA devices only "
+                "(move them with .cuda())")
+    return None
 
 
 def _result(t, name: str, shape: tuple, dtype, device, unbatched: bool):

@@ -40,6 +40,8 @@ class AttentionRegistry(Mapping):
 
     Post-conditions: iteration yields, in table order, exactly the names whose module exists;
     `registry[name]` imports the module and returns the attribute (import errors propagate).
+    Both answers are remembered per name: the table is static and a module that exists (or an
+    attribute that was found) stays so for the process, so warm lookups touch no file system.
     """
 
     def __init__(self, table: tuple[tuple[str, str], ...]):
@@ -47,9 +49,14 @@ class AttentionRegistry(Mapping):
             if target.count(":") != 1:
                 raise ValueError(f"registry entry {name!r}: target {target!r} is not 'module:attribute'")
         self._table = dict(table)
+        self._exists: dict[str, bool] = {}
+        self._rungs: dict[str, object] = {}
 
     def _present(self, name: str) -> bool:
-        return _module_exists(self._table[name].split(":")[0])
+        found = self._exists.get(name)
+        if found is None:
+            found = self._exists[name] = _module_exists(self._table[name].split(":")[0])
+        return found
 
     def __iter__(self) -> Iterator[str]:
         return (name for name in self._table if self._present(name))
@@ -61,6 +68,9 @@ class AttentionRegistry(Mapping):
         return isinstance(name, str) and name in self._table and self._present(name)
 
     def __getitem__(self, name: str):
+        rung = self._rungs.get(name)
+        if rung is not None:
+            return rung
         if name not in self._table:
             raise KeyError(f"no attention kernel named {name!r}; the ladder is {list(self._table)}")
         module, attr = self._table[name].split(":")
@@ -69,6 +79,7 @@ class AttentionRegistry(Mapping):
         rung = getattr(importlib.import_module(module), attr, None)
         if rung is None:
             raise AttributeError(f"module {module} does not define {attr}, the {name!r} rung")
+        self._rungs[name] = rung
         return rung
 
     @property

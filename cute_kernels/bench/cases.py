@@ -8,7 +8,9 @@ with TF32 disabled. `rel_err(out, ref)` is the relative Frobenius error
 Case names are the strings records carry and `--cases` parses:
 - GEMM C = A·Bᵀ (A: M×K, B: N×K, both K-major): `MxNxK`, e.g. `4096x4096x4096`;
 - attention (B, H, S, D): `B4_H32_S2048_D128` or `B4_H32_S2048_D128_causal`;
-- copy: `1024MiB` (bytes of the source) or a plain element count.
+- copy: `1024MiB` (bytes of the source) or a plain element count;
+- paged decode (one query token per sequence over a paged KV cache):
+  `B64_Hq32_Hkv8_D128_ctx8192_page16`.
 """
 
 from __future__ import annotations
@@ -291,7 +293,144 @@ class CopyCase:
         return inputs["src"].float()
 
 
-Case = GemmCase | AttentionCase | CopyCase
+@dataclass(frozen=True)
+class DecodeCase:
+    """Paged decode, vLLM layout: q (B, Hq, D); k_cache, v_cache (num_pages, page, Hkv, D) with
+    num_pages = B·ctx/page; block_table (B, ctx/page) int32 a random permutation of the pages
+    (so no sequence reads its pages in address order); seqlens_k (B,) int32, every sequence
+    `ctx` keys long. Output (B, Hq, D): softmax(q·kᵀ/√D)·v per (sequence, query head), query
+    head h reading key/value head h // (Hq/Hkv)."""
+
+    b: int
+    hq: int
+    hkv: int
+    d: int
+    ctx: int
+    page: int
+    dtype: str = "bf16"
+
+    family = "decode"
+
+    def validate(self) -> None:
+        if min(self.b, self.hq, self.hkv, self.d, self.ctx, self.page) < 1:
+            raise ValueError(f"decode sizes must be positive, got {self.name}")
+        if self.hq % self.hkv:
+            raise ValueError(f"decode case {self.name}: query heads ({self.hq}) must be a multiple of "
+                             f"key/value heads ({self.hkv})")
+        if self.ctx % self.page:
+            raise ValueError(f"decode case {self.name}: context {self.ctx} must be a whole number of "
+                             f"pages of {self.page}")
+        if self.dtype not in ("bf16", "fp16"):
+            raise ValueError(f"decode benchmarks take bf16 or fp16 inputs, got {self.dtype!r}")
+
+    @property
+    def name(self) -> str:
+        return f"B{self.b}_Hq{self.hq}_Hkv{self.hkv}_D{self.d}_ctx{self.ctx}_page{self.page}"
+
+    @property
+    def pages_per_seq(self) -> int:
+        return self.ctx // self.page
+
+    @property
+    def num_pages(self) -> int:
+        return self.b * self.pages_per_seq
+
+    @property
+    def result_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def flops(self) -> float:
+        """4·B·Hq·ctx·D: q·kᵀ and p·v, 2·ctx·D each per (sequence, query head)."""
+        return 4.0 * self.b * self.hq * self.ctx * self.d
+
+    @property
+    def bytes(self) -> float:
+        """Compulsory traffic: every sequence's K and V once (2·B·ctx·Hkv·D elements), q read
+        and the output written once (B·Hq·D each). The block table (4·B·ctx/page bytes) is left
+        out: under 0.1% at the default cases."""
+        e = ELEMENT_BYTES[self.dtype]
+        return float(e * (2 * self.b * self.ctx * self.hkv * self.d + 2 * self.b * self.hq * self.d))
+
+    @property
+    def tolerance(self) -> float:
+        return TOLERANCE[self.dtype]
+
+    @classmethod
+    def parse(cls, text: str, dtype: str = "bf16") -> DecodeCase:
+        m = re.fullmatch(r"B(\d+)_Hq(\d+)_Hkv(\d+)_D(\d+)_ctx(\d+)_page(\d+)", text.strip())
+        if not m:
+            raise ValueError(f"decode case must look like B64_Hq32_Hkv8_D128_ctx8192_page16, got {text!r}")
+        case = cls(*(int(g) for g in m.groups()), dtype)
+        case.validate()
+        return case
+
+    def make_inputs(self, device: str, seed: int = 0) -> dict[str, Any]:
+        """q and the caches N(0, 1); block_table a seeded random permutation of the pages,
+        reshaped (B, ctx/page); seqlens_k all `ctx`."""
+        import torch
+
+        gen = _generator(device, seed)
+        cache_shape = (self.num_pages, self.page, self.hkv, self.d)
+        q = _randn((self.b, self.hq, self.d), self.dtype, device, gen)
+        k_cache = _randn(cache_shape, self.dtype, device, gen)
+        v_cache = _randn(cache_shape, self.dtype, device, gen)
+        perm = torch.randperm(self.num_pages, device=device, generator=gen)
+        block_table = perm.to(torch.int32).reshape(self.b, self.pages_per_seq).contiguous()
+        seqlens_k = torch.full((self.b,), self.ctx, dtype=torch.int32, device=device)
+        return {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table, "seqlens_k": seqlens_k}
+
+    def empty_out(self, inputs: dict[str, Any]):
+        import torch
+
+        return torch.empty_like(inputs["q"])
+
+    def reference(self, inputs: dict[str, Any]):
+        return paged_decode_reference(inputs["q"], inputs["k_cache"], inputs["v_cache"],
+                                      inputs["block_table"], inputs["seqlens_k"])
+
+
+def gather_pages(cache, block_table, rows=slice(None)):
+    """The contiguous (n, max_pages·page, H, D) keys (or values) of sequences `rows`:
+    cache[block_table[b, t // page], t % page] at [b, t]."""
+    pages = block_table[rows].long()
+    return cache[pages].flatten(1, 2)
+
+
+def paged_decode_reference(q, k_cache, v_cache, block_table, seqlens_k, scale: float | None = None,
+                           chunk_bytes: int = 1 << 28):
+    """float32 softmax(q·kᵀ·scale)·v per (sequence, query head) over the first seqlens_k[b]
+    keys of each sequence's pages (scale 1/√D by default; a sequence without keys gives 0).
+
+    Gathers the pages of a few sequences at a time, so the float32 K and V of one chunk stay
+    under about `chunk_bytes`."""
+    import torch
+
+    b, hq, d = q.shape
+    hkv, dv = k_cache.shape[2], v_cache.shape[-1]
+    g = hq // hkv
+    reach = block_table.shape[1] * k_cache.shape[1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    per_seq = max(1, reach * hkv * (d + dv) * 4)
+    step = max(1, chunk_bytes // per_seq)
+    lens = seqlens_k.to(torch.int64)
+    out = torch.zeros((b, hq, dv), dtype=torch.float32, device=q.device)
+    with _fp32_highest():
+        for b0 in range(0, b, step):
+            rows = slice(b0, min(b, b0 + step))
+            k = gather_pages(k_cache, block_table, rows).float().permute(0, 2, 3, 1)  # (n, Hkv, D, T)
+            v = gather_pages(v_cache, block_table, rows).float().transpose(1, 2)  # (n, Hkv, T, Dv)
+            qs = q[rows].float().reshape(-1, hkv, g, d)
+            scores = torch.matmul(qs, k) * scale  # (n, Hkv, g, T)
+            past = torch.arange(reach, device=q.device)[None, :] >= lens[rows, None]
+            scores.masked_fill_(past[:, None, None, :], float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
+            probs[lens[rows] == 0] = 0.0  # no key: softmax of all -inf is NaN; the output is 0
+            out[rows] = torch.matmul(probs, v).reshape(-1, hq, dv)
+    return out
+
+
+Case = GemmCase | AttentionCase | CopyCase | DecodeCase
 
 
 class _fp32_highest:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .display import Drawable
 from .errors import LayoutError
 from .int_tuple import has_none, is_int
 from .layout import Layout, slice_and_offset
@@ -17,7 +18,7 @@ from .swizzle import Swizzle
 __all__ = ["ComposedLayout", "make_swizzle_layout"]
 
 
-class ComposedLayout:
+class ComposedLayout(Drawable):
     """``ComposedLayout(outer, offset, inner)``: evaluates ``outer(offset + inner(c))``.
 
     ``outer`` and ``inner`` are each a :class:`Layout` or a :class:`Swizzle`; ``offset`` is an int.
@@ -115,28 +116,6 @@ class ComposedLayout:
     def __repr__(self) -> str:
         return f"ComposedLayout({self.outer!r}, {self.offset!r}, {self.inner!r})"
 
-    # Jupyter and documentation hooks; rendering lives in render.py and is imported on use.
-    def _repr_svg_(self):
-        from .render import repr_svg
-
-        return repr_svg(self)
-
-    def _repr_html_(self):
-        from .render import repr_html
-
-        return repr_html(self)
-
-    def to_svg(self, dtype=None) -> str:
-        """This layout drawn as an SVG grid (swizzled layouts coloured by bank)."""
-        from .render import to_svg
-
-        return to_svg(self, dtype)
-
-    def to_latex(self, dtype=None) -> str:
-        """This layout as a TikZ picture."""
-        from .render import to_latex
-
-        return to_latex(self, dtype)
 
     @classmethod
     def parse(cls, text: str) -> "ComposedLayout":

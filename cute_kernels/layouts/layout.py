@@ -11,6 +11,7 @@ from typing import Any, Iterator
 
 from . import int_tuple as it
 from .basis import ScaledBasis
+from .display import Drawable
 from .errors import LayoutError
 from .int_tuple import IntTuple, flatten, is_int, is_tuple, product
 
@@ -72,7 +73,7 @@ def _fmt(t: Any) -> str:
     return str(t)
 
 
-class Layout:
+class Layout(Drawable):
     """``Layout(shape, stride=None)``: CuTe's layout, a function from coordinates to offsets.
 
     ``shape`` is a positive hierarchical int tuple; ``stride`` is congruent with it and defaults
@@ -164,28 +165,6 @@ class Layout:
     def __repr__(self) -> str:
         return f"Layout({self.shape!r}, {self.stride!r})"
 
-    # Jupyter and documentation hooks; rendering lives in render.py and is imported on use.
-    def _repr_svg_(self):
-        from .render import repr_svg
-
-        return repr_svg(self)
-
-    def _repr_html_(self):
-        from .render import repr_html
-
-        return repr_html(self)
-
-    def to_svg(self, dtype=None) -> str:
-        """This layout drawn as an SVG grid (swizzled layouts coloured by bank)."""
-        from .render import to_svg
-
-        return to_svg(self, dtype)
-
-    def to_latex(self, dtype=None) -> str:
-        """This layout as a TikZ picture."""
-        from .render import to_latex
-
-        return to_latex(self, dtype)
 
     @classmethod
     def parse(cls, text: str) -> "Layout":
