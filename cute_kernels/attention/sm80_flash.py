@@ -30,7 +30,7 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
 from cute_kernels.layouts import Layout
-from cute_kernels.runtime import to_cute
+from cute_kernels.runtime import compile_kernel, to_cute, tvm_ffi_available
 
 from . import block_info, seqlen_info
 from .sm80_blocks import (assume_aligned_rows, copy_layouts, gemm_rs, gemm_ss, load_rows, smem_atom_width,
@@ -465,29 +465,42 @@ class Sm80FlashRung:
         return backward(dout, q, k, v, out, lse, problem)
 
     def __call__(self, q, k, v, out, lse, problem):
-        """Write out (B, Hq, Sq, D) and lse (B, Hq, Sq) fp32 on torch's current stream."""
-        from cute_kernels.runtime import compile_kernel, current_stream, from_torch
+        """Write out (B, Hq, Sq, D) and lse (B, Hq, Sq) fp32 on torch's current stream.
 
-        config = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), problem.causal is not None)
+        With TVM-FFI (`runtime.tvm_ffi_available()`) the compiled function takes the torch tensors
+        themselves and reads torch's current stream; otherwise each tensor is wrapped with
+        `from_torch`. Either way a warm call builds no kernel object and derives no layout."""
+        config = _config_for_problem(problem)
+        offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
+        group = problem.heads_q // problem.heads_kv
+        if tvm_ffi_available():
+            fn = _COMPILED.get(config)
+            if fn is None:
+                fn = _compile_tvm_ffi(config)
+            if q.requires_grad or k.requires_grad or v.requires_grad:
+                # DLPack export refuses tensors that require grad; a detached alias shares the storage.
+                q, k, v = q.detach(), k.detach(), v.detach()
+            # The varlen parameters (cu_seqlens, counts) are part of the signature, None here.
+            fn(q, k, v, out, lse, problem.scale, offset, group, None, None, None, None)
+            return out, lse
+        from cute_kernels.runtime import current_stream, from_torch
+
         kernel = _kernel_for(config)
         tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in (q, k, v, out)]
         tensors.append(from_torch(lse, assumed_align=4, leading_dim=2))
-        offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
-        args = (*tensors, cutlass.Float32(problem.scale), cutlass.Int32(offset),
-                cutlass.Int32(problem.heads_q // problem.heads_kv))
+        args = (*tensors, cutlass.Float32(problem.scale), cutlass.Int32(offset), cutlass.Int32(group))
         stream = current_stream()
         compiled = compile_kernel(kernel, *args, stream, key=("attention.sm80_flash", config))
         compiled(*args, stream)
         return out, lse
 
-
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, out, lse, problem):
         """The packed (varlen) forward: q (Tq, Hq, D), k/v (Tk, Hkv, D), out (Tq, Hq, D),
         lse (Hq, Tq) fp32, int32 cu_seqlens (B + 1,) already validated by the caller
         (`varlen.attention_varlen_forward`); causal alignment per sequence."""
-        from cute_kernels.runtime import compile_kernel, current_stream, from_torch
+        from cute_kernels.runtime import current_stream, from_torch
 
-        config = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), problem.causal is not None)
+        config = _config_for_problem(problem)
         kernel = _kernel_for(config)
         # (T, H, D) -> (1, H, T, D): the fixed-length kernel's modes, batch 1, rows offset per CTA.
         views = [t.permute(1, 0, 2).unsqueeze(0) for t in (q, k, v, out)]
@@ -504,13 +517,47 @@ class Sm80FlashRung:
         return out, lse
 
 
+# Per-process caches of the warm path: building a kernel object derives every layout (~1 ms),
+# so each exists once per config; the config itself once per (head dim, dtype, causal).
 _KERNELS: dict = {}
+_CONFIGS: dict = {}
+# config -> TVM-FFI function (torch tensors in, torch's current stream).
+_COMPILED: dict = {}
 
 
 def _kernel_for(config: FlashSm80Config) -> FlashAttentionSm80:
-    if config not in _KERNELS:
-        _KERNELS[config] = FlashAttentionSm80(config)
-    return _KERNELS[config]
+    kernel = _KERNELS.get(config)
+    if kernel is None:
+        kernel = _KERNELS[config] = FlashAttentionSm80(config)
+    return kernel
+
+
+def _config_for_problem(problem) -> FlashSm80Config:
+    """`config_for` the problem's head dim, dtype and causality, built once per combination."""
+    key = (problem.head_dim, problem.dtype, problem.causal is not None)
+    config = _CONFIGS.get(key)
+    if config is None:
+        config = _CONFIGS[key] = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), key[2])
+    return config
+
+
+def _compile_tvm_ffi(config: FlashSm80Config):
+    """Compile (or load) the TVM-FFI forward for `config` from fake tensors; cache it in `_COMPILED`.
+
+    The fake tensors fix what `from_torch` would: dtype, rank, the unit-stride mode (head dim;
+    lse's last mode) and the assumed alignment; sizes and other strides are runtime values,
+    which the compiled function reads from the torch tensors (and checks against the build).
+    So the config (dtype, head dim, causal, tile) is the whole compile key."""
+    from cute_kernels.runtime import TVM_FFI_OPTION, fake_stream, fake_tensor
+
+    t = _CUTLASS[config.dtype]
+    qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(4)]
+    lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
+    fn = compile_kernel(_kernel_for(config), *qkvo, lse, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(1),
+                        fake_stream(tvm_ffi_env_stream=True), key=("attention.sm80_flash", "tvm_ffi", config),
+                        options=TVM_FFI_OPTION)
+    _COMPILED[config] = fn
+    return fn
 
 
 RUNG = Sm80FlashRung()

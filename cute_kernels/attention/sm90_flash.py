@@ -36,6 +36,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from cute_kernels.hopper import smem_layouts, tma, wgmma
+from cute_kernels.runtime import compile_kernel, tvm_ffi_available
 from cute_kernels.hopper import pipeline as hpipe
 from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP, WarpRoles
 
@@ -478,32 +479,76 @@ class Sm90FlashRung:
         return None
 
     def __call__(self, q, k, v, out, lse, problem):
-        """Write out (B, Hq, Sq, D) and lse (B, Hq, Sq) fp32 on torch's current stream."""
-        from cute_kernels.runtime import compile_kernel, current_stream, from_torch
+        """Write out (B, Hq, Sq, D) and lse (B, Hq, Sq) fp32 on torch's current stream.
 
+        With TVM-FFI (`runtime.tvm_ffi_available()`) the compiled function takes the torch tensors
+        themselves and reads torch's current stream; otherwise each tensor is wrapped with
+        `from_torch`. Either way a warm call builds no kernel object and derives no layout."""
         if out.data_ptr() % 16 or any(s % 8 for s in out.stride()[:-1]):
             raise ValueError(f"out's strides {tuple(out.stride())} must be multiples of 8 elements and its "
                              "pointer 16-byte aligned (TMA store)")
-        config = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), problem.causal is not None)
+        config = _config_for_problem(problem)
+        offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
+        group = problem.heads_q // problem.heads_kv
+        if tvm_ffi_available():
+            fn = _COMPILED.get(config)
+            if fn is None:
+                fn = _compile_tvm_ffi(config)
+            if q.requires_grad or k.requires_grad or v.requires_grad:
+                # DLPack export refuses tensors that require grad; a detached alias shares the storage.
+                q, k, v = q.detach(), k.detach(), v.detach()
+            fn(q, k, v, out, lse, problem.scale, offset, group)
+            return out, lse
+        from cute_kernels.runtime import current_stream, from_torch
+
         kernel = _kernel_for(config)
         tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in (q, k, v, out)]
         tensors.append(from_torch(lse, assumed_align=4, leading_dim=2))
-        offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
-        args = (*tensors, cutlass.Float32(problem.scale), cutlass.Int32(offset),
-                cutlass.Int32(problem.heads_q // problem.heads_kv))
+        args = (*tensors, cutlass.Float32(problem.scale), cutlass.Int32(offset), cutlass.Int32(group))
         stream = current_stream()
         compiled = compile_kernel(kernel, *args, stream, key=("attention.sm90_flash", config))
         compiled(*args, stream)
         return out, lse
 
 
+# Per-process caches of the warm path: a kernel object and a config once per combination.
 _KERNELS: dict = {}
+_CONFIGS: dict = {}
+# config -> TVM-FFI function (torch tensors in, torch's current stream).
+_COMPILED: dict = {}
 
 
 def _kernel_for(config: FlashSm90Config) -> FlashAttentionSm90:
-    if config not in _KERNELS:
-        _KERNELS[config] = FlashAttentionSm90(config)
-    return _KERNELS[config]
+    kernel = _KERNELS.get(config)
+    if kernel is None:
+        kernel = _KERNELS[config] = FlashAttentionSm90(config)
+    return kernel
+
+
+def _config_for_problem(problem) -> FlashSm90Config:
+    """`config_for` the problem's head dim, dtype and causality, built once per combination."""
+    key = (problem.head_dim, problem.dtype, problem.causal is not None)
+    config = _CONFIGS.get(key)
+    if config is None:
+        config = _CONFIGS[key] = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), key[2])
+    return config
+
+
+def _compile_tvm_ffi(config: FlashSm90Config):
+    """Compile (or load) the TVM-FFI forward for `config` from fake tensors; cache it in `_COMPILED`.
+
+    The fake tensors fix what `from_torch` would (dtype, rank, unit-stride mode, alignment);
+    sizes and other strides are runtime values, so the config is the whole compile key."""
+    from cute_kernels.runtime import TVM_FFI_OPTION, fake_stream, fake_tensor
+
+    t = _CUTLASS[config.dtype]
+    qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(4)]
+    lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
+    fn = compile_kernel(_kernel_for(config), *qkvo, lse, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(1),
+                        fake_stream(tvm_ffi_env_stream=True), key=("attention.sm90_flash", "tvm_ffi", config),
+                        options=TVM_FFI_OPTION)
+    _COMPILED[config] = fn
+    return fn
 
 
 RUNG = Sm90FlashRung()

@@ -10,12 +10,16 @@ Ours are discovered at call time, so a rung added to `cute_kernels.gemm.KERNELS`
 - GEMM rungs are called as `KERNELS[name](a, b, out, alpha=1.0, beta=0.0, c=None)` on 3-D views
   (L=1) with a preallocated `out`, after `rung.supports(a, b, out)` returns None;
 - attention kernels through `scaled_dot_product_attention(q, k, v, is_causal=..., kernel=name)`;
-- the copy through `cute_kernels.elementwise.copy(src, dst)` (impl name `cute_kernels`).
+- the copy through `cute_kernels.elementwise.copy(src, dst)` (impl name `cute_kernels`);
+- paged decode through `cute_kernels.attention.paged_decode(..., kernel="decode",
+  check_indices=False, out=out)` (impl name `decode`).
 
 Peers: `cublas` (torch.matmul), `cublas_fp8` (torch._scaled_mm), `quack` (quack-kernels'
 untuned default GEMM), `sdpa_flash` and `sdpa_cudnn` (PyTorch SDPA pinned to one backend with
 torch.nn.attention.sdpa_kernel), `fa4` (FlashAttention-4's flash_attn.cute.flash_attn_func, which
-takes (B, S, H, D): it gets transposed views of the same tensors), `torch_copy` (dst.copy_(src)).
+takes (B, S, H, D): it gets transposed views of the same tensors), `torch_copy` (dst.copy_(src)),
+and for paged decode `fa4_paged` (flash_attn_varlen_func with page_table) and `sdpa_gathered`
+(SDPA over K/V gathered beforehand: it does not pay for the gather).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from typing import Any
 
 from cute_kernels.bench.cases import Case, torch_dtype
 
-PEER_NAMES = ("cublas", "cublas_fp8", "quack", "sdpa_flash", "sdpa_cudnn", "fa4", "torch_copy")
+PEER_NAMES = ("cublas", "cublas_fp8", "quack", "sdpa_flash", "sdpa_cudnn", "fa4", "torch_copy", "fa4_paged",
+              "sdpa_gathered")
 
 
 class Unsupported(Exception):
@@ -252,8 +257,88 @@ def copy_impls() -> dict[str, Impl]:
     }
 
 
+# -------------------------------------------------------------------------------- paged decode
+
+
+def _our_decode_available() -> str | None:
+    try:
+        attention = importlib.import_module("cute_kernels.attention")
+    except Exception as err:
+        return f"cute_kernels.attention unavailable: {type(err).__name__}: {err}"
+    if "paged_decode" not in getattr(attention, "__all__", ()):
+        return "cute_kernels.attention has no paged_decode yet"
+    return None
+
+
+def _decode_args(inputs) -> tuple:
+    return tuple(inputs[n] for n in ("q", "k_cache", "v_cache", "block_table", "seqlens_k"))
+
+
+def _prepare_our_decode(case, inputs) -> Prepared:
+    """The `decode` rung with the index check off (the harness built a valid table), as a
+    serving loop that validated its tables once would call it."""
+    from cute_kernels.attention import paged_decode
+
+    args = _decode_args(inputs)
+    out = case.empty_out(inputs)
+    return Prepared(lambda: paged_decode(*args, kernel="decode", check_indices=False, out=out), out=out)
+
+
+def _prepare_fa4_paged(case, inputs) -> Prepared:
+    """FlashAttention-4's paged KV path: flash_attn_varlen_func with q (B, 1, Hq, D), the caches
+    as they are, page_table = block_table and seqused_k = seqlens_k. On sm90 FA4 has no split-KV
+    (it asserts num_splits == 1) and loads pages whose size is not its key tile with cp.async
+    (one page-table lookup per row) instead of TMA; it runs as FA4's interface picks."""
+    from flash_attn.cute import flash_attn_varlen_func
+
+    q, k_cache, v_cache, block_table, seqlens_k = _decode_args(inputs)
+    q4 = q.unsqueeze(1)
+
+    def fn():
+        r = flash_attn_varlen_func(q4, k_cache, v_cache, seqused_k=seqlens_k, page_table=block_table)
+        return r[0] if isinstance(r, tuple) else r
+
+    return Prepared(fn, canonical=lambda o: o.squeeze(1))
+
+
+def _prepare_sdpa_gathered(case, inputs) -> Prepared:
+    """A baseline, not a paged kernel: the pages are gathered here, before timing, into
+    contiguous (B, Hkv, ctx, D) K and V, and only PyTorch SDPA (enable_gqa, the fused backends
+    only: never the math fallback, which would materialize Hq/Hkv copies of K and V) over them is
+    timed. It does NOT pay for the gather, which a real paged decode must do."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from cute_kernels.bench.cases import gather_pages
+
+    q, k_cache, v_cache, block_table, seqlens_k = _decode_args(inputs)
+    lens = seqlens_k.tolist()
+    if len(set(lens)) > 1:
+        raise Unsupported("sdpa_gathered needs every sequence the same length (no key mask)")
+    ctx = lens[0] if lens else 0
+    k = gather_pages(k_cache, block_table)[:, :ctx].transpose(1, 2).contiguous()
+    v = gather_pages(v_cache, block_table)[:, :ctx].transpose(1, 2).contiguous()
+    q4 = q.unsqueeze(2)
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+
+    def fn():
+        with sdpa_kernel(backends):
+            return F.scaled_dot_product_attention(q4, k, v, enable_gqa=True)
+
+    return Prepared(fn, canonical=lambda o: o.squeeze(2))
+
+
+def decode_impls() -> dict[str, Impl]:
+    return {
+        "decode": Impl("decode", "ours", _prepare_our_decode, _our_decode_available),
+        "fa4_paged": Impl("fa4_paged", "peer", _prepare_fa4_paged, _needs_module("flash_attn.cute")),
+        "sdpa_gathered": Impl("sdpa_gathered", "peer", _prepare_sdpa_gathered),
+    }
+
+
 FAMILY_IMPLS: dict[str, Callable[[], dict[str, Impl]]] = {
     "gemm": gemm_impls,
     "attention": attention_impls,
     "copy": copy_impls,
+    "decode": decode_impls,
 }

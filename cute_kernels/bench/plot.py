@@ -1,7 +1,8 @@
 """Plots of a result: a grouped bar chart and a roofline, side by side in one small PNG.
 
 - left: per case, one bar per implementation (TFLOP/s; GB/s for a suite without FLOPs, e.g.
-  `copy`), the dashed line at the measured ceiling when it is known;
+  `copy`, or a memory-bound one in `BANDWIDTH_SUITES`, e.g. `decode`), the dashed line at the
+  measured ceiling when it is known;
 - right: the roofline, log-log: arithmetic intensity (FLOP/byte of compulsory traffic) against
   TFLOP/s, one marker per timed record, with the measured math ceiling(s) and the HBM slope.
   For a suite without FLOPs: GB/s against transfer size, with the bandwidth ceiling.
@@ -19,6 +20,8 @@ from cute_kernels.bench.ceilings import HBM_KEY
 from cute_kernels.bench.records import BenchResult
 
 MAX_PNG_BYTES = 200_000
+# Suites with FLOPs whose bars are GB/s against the HBM ceiling: memory-bound by design.
+BANDWIDTH_SUITES = frozenset({"decode"})
 
 
 def _figure(result: BenchResult):
@@ -31,6 +34,7 @@ def _figure(result: BenchResult):
     cases = list(dict.fromkeys(f"{r.case}\n{r.dtype}" for r in result.records))
     impls = list(dict.fromkeys(r.impl for r in result.records))
     memory_suite = all((r.flops or 0) <= 0 for r in result.records) and bool(result.records)
+    gbps_bars = memory_suite or result.suite in BANDWIDTH_SUITES
     ceil = result.ceilings
     colors = plt.get_cmap("tab10")
 
@@ -43,14 +47,14 @@ def _figure(result: BenchResult):
         for r in timed:
             if r.impl == impl:
                 xs.append(cases.index(f"{r.case}\n{r.dtype}") - 0.4 + width * (j + 0.5))
-                ys.append(r.gbps if memory_suite else r.tflops)
+                ys.append(r.gbps if gbps_bars else r.tflops)
         if xs:
             bars.bar(xs, ys, width=width, label=impl, color=colors(j % 10))
     for r in result.records:
         if not r.ok:
             x = cases.index(f"{r.case}\n{r.dtype}") - 0.4 + width * (impls.index(r.impl) + 0.5)
             bars.text(x, 0, "✗", ha="center", va="bottom", color="red", fontsize=9)
-    ref_key = HBM_KEY if memory_suite else (result.records[0].dtype if result.records else None)
+    ref_key = HBM_KEY if gbps_bars else (result.records[0].dtype if result.records else None)
     if ref_key and isinstance(ceil.get(ref_key), (int, float)):
         bars.axhline(ceil[ref_key], ls="--", color="gray", lw=1)
         bars.text(len(cases) - 0.5, ceil[ref_key], f" ceiling {ceil[ref_key]:.0f}", va="bottom", ha="right",
@@ -58,7 +62,7 @@ def _figure(result: BenchResult):
     bars.set_xlim(-0.5, len(cases) - 0.5)
     bars.set_xticks(range(len(cases)))
     bars.set_xticklabels(cases, fontsize=7, rotation=30, ha="right")
-    bars.set_ylabel("GB/s" if memory_suite else "TFLOP/s")
+    bars.set_ylabel("GB/s" if gbps_bars else "TFLOP/s")
     bars.set_title(f"{result.suite} on {result.device} ({result.date})", fontsize=10)
     bars.legend(fontsize=7, ncol=2)
     bars.grid(axis="y", alpha=0.3)
@@ -82,7 +86,7 @@ def _figure(result: BenchResult):
     else:
         intensities = [r.flops / r.bytes for r in timed if r.bytes]
         lo = min(intensities + [1.0]) / 2
-        hi = max(intensities + [1e3]) * 2
+        hi = max(intensities + [1e1 if gbps_bars else 1e3]) * 2
         bw = ceil.get(HBM_KEY)
         for key in sorted({r.dtype for r in result.records}):
             math_rate = ceil.get(key)
@@ -96,6 +100,10 @@ def _figure(result: BenchResult):
                     ys = [math_rate, math_rate]
                 roof.plot(xs, ys, "--", lw=1, color="gray")
                 roof.text(hi, math_rate, f"{key} {math_rate:.0f}", fontsize=7, ha="right", va="bottom", color="gray")
+        if isinstance(bw, (int, float)) and not any(isinstance(ceil.get(r.dtype), (int, float))
+                                                    for r in result.records):
+            # only the bandwidth was measured (a memory-bound suite): draw the HBM slope alone
+            roof.plot([lo, hi], [lo * bw / 1e3, hi * bw / 1e3], "--", lw=1, color="gray", label="HBM ceiling")
         for j, impl in enumerate(impls):
             pts = [(r.flops / r.bytes, r.tflops) for r in timed if r.impl == impl and r.bytes]
             if pts:

@@ -8,6 +8,7 @@
 | `skinny` | M ∈ {16, 64, 128}, N = K = 8192, bf16 | as `gemm` |
 | `fp8` | e4m3 4096³ and 8192³ (bf16 out) | as `gemm` (cublas_fp8 is the peer) |
 | `ladder` | fp32, fp16 and bf16 at 4096³ and 8192³ | every rung and cublas (fp32 without TF32) |
+| `decode` | bf16 paged decode B=64, Hkv=8, D=128, ctx 8192; Hq 8/32/64 × page 16/256 | decode, fa4_paged, sdpa_gathered |
 
 `--impl` takes a comma list of names and these keywords: `default`, `all`, `ours`, `peers`.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cute_kernels.bench.cases import AttentionCase, Case, CopyCase, GemmCase
+from cute_kernels.bench.cases import AttentionCase, Case, CopyCase, DecodeCase, GemmCase
 from cute_kernels.bench.impls import FAMILY_IMPLS, Impl
 
 # Rungs too slow for the big default shapes (seconds per call at 8192×28672×8192); the ladder
@@ -28,12 +29,14 @@ GEMM_SHAPES = ((2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (8192
                (8192, 8192, 28672), (4096, 14336, 4096), (16384, 4096, 4096))
 ATTENTION_SHAPES = ((4, 32, 2048, 128), (2, 16, 8192, 128), (8, 16, 2048, 64), (2, 16, 4096, 256))
 COPY_MIB = (16, 64, 256, 1024)
+# Paged decode (B, Hq, Hkv, D, ctx, page): 1 GiB each of K and V cache in bf16 per case.
+DECODE_SHAPES = tuple((64, hq, 8, 128, 8192, page) for hq in (8, 32, 64) for page in (16, 256))
 
 
 @dataclass(frozen=True)
 class Suite:
     name: str
-    family: str  # "gemm" | "attention" | "copy"
+    family: str  # "gemm" | "attention" | "copy" | "decode"
     cases: tuple[Case, ...]
     description: str
     default: Callable[[Impl], bool]  # which discovered impls run without --impl
@@ -45,7 +48,7 @@ class Suite:
     def parse_cases(self, spec: str) -> tuple[Case, ...]:
         """Cases from a comma list of case names, each optionally suffixed `:dtype`
         (e.g. `1024x1024x1024:fp32`); without a suffix, the suite's first case's dtype."""
-        kind = {"gemm": GemmCase, "attention": AttentionCase, "copy": CopyCase}[self.family]
+        kind = {"gemm": GemmCase, "attention": AttentionCase, "copy": CopyCase, "decode": DecodeCase}[self.family]
         default_dtype = self.cases[0].dtype if self.cases else "bf16"
         names = [s.strip() for s in spec.split(",") if s.strip()]
         if not names:
@@ -112,4 +115,6 @@ SUITES: dict[str, Suite] = {
                     tuple(GemmCase(s, s, s, dt) for dt in ("fp32", "fp16", "bf16") for s in (4096, 8192)),
                     "every GEMM rung vs cuBLAS (fp32 without TF32) at 4096³ and 8192³; fp16 for sm70_mma",
                     _ladder_default),
+    "decode": Suite("decode", "decode", tuple(DecodeCase(*shape, "bf16") for shape in DECODE_SHAPES),
+                    "bf16 paged decode (one query token, vLLM cache layout), GB/s and % of HBM", _everything),
 }
