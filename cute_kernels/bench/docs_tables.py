@@ -43,8 +43,9 @@ def render_block(result: BenchResult, json_path: Path, page: Path, impls: list[s
     records = [r for r in result.records if impls is None or r.impl in impls]
     versions = ", ".join(f"{k} {v}" for k, v in sorted(result.versions.items()) if v)
     rel = Path(_relpath(json_path, page.parent))
+    command = result.settings.get("command") or f"cute-kernels bench {result.suite}"
     lines = [
-        f"Measured by `cute-kernels bench {result.suite}` on {result.device}, {result.date} "
+        f"Measured by `{command}` on {result.device}, {result.date} "
         f"([{rel.name}]({rel.as_posix()})); {versions}. `*` marks ours; the ratio is to the fastest "
         "peer in the same run.",
         "",

@@ -42,3 +42,16 @@ def test_a_block_without_results_is_left_alone_and_reported(tmp_path, capsys):
     assert main([str(page), "--results", str(tmp_path / "results")]) == 0
     assert page.read_text() == original
     assert "no results for suite 'attention'" in capsys.readouterr().err
+
+
+def test_a_result_made_by_another_command_names_that_command(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    rec = Record("B8_S4096", "cute_kernels", "bf16", tflops=500.0, ms=90.0, rel_err=1e-2, kind="ours", flops=4.5e13)
+    BenchResult("2026-11-30", "NVIDIA H200", {}, "transformer", [rec],
+                settings={"command": "python examples/transformer_block.py"}).write(
+        results / "2026-11-30-transformer-h200.json")
+    page = tmp_path / "page.md"
+    page.write_text("<!-- BEGIN GENERATED: results transformer -->\n<!-- END GENERATED -->\n")
+    text, _ = fill_page(page, results)
+    assert "Measured by `python examples/transformer_block.py`" in text
