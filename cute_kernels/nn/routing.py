@@ -26,31 +26,36 @@ __all__ = ["patch", "route"]
 class route(TorchFunctionMode):
     """Within the block, F.linear -> cute_kernels.nn.functional.linear and
     F.scaled_dot_product_attention -> cute_kernels.nn.functional.scaled_dot_product_attention,
-    with the `kernel`/`fallback` options given here (the GEMM rung name applies to linear)."""
+    with the options given here: `kernel` names the GEMM rung for linear, `attention_kernel`
+    the attention rung (e.g. "sm90_flash", which "auto" does not pick yet)."""
 
-    def __init__(self, *, linear: bool = True, sdpa: bool = True, kernel: str = "auto", fallback: str = "none"):
+    def __init__(self, *, linear: bool = True, sdpa: bool = True, kernel: str = "auto",
+                 attention_kernel: str = "auto", fallback: str = "none"):
         super().__init__()
         cf.check_fallback("nn.route", fallback)
-        self.linear, self.sdpa, self.kernel, self.fallback = linear, sdpa, kernel, fallback
+        self.linear, self.sdpa, self.fallback = linear, sdpa, fallback
+        self.kernel, self.attention_kernel = kernel, attention_kernel
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.linear and func is torch.nn.functional.linear:
             return cf.linear(*args, **kwargs, kernel=self.kernel, fallback=self.fallback)
         if self.sdpa and func is torch.nn.functional.scaled_dot_product_attention:
-            return cf.scaled_dot_product_attention(*args, **kwargs, fallback=self.fallback)
+            return cf.scaled_dot_product_attention(*args, **kwargs, kernel=self.attention_kernel,
+                                                   fallback=self.fallback)
         return func(*args, **kwargs)
 
 
-def _routed_forward(forward, fallback: str, *args, **kwargs):
-    with route(linear=False, sdpa=True, fallback=fallback):
+def _routed_forward(forward, fallback: str, attention_kernel: str, *args, **kwargs):
+    with route(linear=False, sdpa=True, attention_kernel=attention_kernel, fallback=fallback):
         return forward(*args, **kwargs)
 
 
 def patch(model: torch.nn.Module, *, linear: bool = True, sdpa: bool = True, kernel: str = "auto",
-          fallback: str = "none") -> torch.nn.Module:
-    """Route `model`'s nn.Linear layers (linear=True) and SDPA calls (sdpa=True) through
-    cute_kernels, in place; returns `model`. Idempotent."""
+          attention_kernel: str = "auto", fallback: str = "none") -> torch.nn.Module:
+    """Route `model`'s nn.Linear layers (linear=True, GEMM rung `kernel`) and SDPA calls
+    (sdpa=True, attention rung `attention_kernel`) through cute_kernels, in place; returns
+    `model`. Idempotent."""
     cf.check_fallback("nn.patch", fallback)
     if linear:
         for parent in model.modules():
@@ -61,7 +66,7 @@ def patch(model: torch.nn.Module, *, linear: bool = True, sdpa: bool = True, ker
             raise TypeError("cute_kernels.nn.patch: model is itself an nn.Linear; use cute_kernels.nn.Linear."
                             "from_linear(model) instead")
     if sdpa and not getattr(model.__dict__.get("forward"), "_cute_kernels_routed", False):
-        routed = functools.partial(_routed_forward, model.forward, fallback)
+        routed = functools.partial(_routed_forward, model.forward, fallback, attention_kernel)
         routed._cute_kernels_routed = True
         model.forward = routed
     return model

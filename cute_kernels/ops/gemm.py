@@ -167,7 +167,9 @@ def _fused_linear(x2: Tensor, w_t: Tensor, bias, activation, rung: str):
 
     if rung != "auto" and rung not in epilogue_api.FUSING_KERNELS:
         return None
-    if x2.dtype not in _FUSED_DTYPES or torch.cuda.get_device_capability(x2.device) < (9, 0):
+    if x2.device.type != "cuda" or x2.dtype not in _FUSED_DTYPES:
+        return None
+    if torch.cuda.get_device_capability(x2.device) < (9, 0):
         return None
     kernel = epilogue_api.FUSING_KERNELS[0] if rung == "auto" else rung
     return epilogue_api.matmul_epilogue(x2, w_t, bias=bias, bias_dim="n", activation=activation, kernel=kernel)

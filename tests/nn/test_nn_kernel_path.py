@@ -63,3 +63,18 @@ def test_sdpa_function_passes_kernel_as_rung_to_forward_and_backward(kernels):
     assert _rel(out, F.scaled_dot_product_attention(q, k, v, is_causal=True)) < 1e-12
     out.sum().backward()
     assert kernels == [("sdpa", "sm80_flash"), ("sdpa_backward", "sm80_flash")]
+
+
+def test_route_and_patch_pass_the_attention_kernel(kernels):
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q, k, v = (torch.randn(1, 2, 4, 8, dtype=F64) for _ in range(3))
+    with cnn.route(linear=False, attention_kernel="sm90_flash"):
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert kernels == [("sdpa", "sm90_flash")]
+    kernels.clear()
+    model = cnn.patch(Attend(), linear=False, attention_kernel="sm80_flash")
+    assert _rel(model(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True)) < 1e-12
+    assert kernels == [("sdpa", "sm80_flash")]
