@@ -4,12 +4,16 @@
   `fallback=`; `Linear.from_linear(m)` wraps an existing layer's parameters.
 - `functional.linear`, `functional.scaled_dot_product_attention`: the torch.nn.functional forms.
 - `patch(model)` / `route()`: send an existing model's nn.Linear and SDPA calls through them.
+- `parallel`: tensor parallelism on our `linear` (`ColumnParallelLinear`, `RowParallelLinear`,
+  `TensorParallelMLP`).
 """
 
 from __future__ import annotations
 
-from . import functional
+from . import functional, parallel
 from .linear import Linear
+from .parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 from .routing import patch, route
 
-__all__ = ["Linear", "functional", "patch", "route"]
+__all__ = ["ColumnParallelLinear", "Linear", "RowParallelLinear", "TensorParallelMLP", "functional", "parallel",
+           "patch", "route"]
