@@ -55,3 +55,9 @@ def pytest_configure(config):
     # Compile-only builds target Hopper wherever no GPU says otherwise.
     if not _cuda_available():
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    # A private compile/autotune cache: winners a developer stored under ~/.cache must not change
+    # which config a test runs.
+    if "CUTE_KERNELS_CACHE_DIR" not in os.environ:
+        import tempfile
+
+        os.environ["CUTE_KERNELS_CACHE_DIR"] = tempfile.mkdtemp(prefix="cute_kernels_test_cache_")

@@ -2,7 +2,8 @@
 
 `Sm90GemmConfig` fixes everything static about a kernel build (tile, cluster, pipeline depth,
 schedule, rasterization); problem sizes stay dynamic. `pick_config` is the default heuristic
-used by the rungs when no config is given.
+used by the rungs when no config is given and no autotuned winner is stored
+(`cute_kernels.gemm.autotune`, which searches configs around it).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from cute_kernels.gemm import autotune as _autotune
 from cute_kernels.gemm.sm90_config import Sm90GemmConfig, pick_config, pick_split_k
 from cute_kernels.hopper.epilogue import ACTIVATIONS, EpilogueSpec
 from cute_kernels.runtime import compile_kernel, tvm_ffi_available
@@ -339,7 +340,11 @@ class Sm90Rung:
         if K == 0:
             out.copy_(torch_epilogue(torch.zeros(out.shape, device=out.device), spec, beta, c, bias, scales))
             return out
-        config = (config or self.pick(M, N, K, a.element_size())).validate()
+        if config is None:
+            # a stored autotuned winner (tuning first under CUTE_KERNELS_AUTOTUNE=1), else the heuristic
+            config = _autotune.config_for(self, a, b, out, spec, M, N, K, (beta, c, bias, bias_dim, scale_a, scale_b)) \
+                or self.pick(M, N, K, a.element_size())
+        config = config.validate()
         A, B = (_sane_batch_stride(t) for t in (a.permute(1, 2, 0), b.permute(2, 1, 0)))
         splits = pick_split_k(M, N, K, L, config, a.element_size()) if self.split_k else 1
         k_major = not fp8 or (A.stride(1) == 1 and B.stride(1) == 1)  # fp8 wgmma reads K-major only
