@@ -186,13 +186,41 @@ def compile_variant(name: str, config: str | Mapping | None = None, *, arch: str
             raise RuntimeError(
                 f"compiling {name!r} produced no cubin/SASS; is nvidia-cuda-nvdisasm installed?"
             )
+        with _quiet_nvdisasm():
+            sass = _sass_text(artifacts, dump_dir)
         host_ir = str(compiled.ir_module) if getattr(compiled, "ir_module", None) is not None else None
-        report = build_report(name, resolved, arch, artifacts.CUBIN, artifacts.SASS, host_ir,
-                              ptx=artifacts.PTX, dynamic_smem=job.dynamic_smem)
+        report = build_report(name, resolved, arch, artifacts.CUBIN, sass, host_ir,
+                              ptx=_artifact_text(artifacts.PTX), dynamic_smem=job.dynamic_smem)
     finally:
         shutil.rmtree(dump_dir, ignore_errors=True)
     _REPORTS[memo] = report
     return report
+
+
+def _artifact_text(value):
+    """A kept artifact's text: the DSL hands back either the text or the path of its file."""
+    if isinstance(value, str) and "\n" not in value and os.path.isfile(value):
+        with open(value) as f:
+            return f.read()
+    return value
+
+
+def _sass_text(artifacts, dump_dir: str) -> str:
+    """The SASS of the compiled cubin. When CUTE_DSL_ARCH was unset as the DSL was imported, the
+    DSL skips its own disassembly and hands back only the path it meant to write; then the
+    cubin is disassembled here with the same tool."""
+    sass = _artifact_text(artifacts.SASS)
+    if "\n" in sass:
+        return sass
+    from cutlass.base_dsl.env_manager import dump_sass
+
+    cubin_path = os.path.join(dump_dir, "kernel.cubin")
+    with open(cubin_path, "wb") as f:
+        f.write(artifacts.CUBIN)
+    sass_path = os.path.join(dump_dir, "kernel.sass")
+    dump_sass(cubin_path, sass_path, "")
+    with open(sass_path) as f:
+        return f.read()
 
 
 # nvdisasm 13.x warns on every cubin the cu12 toolchain emits; the SASS is complete regardless.

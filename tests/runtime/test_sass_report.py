@@ -177,3 +177,21 @@ def test_registry_rejects_bad_registrations():
         unregister_variant("dup")
     with pytest.raises(KeyError, match="no variant named"):
         get_variant("no-such-variant", load=False)
+
+
+@pytest.mark.compile
+def test_report_holds_sass_when_the_arch_comes_only_as_an_argument():
+    # With CUTE_DSL_ARCH unset when the DSL is imported, the DSL keeps no SASS of its own (it
+    # hands back a path it never wrote): the report must disassemble the cubin itself.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "CUTE_DSL_ARCH"}
+    code = ("from cute_kernels.runtime import registry\n"
+            "r = registry.compile_variant('gemm.naive', arch='sm_90a')\n"
+            "print(r.has('FFMA'), r.has('LDG'), sum(r.histogram.values()))\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    has_ffma, has_ldg, count = out.stdout.split()[-3:]
+    assert has_ffma == "True" and has_ldg == "True" and int(count) > 50
