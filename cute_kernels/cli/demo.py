@@ -78,27 +78,35 @@ def _gpu_part(size: int, kernel: str | None) -> None:
     if not torch.cuda.is_available():
         print("\n(no CUDA device: skipping the timed GEMM; on a GPU this part runs our GEMM beside cuBLAS)")
         return
+    from cute_kernels.bench.timing import interleaved, make_gpu_timer
     from cute_kernels.gemm import KERNELS, matmul
 
-    names = [kernel] if kernel else [n for n in reversed(list(KERNELS))]
     _section(f"GEMM {size}^3 bf16 on {torch.cuda.get_device_name()}")
     a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     ref = a.float() @ b.float()
-    flops = 2.0 * size**3
-    from cute_kernels.bench.timing import time_ms
-
-    t_cublas = time_ms(lambda: torch.matmul(a, b))
-    print(f"{'cublas':>24}: {flops / t_cublas / 1e9:7.1f} TFLOP/s")
-    for name in names:
-        if KERNELS[name].supports(a[None], b[None], None) is not None:
+    # The named rung, or the highest rung of the ladder that takes this problem.
+    name = kernel
+    for candidate in ([kernel] if kernel else reversed(list(KERNELS))):
+        try:
+            out = matmul(a, b, kernel=candidate)
+        except (ValueError, TypeError, NotImplementedError) as err:
+            if kernel:
+                raise
+            print(f"{candidate:>24}: skipped ({err})")
             continue
-        out = matmul(a, b, kernel=name)
-        err = ((out.float() - ref).norm() / ref.norm()).item()
-        t = time_ms(lambda: matmul(a, b, kernel=name))
-        print(f"{name:>24}: {flops / t / 1e9:7.1f} TFLOP/s  ({t_cublas / t:.2f}x cuBLAS, rel_err {err:.1e})")
-        if kernel is None:
-            break
+        name = candidate
+        break
+    else:
+        print("no GEMM rung takes this problem on this device")
+        return
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    times = interleaved({"cublas": lambda: torch.matmul(a, b), name: lambda: matmul(a, b, kernel=name)},
+                        make_gpu_timer(), rounds=3)
+    flops = 2.0 * size**3
+    for impl, t in times.items():
+        print(f"{impl:>24}: {flops / t.median / 1e9:7.1f} TFLOP/s")
+    print(f"{name} / cublas: {times['cublas'].median / times[name].median:.2f}x (rel_err {err:.1e})")
 
 
 def run(args) -> int:
