@@ -33,6 +33,7 @@ from cute_kernels.layouts import Layout
 from cute_kernels.runtime import compile_kernel, to_cute, tvm_ffi_available
 
 from . import block_info, seqlen_info
+from .problem_checks import common_reason
 from .sm80_blocks import (assume_aligned_rows, copy_layouts, gemm_rs, gemm_ss, load_rows, smem_atom_width,
                           smem_operand, smem_tile_layout, store_tile, transposed)
 from .fragments import accumulator_as_a, mn_view
@@ -414,8 +415,6 @@ _register()
 
 # ---- the rung --------------------------------------------------------------------------------------
 
-_MAX_GRID_YZ = 65535
-
 
 class Sm80FlashRung:
     """The `sm80_flash` rung of the attention ladder (interface in `cute_kernels.attention.registry`)."""
@@ -430,19 +429,9 @@ class Sm80FlashRung:
         return (torch.float16, torch.bfloat16)
 
     def supports(self, q, k, v, problem) -> str | None:
-        if problem.dtype not in self.dtypes:
-            return f"dtype {problem.dtype} not supported (float16, bfloat16)"
-        d = problem.head_dim
-        if d % 16 or not 16 <= d <= 256:
-            return f"head dim {d} not supported (a multiple of 16 from 16 to 256)"
-        if problem.head_dim_v != d:
-            return f"value head dim {problem.head_dim_v} differs from the query/key head dim {d}"
-        if not (math.isfinite(problem.scale) and problem.scale > 0):
-            return f"scale {problem.scale} must be finite and > 0 (the running max is taken before scaling)"
-        if problem.heads_q > _MAX_GRID_YZ or problem.batch > _MAX_GRID_YZ:
-            return f"batch {problem.batch} and heads {problem.heads_q} must each be at most {_MAX_GRID_YZ} (grid y/z)"
-        if max(problem.seqlen_q, problem.seqlen_k) >= 2**31 - 256:
-            return "sequence lengths must be below 2**31 (32-bit row indices)"
+        why = common_reason(problem, self.dtypes)
+        if why is not None:
+            return why
         for name, t in (("q", q), ("k", k), ("v", v)):
             if t.data_ptr() % 16:
                 return f"{name}'s data pointer is not 16-byte aligned (128-bit loads); call .contiguous() on it"

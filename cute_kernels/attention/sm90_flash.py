@@ -41,6 +41,7 @@ from cute_kernels.hopper import pipeline as hpipe
 from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP, WarpRoles
 
 from . import block_info
+from .problem_checks import common_reason
 from .softmax import LOG2_E
 from .sm90_layouts import BLOCK_M, FlashSm90Config, config_for
 from .sm90_softmax import Sm90Softmax, acc_as_a, acc_mn_view, mask_scores
@@ -437,8 +438,6 @@ _register()
 
 # ---- the rung --------------------------------------------------------------------------------------
 
-_MAX_GRID_YZ = 65535
-
 
 class Sm90FlashRung:
     """The `sm90_flash` rung of the attention ladder (interface in `cute_kernels.attention.registry`)."""
@@ -453,19 +452,9 @@ class Sm90FlashRung:
         return (torch.float16, torch.bfloat16)
 
     def supports(self, q, k, v, problem) -> str | None:
-        if problem.dtype not in self.dtypes:
-            return f"dtype {problem.dtype} not supported (float16, bfloat16)"
-        d = problem.head_dim
-        if d % 16 or not 16 <= d <= 256:
-            return f"head dim {d} not supported (a multiple of 16 from 16 to 256)"
-        if problem.head_dim_v != d:
-            return f"value head dim {problem.head_dim_v} differs from the query/key head dim {d}"
-        if not (math.isfinite(problem.scale) and problem.scale > 0):
-            return f"scale {problem.scale} must be finite and > 0 (the running max is taken before scaling)"
-        if problem.heads_q > _MAX_GRID_YZ or problem.batch > _MAX_GRID_YZ:
-            return f"batch {problem.batch} and heads {problem.heads_q} must each be at most {_MAX_GRID_YZ} (grid y/z)"
-        if max(problem.seqlen_q, problem.seqlen_k) >= 2**31 - 256:
-            return "sequence lengths must be below 2**31 (32-bit row indices)"
+        why = common_reason(problem, self.dtypes)
+        if why is not None:
+            return why
         if getattr(problem, "window_left", None) is not None:
             return "sliding windows are not implemented in sm90_flash yet"
         for name, t in (("q", q), ("k", k), ("v", v)):

@@ -19,7 +19,7 @@ import cutlass.cute as cute
 from cute_kernels.runtime import to_cute
 
 from .sm90_layouts import mn_view_layout, p_as_a_layout
-from .softmax import LN_2, quad_allreduce_max, quad_allreduce_sum
+from .softmax import OnlineSoftmax
 
 __all__ = ["Sm90Softmax", "acc_mn_view", "acc_as_a", "mask_scores"]
 
@@ -55,16 +55,9 @@ def mask_scores(acc_s_mn: cute.Tensor, coord_mn: cute.Tensor, row_base: cutlass.
             acc_s_mn[r, c] = cutlass.select_(coord_mn[0, c][1] >= col_limit, -cutlass.Float32.inf, acc_s_mn[r, c])
 
 
-class Sm90Softmax:
-    """Running statistics of this thread's `num_rows` rows (see the module docstring)."""
-
-    def __init__(self, num_rows: int, scale_log2: cutlass.Float32):
-        self.num_rows = num_rows
-        self.scale_log2 = scale_log2
-        self.row_max = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
-        self.row_sum = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
-        self.row_max.fill(-cutlass.Float32.inf)
-        self.row_sum.fill(0.0)
+class Sm90Softmax(OnlineSoftmax):
+    """`OnlineSoftmax` with its step split in two (see the module docstring); `finalize` is the
+    base class's."""
 
     @cute.jit
     def update(self, acc_s_mn: cute.Tensor, row_scale: cute.Tensor):
@@ -74,23 +67,7 @@ class Sm90Softmax:
         A row that has seen only -inf uses 0 as its max (no -inf - -inf): its P is 0 and its
         scale 0 (O is still 0 there)."""
         for r in cutlass.range_constexpr(self.num_rows):
-            block_max = acc_s_mn[r, 0]
-            for c in cutlass.range_constexpr(1, cute.size(acc_s_mn.shape[1])):
-                block_max = cute.arch.fmax(block_max, acc_s_mn[r, c])
-            block_max = quad_allreduce_max(block_max)
-            old_max = self.row_max[r]
-            new_max = cute.arch.fmax(old_max, block_max)
-            safe_max = cutlass.Float32(0.0) if new_max == -cutlass.Float32.inf else new_max
-            max_scaled = safe_max * self.scale_log2
-            scale = cute.math.exp2(old_max * self.scale_log2 - max_scaled, fastmath=True)
-            block_sum = cutlass.Float32(0.0)
-            for c in cutlass.range_constexpr(cute.size(acc_s_mn.shape[1])):
-                p = cute.math.exp2(acc_s_mn[r, c] * self.scale_log2 - max_scaled, fastmath=True)
-                acc_s_mn[r, c] = p
-                block_sum = block_sum + p
-            self.row_max[r] = new_max
-            self.row_sum[r] = self.row_sum[r] * scale + block_sum
-            row_scale[r] = scale
+            row_scale[r] = self.fold_row(acc_s_mn, r)
 
     @cute.jit
     def rescale(self, acc_o_mn: cute.Tensor, row_scale: cute.Tensor):
@@ -98,20 +75,3 @@ class Sm90Softmax:
         for r in cutlass.range_constexpr(self.num_rows):
             for c in cutlass.range_constexpr(cute.size(acc_o_mn.shape[1])):
                 acc_o_mn[r, c] = acc_o_mn[r, c] * row_scale[r]
-
-    @cute.jit
-    def finalize(self, acc_o_mn: cute.Tensor, lse: cute.Tensor):
-        """O /= l per row; lse[r] = natural-log log-sum-exp of the scaled scores (-inf and O = 0
-        for a row that saw no key; NaN in l propagates to both)."""
-        for r in cutlass.range_constexpr(self.num_rows):
-            total = quad_allreduce_sum(self.row_sum[r])
-            inv = cutlass.Float32(0.0) if total == 0.0 else cute.arch.rcp_approx(total)
-            for c in cutlass.range_constexpr(cute.size(acc_o_mn.shape[1])):
-                acc_o_mn[r, c] = acc_o_mn[r, c] * inv
-            row_max = self.row_max[r]
-            safe_max = cutlass.Float32(0.0) if row_max == -cutlass.Float32.inf else row_max
-            lse[r] = (
-                -cutlass.Float32.inf
-                if total == 0.0
-                else (safe_max * self.scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
-            )

@@ -57,26 +57,34 @@ class OnlineSoftmax:
         self.row_sum.fill(0.0)
 
     @cute.jit
+    def fold_row(self, acc_s_mn: cute.Tensor, r: cutlass.Constexpr) -> cutlass.Float32:
+        """Fold row r of a block of raw scores into the statistics, turning it into P (in
+        place), and return 2^((m_old - m_new) * scale_log2), the factor that row of O must be
+        multiplied by. A row that has seen only -inf uses 0 as its max (its P and factor are 0)."""
+        block_max = acc_s_mn[r, 0]
+        for c in cutlass.range_constexpr(1, cute.size(acc_s_mn.shape[1])):
+            block_max = cute.arch.fmax(block_max, acc_s_mn[r, c])
+        block_max = quad_allreduce_max(block_max)
+        old_max = self.row_max[r]
+        new_max = cute.arch.fmax(old_max, block_max)
+        safe_max = cutlass.Float32(0.0) if new_max == -cutlass.Float32.inf else new_max
+        max_scaled = safe_max * self.scale_log2
+        rescale = cute.math.exp2(old_max * self.scale_log2 - max_scaled, fastmath=True)
+        block_sum = cutlass.Float32(0.0)
+        for c in cutlass.range_constexpr(cute.size(acc_s_mn.shape[1])):
+            p = cute.math.exp2(acc_s_mn[r, c] * self.scale_log2 - max_scaled, fastmath=True)
+            acc_s_mn[r, c] = p
+            block_sum = block_sum + p
+        self.row_max[r] = new_max
+        self.row_sum[r] = self.row_sum[r] * rescale + block_sum
+        return rescale
+
+    @cute.jit
     def step(self, acc_s_mn: cute.Tensor, acc_o_mn: cute.Tensor):
         """Fold one block of scores in: acc_s_mn (rows, cols) raw scores -> P (unnormalized
         probabilities, in place); acc_o_mn (rows, head dim) rescaled to the new row max."""
         for r in cutlass.range_constexpr(self.num_rows):
-            block_max = acc_s_mn[r, 0]
-            for c in cutlass.range_constexpr(1, cute.size(acc_s_mn.shape[1])):
-                block_max = cute.arch.fmax(block_max, acc_s_mn[r, c])
-            block_max = quad_allreduce_max(block_max)
-            old_max = self.row_max[r]
-            new_max = cute.arch.fmax(old_max, block_max)
-            safe_max = cutlass.Float32(0.0) if new_max == -cutlass.Float32.inf else new_max
-            max_scaled = safe_max * self.scale_log2
-            rescale = cute.math.exp2(old_max * self.scale_log2 - max_scaled, fastmath=True)
-            block_sum = cutlass.Float32(0.0)
-            for c in cutlass.range_constexpr(cute.size(acc_s_mn.shape[1])):
-                p = cute.math.exp2(acc_s_mn[r, c] * self.scale_log2 - max_scaled, fastmath=True)
-                acc_s_mn[r, c] = p
-                block_sum = block_sum + p
-            self.row_max[r] = new_max
-            self.row_sum[r] = self.row_sum[r] * rescale + block_sum
+            rescale = self.fold_row(acc_s_mn, r)
             for c in cutlass.range_constexpr(cute.size(acc_o_mn.shape[1])):
                 acc_o_mn[r, c] = acc_o_mn[r, c] * rescale
 
