@@ -10,36 +10,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cute_kernels.attention import attention_forward, scaled_dot_product_attention  # noqa: E402
-from cute_kernels.attention.mask import dense_mask  # noqa: E402
+
+from ._dense_reference import TOL, randn, reference, rel_err  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-TOL = {torch.bfloat16: 1e-2, torch.float16: 4e-3}
-
-
-def reference(q, k, v, causal=None, scale=None):
-    """(out, lse) in float32: rows with no allowed key give 0 and -inf (the kernels' convention)."""
-    hq, hk = q.shape[1], k.shape[1]
-    qf, kf, vf = q.float(), k.float(), v.float()
-    if hq != hk:
-        kf, vf = kf.repeat_interleave(hq // hk, dim=1), vf.repeat_interleave(hq // hk, dim=1)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = (qf @ kf.transpose(-1, -2)) * scale
-    if causal is not None:
-        keep = dense_mask(q.shape[2], k.shape[2], causal=True, align=causal, device=q.device)
-        s = s.masked_fill(~keep, -math.inf)
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.softmax(s, dim=-1)
-    p = torch.where(torch.isneginf(lse)[..., None], torch.zeros_like(p), p)
-    return p @ vf, lse
-
-
-def rel_err(x, ref):
-    return ((x.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
-def randn(*shape, dtype):
-    return torch.randn(*shape, device="cuda", dtype=dtype)
 
 
 CASES = [
