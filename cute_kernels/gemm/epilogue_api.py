@@ -22,7 +22,7 @@ import torch
 
 from cute_kernels.hopper.epilogue import ACTIVATIONS
 
-__all__ = ["matmul_epilogue", "scaled_mm", "ACTIVATIONS", "FUSING_KERNELS"]
+__all__ = ["matmul_epilogue", "scaled_mm", "fusing_kernel", "ACTIVATIONS", "FUSING_KERNELS"]
 
 FUSING_KERNELS = ("sm90_persistent", "sm90_warp_specialized", "sm90_tma_wgmma")
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -41,6 +41,27 @@ def _rung(kernel: str):
 
         rung = _rungs[kernel] = importlib.import_module(f"cute_kernels.gemm.{kernel}").rung
     return rung
+
+
+_EPILOGUE_DTYPES = (torch.bfloat16, torch.float16)  # fp8 takes scales: `scaled_mm`
+_HOPPER: dict = {}  # device index -> whether it is sm_90 or newer (asked once per device)
+
+
+def fusing_kernel(a: torch.Tensor, kernel: str = "auto") -> str | None:
+    """The rung that fuses an epilogue for 16-bit inputs like `a` on `a`'s device: `kernel` itself
+    when it is a fusing rung that can run there, the top one for "auto", else None (the caller
+    then applies bias and activation after a plain GEMM)."""
+    if kernel != "auto" and kernel not in FUSING_KERNELS:
+        return None
+    if a.device.type != "cuda" or a.dtype not in _EPILOGUE_DTYPES:
+        return None
+    index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    hopper = _HOPPER.get(index)
+    if hopper is None:
+        hopper = _HOPPER[index] = torch.cuda.get_device_capability(index) >= (9, 0)
+    if not hopper:
+        return None
+    return FUSING_KERNELS[0] if kernel == "auto" else kernel
 
 
 def _device_reason(a, b) -> str | None:

@@ -157,21 +157,14 @@ def _check_linear(x: Tensor, weight: Tensor, bias) -> None:
             raise ValueError(f"cute_kernels.linear: bias is on {bias.device} but input is on {x.device}")
 
 
-_FUSED_DTYPES = (torch.bfloat16, torch.float16)
-
-
 def _fused_linear(x2: Tensor, w_t: Tensor, bias, activation, rung: str):
-    """x2 @ w_t with bias and activation fused into the GEMM's epilogue, where a Hopper rung can
-    take it; None where none can (then the caller runs the unfused path)."""
+    """x2 @ w_t with bias and activation fused into the GEMM's epilogue, where a rung can take
+    it (the GEMM layer decides which); None where none can (then the caller runs the unfused path)."""
     from cute_kernels.gemm import epilogue_api
 
-    if rung != "auto" and rung not in epilogue_api.FUSING_KERNELS:
+    kernel = epilogue_api.fusing_kernel(x2, rung)
+    if kernel is None:
         return None
-    if x2.device.type != "cuda" or x2.dtype not in _FUSED_DTYPES:
-        return None
-    if torch.cuda.get_device_capability(x2.device) < (9, 0):
-        return None
-    kernel = epilogue_api.FUSING_KERNELS[0] if rung == "auto" else rung
     return epilogue_api.matmul_epilogue(x2, w_t, bias=bias, bias_dim="n", activation=activation, kernel=kernel)
 
 

@@ -73,6 +73,23 @@ def test_fp8_heuristic_fits_promotion(m, n, k):
     assert not Sm90GemmConfig(tile_m=128, tile_n=256).fp8_promotion_fits()
 
 
+def test_fusing_kernel_names_a_rung_only_where_one_can_fuse(monkeypatch):
+    from cute_kernels.gemm import epilogue_api
+
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    assert epilogue_api.fusing_kernel(x) is None  # not on a CUDA device
+    assert epilogue_api.fusing_kernel(x, "sm80_mma") is None  # not a fusing rung
+    fake = type("FakeCuda", (), {"device": torch.device("cuda", 0), "dtype": torch.bfloat16})()
+    monkeypatch.setattr(epilogue_api, "_HOPPER", {0: True})
+    assert epilogue_api.fusing_kernel(fake) == "sm90_persistent"
+    assert epilogue_api.fusing_kernel(fake, "sm90_tma_wgmma") == "sm90_tma_wgmma"
+    fake.dtype = torch.float32
+    assert epilogue_api.fusing_kernel(fake) is None  # the sm90 rungs take 16-bit inputs here
+    fake.dtype = torch.bfloat16
+    monkeypatch.setattr(epilogue_api, "_HOPPER", {0: False})
+    assert epilogue_api.fusing_kernel(fake) is None  # below sm_90
+
+
 # ---- GPU -------------------------------------------------------------------------------------
 
 def _hopper():
@@ -188,3 +205,4 @@ def test_fp8_pingpong_promoted():
     cfg = Sm90GemmConfig(tile_m=128, tile_n=64, tile_k=128, cluster_m=2, schedule="pingpong")
     out = scaled_mm(a, w.t(), one, one, out_dtype=torch.float32, config=cfg)
     assert _rel(out, a.double() @ w.double().t()) < 1e-3
+
