@@ -18,7 +18,8 @@
 # step also has its own cap, and a step that would start with too little budget left is skipped
 # (and reported). Knobs (environment): GPU_CHECK_BUDGET_S, BENCH_ARGS (extra `cute-kernels bench`
 # options, default "--rounds 3 --warmup-ms 10 --rep-ms 50"), SANITIZE_EACH=1 (one sanitizer
-# process per kernel instead of one per tool), PYTEST_ARGS (extra pytest options).
+# process per kernel instead of one per tool), PYTEST_ARGS (extra pytest options), GPU_TEST_JOBS
+# (concurrent pytest processes for the GPU tests, default 6; see scripts/gpu_tests.sh).
 set -uo pipefail
 
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
@@ -91,7 +92,8 @@ for dist in ("nvidia-cutlass-dsl", "triton", "quack-kernels", "flash-attn-4"):
 EOF
 
 if ! skipped tests; then
-  step "pytest -m gpu" 170 python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider ${PYTEST_ARGS:-} tests
+  # shellcheck disable=SC2086  # PYTEST_ARGS is a list of options
+  step "pytest -m gpu (${GPU_TEST_JOBS:-6} shards)" 240 scripts/gpu_tests.sh "$OUTDIR/pytest" "${GPU_TEST_JOBS:-6}" ${PYTEST_ARGS:-}
 fi
 
 if ! skipped sanitize; then
