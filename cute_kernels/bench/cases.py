@@ -7,7 +7,8 @@ with TF32 disabled. `rel_err(out, ref)` is the relative Frobenius error
 
 Case names are the strings records carry and `--cases` parses:
 - GEMM C = A·Bᵀ (A: M×K, B: N×K, both K-major): `MxNxK`, e.g. `4096x4096x4096`;
-- attention (B, H, S, D): `B4_H32_S2048_D128` or `B4_H32_S2048_D128_causal`;
+- attention (B, H, S, D): `B4_H32_S2048_D128` or `B4_H32_S2048_D128_causal` (the same names
+  for the backward pass, suite `attention_bwd`);
 - copy: `1024MiB` (bytes of the source) or a plain element count;
 - paged decode (one query token per sequence over a paged KV cache):
   `B64_Hq32_Hkv8_D128_ctx8192_page16`.
@@ -225,6 +226,63 @@ class AttentionCase:
                         scores.masked_fill_(~mask, float("-inf"))
                     out[bi, hs] = torch.matmul(torch.softmax(scores, dim=-1), v[bi, hs].float())
         return out
+
+
+@dataclass(frozen=True)
+class AttentionBwdCase(AttentionCase):
+    """The backward pass of an `AttentionCase`: (dq, dk, dv) for an output gradient dout.
+
+    The result compared is the three gradients flattened and concatenated; the reference is
+    float32 autograd through the same masked softmax. FLOPs: the five S×S GEMMs of the
+    FlashAttention backward (recomputed QKᵀ, dP = dO·Vᵀ, dV, dK, dQ), 2.5× the forward's.
+    Tolerance: twice the forward's, since each gradient goes through two rounded GEMMs more.
+    """
+
+    family = "attention_bwd"
+
+    @property
+    def flops(self) -> float:
+        return 2.5 * super().flops
+
+    @property
+    def bytes(self) -> float:
+        """Compulsory traffic: read q, k, v, out, dout once and write dq, dk, dv once."""
+        return 8.0 * self.b * self.h * self.s * self.d * ELEMENT_BYTES[self.dtype]
+
+    @property
+    def tolerance(self) -> float:
+        return 2 * TOLERANCE[self.dtype]
+
+    def make_inputs(self, device: str, seed: int = 0) -> dict[str, Any]:
+        inputs = super().make_inputs(device, seed)
+        gen = _generator(device, seed + 1)
+        inputs["dout"] = _randn((self.b, self.h, self.s, self.d), self.dtype, device, gen)
+        return inputs
+
+    def empty_out(self, inputs: dict[str, Any]):
+        return None
+
+    def reference(self, inputs: dict[str, Any]):
+        """cat(dq, dk, dv) flattened, in float32, a few heads at a time (see AttentionCase)."""
+        import torch
+
+        q, k, v, dout = (inputs[n] for n in ("q", "k", "v", "dout"))
+        scale = 1.0 / math.sqrt(self.d)
+        grads = [torch.empty(q.shape, dtype=torch.float32, device=q.device) for _ in range(3)]
+        heads = max(1, (1 << 27) // (self.s * self.s))
+        mask = torch.ones(self.s, self.s, dtype=torch.bool, device=q.device).tril() if self.causal else None
+        with _fp32_highest(), torch.enable_grad():
+            for bi in range(self.b):
+                for h0 in range(0, self.h, heads):
+                    hs = slice(h0, min(self.h, h0 + heads))
+                    qf, kf, vf = (t[bi, hs].float().requires_grad_() for t in (q, k, v))
+                    scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+                    if mask is not None:
+                        scores = scores.masked_fill(~mask, float("-inf"))
+                    out = torch.matmul(torch.softmax(scores, dim=-1), vf)
+                    for g, d in zip(grads, torch.autograd.grad(out, (qf, kf, vf), dout[bi, hs].float())):
+                        g[bi, hs] = d
+        return torch.cat([g.flatten() for g in grads])
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ Ours are discovered at call time, so a rung added to `cute_kernels.gemm.KERNELS`
   check_indices=False, out=out)` (impl name `decode`).
 
 Peers: `cublas` (torch.matmul), `cublas_fp8` (torch._scaled_mm), `quack` (quack-kernels'
-untuned default GEMM), `sdpa_flash` and `sdpa_cudnn` (PyTorch SDPA pinned to one backend with
+untuned default GEMM), `triton_ampere` (a Triton GEMM held to mma.sync: the Ampere-style peer
+of `sm80_mma`, see `cute_kernels.bench.triton_ampere`), `sdpa_flash` and `sdpa_cudnn` (PyTorch SDPA pinned to one backend with
 torch.nn.attention.sdpa_kernel), `fa4` (FlashAttention-4's flash_attn.cute.flash_attn_func, which
 takes (B, S, H, D): it gets transposed views of the same tensors), `torch_copy` (dst.copy_(src)),
 and for paged decode `fa4_paged` (flash_attn_varlen_func with page_table) and `sdpa_gathered`
@@ -33,7 +34,7 @@ from typing import Any
 
 from cute_kernels.bench.cases import Case, torch_dtype
 
-PEER_NAMES = ("cublas", "cublas_fp8", "quack", "sdpa_flash", "sdpa_cudnn", "fa4", "torch_copy", "fa4_paged",
+PEER_NAMES = ("cublas", "cublas_fp8", "quack", "triton_ampere", "sdpa_flash", "sdpa_cudnn", "fa4", "torch_copy", "fa4_paged",
               "sdpa_gathered")
 
 
@@ -155,12 +156,27 @@ def _prepare_quack(case, inputs) -> Prepared:
     return Prepared(lambda: quack_gemm(a, b_kn, out=out, tuned=False), out=out)
 
 
+def _prepare_triton_ampere(case, inputs) -> Prepared:
+    if case.dtype not in ("fp16", "bf16"):
+        raise Unsupported("the Ampere-style Triton peer takes fp16 and bf16")
+    from cute_kernels.bench import triton_ampere
+
+    a, b_kn = inputs["a"], inputs["b"].T
+    out = case.empty_out(inputs)
+    try:
+        config, _ = triton_ampere.fastest_config(a, b_kn, out)
+    except RuntimeError as err:
+        raise Unsupported(str(err)) from None
+    return Prepared(lambda: triton_ampere.launch(a, b_kn, out, config), out=out)
+
+
 def gemm_impls() -> dict[str, Impl]:
     """Ours (every rung in cute_kernels.gemm.KERNELS) then the GEMM peers."""
     impls = {name: Impl(name, "ours", partial(_prepare_gemm_rung, name)) for name in our_gemm_rungs()[0]}
     impls["cublas"] = Impl("cublas", "peer", _prepare_cublas)
     impls["cublas_fp8"] = Impl("cublas_fp8", "peer", _prepare_cublas_fp8)
     impls["quack"] = Impl("quack", "peer", _prepare_quack, _needs_module("quack"))
+    impls["triton_ampere"] = Impl("triton_ampere", "peer", _prepare_triton_ampere, _needs_module("triton"))
     return impls
 
 
@@ -222,6 +238,80 @@ def attention_impls() -> dict[str, Impl]:
     impls["sdpa_flash"] = Impl("sdpa_flash", "peer", partial(_prepare_sdpa, "FLASH_ATTENTION"))
     impls["sdpa_cudnn"] = Impl("sdpa_cudnn", "peer", partial(_prepare_sdpa, "CUDNN_ATTENTION"))
     impls["fa4"] = Impl("fa4", "peer", _prepare_fa4, _needs_module("flash_attn.cute"))
+    return impls
+
+
+# -------------------------------------------------------------------------- attention backward
+# Every implementation is timed the same way: its forward runs once at prepare (with autograd
+# recording), and the timed call is torch.autograd.grad of that output for `dout`
+# (retain_graph), i.e. exactly the backward kernels plus the autograd engine's dispatch.
+
+
+def _grads_of(out, leaves, dout):
+    import torch
+
+    def fn():
+        return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+
+    return fn
+
+
+def _flat_grads(grads):
+    import torch
+
+    return torch.cat([g.float().flatten() for g in grads])
+
+
+def _leaves(inputs):
+    return tuple(inputs[n].detach().clone().requires_grad_() for n in ("q", "k", "v"))
+
+
+def _prepare_attention_bwd_kernel(name: str, case, inputs) -> Prepared:
+    import torch
+
+    from cute_kernels.attention import scaled_dot_product_attention
+
+    q, k, v = _leaves(inputs)
+    with torch.enable_grad():
+        out = scaled_dot_product_attention(q, k, v, is_causal=case.causal, kernel=name)
+    return Prepared(_grads_of(out, (q, k, v), inputs["dout"]), canonical=_flat_grads)
+
+
+def _prepare_sdpa_bwd(backend_name: str, case, inputs) -> Prepared:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = _leaves(inputs)
+    # The backward kernel follows the forward's backend, chosen here.
+    with torch.enable_grad(), sdpa_kernel(getattr(SDPBackend, backend_name)):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
+    return Prepared(_grads_of(out, (q, k, v), inputs["dout"]), canonical=_flat_grads)
+
+
+def _prepare_fa4_bwd(case, inputs) -> Prepared:
+    import torch
+    from flash_attn.cute import flash_attn_func
+
+    q, k, v = _leaves(inputs)
+    with torch.enable_grad():
+        r = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=case.causal)
+        out = (r[0] if isinstance(r, tuple) else r).transpose(1, 2)
+    return Prepared(_grads_of(out, (q, k, v), inputs["dout"]), canonical=_flat_grads)
+
+
+def attention_bwd_impls() -> dict[str, Impl]:
+    """Ours (attention KERNELS with a backward) then the backward peers."""
+    names, _ = our_attention_kernels()
+    impls = {}
+    for name in names:
+        from cute_kernels.attention import KERNELS
+
+        if hasattr(KERNELS[name], "backward"):
+            impls[name] = Impl(name, "ours", partial(_prepare_attention_bwd_kernel, name))
+    impls["sdpa_flash"] = Impl("sdpa_flash", "peer", partial(_prepare_sdpa_bwd, "FLASH_ATTENTION"))
+    impls["sdpa_cudnn"] = Impl("sdpa_cudnn", "peer", partial(_prepare_sdpa_bwd, "CUDNN_ATTENTION"))
+    impls["fa4"] = Impl("fa4", "peer", _prepare_fa4_bwd, _needs_module("flash_attn.cute"))
     return impls
 
 
@@ -339,6 +429,7 @@ def decode_impls() -> dict[str, Impl]:
 FAMILY_IMPLS: dict[str, Callable[[], dict[str, Impl]]] = {
     "gemm": gemm_impls,
     "attention": attention_impls,
+    "attention_bwd": attention_bwd_impls,
     "copy": copy_impls,
     "decode": decode_impls,
 }

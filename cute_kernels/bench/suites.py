@@ -4,10 +4,11 @@
 | --- | --- | --- |
 | `gemm` | the 7 bf16 shapes of the device README, C = A·Bᵀ | our rungs except the slow ones, every GEMM peer |
 | `attention` | the 8 bf16 forward cases (B, H, S, D) × causal | ours, sdpa_flash, sdpa_cudnn, fa4 |
+| `attention_bwd` | the same 8 cases, backward (dq, dk, dv through autograd) | ours with a backward, sdpa_flash, sdpa_cudnn, fa4 |
 | `copy` | 16 MiB to 1 GiB bf16 | cute_kernels (our vectorized copy), torch_copy |
 | `skinny` | M ∈ {16, 64, 128}, N = K = 8192, bf16 | as `gemm` |
 | `fp8` | e4m3 4096³ and 8192³ (bf16 out) | as `gemm` (cublas_fp8 is the peer) |
-| `ladder` | fp32, fp16 and bf16 at 4096³ and 8192³ | every rung and cublas (fp32 without TF32) |
+| `ladder` | fp32, fp16 and bf16 at 4096³ and 8192³ | every rung, cublas (fp32 without TF32) and triton_ampere (Triton held to mma.sync) |
 | `decode` | bf16 paged decode B=64, Hkv=8, D=128, ctx 8192; Hq 8/32/64 × page 16/256 | decode, fa4_paged, sdpa_gathered |
 
 `--impl` takes a comma list of names and these keywords: `default`, `all`, `ours`, `peers`.
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cute_kernels.bench.cases import AttentionCase, Case, CopyCase, DecodeCase, GemmCase
+from cute_kernels.bench.cases import AttentionBwdCase, AttentionCase, Case, CopyCase, DecodeCase, GemmCase
 from cute_kernels.bench.impls import FAMILY_IMPLS, Impl
 
 # Rungs too slow for the big default shapes (seconds per call at 8192×28672×8192); the ladder
@@ -36,7 +37,7 @@ DECODE_SHAPES = tuple((64, hq, 8, 128, 8192, page) for hq in (8, 32, 64) for pag
 @dataclass(frozen=True)
 class Suite:
     name: str
-    family: str  # "gemm" | "attention" | "copy" | "decode"
+    family: str  # "gemm" | "attention" | "attention_bwd" | "copy" | "decode"
     cases: tuple[Case, ...]
     description: str
     default: Callable[[Impl], bool]  # which discovered impls run without --impl
@@ -48,7 +49,8 @@ class Suite:
     def parse_cases(self, spec: str) -> tuple[Case, ...]:
         """Cases from a comma list of case names, each optionally suffixed `:dtype`
         (e.g. `1024x1024x1024:fp32`); without a suffix, the suite's first case's dtype."""
-        kind = {"gemm": GemmCase, "attention": AttentionCase, "copy": CopyCase, "decode": DecodeCase}[self.family]
+        kind = {"gemm": GemmCase, "attention": AttentionCase, "attention_bwd": AttentionBwdCase, "copy": CopyCase,
+                "decode": DecodeCase}[self.family]
         default_dtype = self.cases[0].dtype if self.cases else "bf16"
         names = [s.strip() for s in spec.split(",") if s.strip()]
         if not names:
@@ -86,12 +88,19 @@ def select_impls(available: dict[str, Impl], spec: str | None, default: Callable
     return {n: i for n, i in available.items() if n in chosen}
 
 
+# Peers that only the ladder suite compares against (the Ampere-style Triton GEMM autotunes at
+# prepare: minutes over the big default shapes, for a comparison only sm80_mma needs).
+LADDER_ONLY_PEERS = frozenset({"triton_ampere"})
+
+
 def _fast(impl: Impl) -> bool:
-    return impl.kind == "peer" or impl.name not in SLOW_RUNGS
+    if impl.kind == "peer":
+        return impl.name not in LADDER_ONLY_PEERS
+    return impl.name not in SLOW_RUNGS
 
 
 def _ladder_default(impl: Impl) -> bool:
-    return impl.kind == "ours" or impl.name == "cublas"
+    return impl.kind == "ours" or impl.name in ("cublas", "triton_ampere")
 
 
 def _everything(impl: Impl) -> bool:
@@ -105,6 +114,10 @@ SUITES: dict[str, Suite] = {
                        tuple(AttentionCase(b, h, s, d, causal, "bf16") for b, h, s, d in ATTENTION_SHAPES
                              for causal in (False, True)),
                        "bf16 attention forward, 4 shapes × causal", _everything),
+    "attention_bwd": Suite("attention_bwd", "attention_bwd",
+                           tuple(AttentionBwdCase(b, h, s, d, causal, "bf16") for b, h, s, d in ATTENTION_SHAPES
+                                 for causal in (False, True)),
+                           "bf16 attention backward (dq, dk, dv), 4 shapes × causal", _everything),
     "copy": Suite("copy", "copy", tuple(CopyCase((mib << 20) // 2, "bf16") for mib in COPY_MIB),
                   "device-to-device copy (memory side of the roofline), GB/s", _everything),
     "skinny": Suite("skinny", "gemm", tuple(GemmCase(m, 8192, 8192, "bf16") for m in (16, 64, 128)),

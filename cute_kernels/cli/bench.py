@@ -9,7 +9,7 @@
     cute-kernels bench gemm --list                             # cases and implementations found here
     cute-kernels bench decode --out-dir docs/results           # paged decode: GB/s and % of HBM
 
-Suites: gemm, attention, copy, skinny, fp8, ladder, decode (see cute_kernels.bench.suites) and overhead
+Suites: gemm, attention, attention_bwd, copy, skinny, fp8, ladder, decode (see cute_kernels.bench.suites) and overhead
 (host time per call, see cute_kernels.bench.overhead); `all` runs each in turn.
 
 Exit status: 0; 1 when one of our implementations failed its correctness check; 3 when
@@ -21,9 +21,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-SUITE_NAMES = ("gemm", "attention", "copy", "skinny", "fp8", "ladder", "decode", "overhead")
+SUITE_NAMES = ("gemm", "attention", "attention_bwd", "copy", "skinny", "fp8", "ladder", "decode", "overhead")
 # Ceilings each suite's percentages need (the HBM bandwidth is always measured).
-SUITE_CEILING_DTYPES = {"gemm": {"bf16"}, "attention": {"bf16"}, "copy": set(), "skinny": {"bf16"},
+SUITE_CEILING_DTYPES = {"gemm": {"bf16"}, "attention": {"bf16"}, "attention_bwd": {"bf16"}, "copy": set(), "skinny": {"bf16"},
                         "fp8": {"fp8_e4m3"}, "ladder": {"fp32", "bf16"}, "decode": set(), "overhead": set()}
 
 
@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("suite", choices=SUITE_NAMES + ("all",), help="the suite to run")
     p.add_argument("--impl", default=None,
-                   help="comma list of implementations (rung names, peers: cublas, cublas_fp8, quack, sdpa_flash, "
+                   help="comma list of implementations (rung names, peers: cublas, cublas_fp8, quack, triton_ampere, sdpa_flash, "
                         "sdpa_cudnn, fa4, torch_copy, cute_kernels, decode, fa4_paged, sdpa_gathered) and keywords default, all, ours, peers")
     p.add_argument("--cases", default=None, help="comma list of case names replacing the suite's, e.g. 4096x4096x4096, "
                                                  "B4_H32_S2048_D128_causal, 256MiB, B64_Hq32_Hkv8_D128_ctx8192_page16; suffix :DTYPE to change the dtype")

@@ -81,3 +81,22 @@ def test_attention_reference_matches_sdpa_in_float64(causal):
     expect = torch.nn.functional.scaled_dot_product_attention(
         *(x[n].double() for n in ("q", "k", "v")), is_causal=causal)
     assert rel_err(c.reference(x), expect) < 1e-6
+
+
+def test_attention_bwd_case_reference_matches_autograd_in_float64():
+    import torch
+    import torch.nn.functional as F
+
+    from cute_kernels.bench.cases import AttentionBwdCase
+
+    for causal in (False, True):
+        case = AttentionBwdCase.parse("B2_H3_S37_D16" + ("_causal" if causal else ""))
+        assert case.family == "attention_bwd" and case.flops == 2.5 * 4 * 2 * 3 * 37 * 37 * 16 / (2 if causal else 1)
+        inputs = case.make_inputs("cpu", seed=3)
+        assert set(inputs) == {"q", "k", "v", "dout"} and inputs["dout"].std() > 0.5
+        q, k, v = (inputs[n].double().requires_grad_() for n in ("q", "k", "v"))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        want = torch.cat([g.flatten() for g in torch.autograd.grad(out, (q, k, v), inputs["dout"].double())])
+        got = case.reference(inputs)
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        assert ((got.double() - want).norm() / want.norm()).item() < 1e-5
