@@ -22,6 +22,8 @@ import math
 import numbers
 from dataclasses import dataclass
 
+from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_signature
+
 __all__ = ["AttentionProblem", "scaled_dot_product_attention", "attention_forward", "attention_backward",
            "check_inputs"]
 
@@ -177,11 +179,32 @@ def attention_forward(q, k, v, *, causal: str | None = None, scale=None, enable_
     h // (Hq / Hkv). The shape conventions and errors are those of `scaled_dot_product_attention`.
     out, lse: optional preallocated results (contiguous, shapes and dtypes as returned), which
     every launch overwrites entirely (tests pass NaN-poisoned ones to prove it).
+    A call without out and lse whose signature was checked before replays its launch
+    (`runtime.plan_cache`).
     """
+    sig = None
+    if out is None and lse is None:
+        sig = _plan_signature(q, k, v, causal, scale, enable_gqa, kernel)
+        if sig is not None:
+            try:
+                plan = _PLANS.get(sig)
+            except TypeError:  # an unhashable option: the checks report it
+                plan = sig = None
+            if plan is not None:
+                return plan(q, k, v)
+    out, lse, launched = _forward(q, k, v, causal, scale, enable_gqa, kernel, out, lse)
+    if sig is not None and launched is not None:
+        _keep_plan(sig, q, k, v, *launched)
+    return out, lse
+
+
+def _forward(q, k, v, causal, scale, enable_gqa, kernel, out, lse):
+    """`attention_forward`'s checked path: (out, lse, (rung, problem) when a rung launched)."""
     import torch
 
     from .dispatch import resolve
 
+    launched = None
     problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa)
     unbatched = q.dim() == 3
     q4, k4, v4 = (t.unsqueeze(0) if unbatched else t for t in (q, k, v))
@@ -196,28 +219,106 @@ def attention_forward(q, k, v, *, causal: str | None = None, scale=None, enable_
     elif lse.numel():
         rung = resolve(kernel, q4, k4, v4, problem)
         rung(q4, k4, v4, out, lse, problem)
+        launched = (rung, problem)
     if unbatched:
         out, lse = out[0], lse[0]
-    return out, lse
+    return out, lse, launched
+
+
+# ---- launch plans (runtime.plan_cache) -----------------------------------------------------
+
+_PLANS = PlanCache("attention.forward")
+_SCALE_TYPES = (float, int, type(None))
+
+
+def _plan_signature(q, k, v, causal, scale, enable_gqa, kernel):
+    """The plan key of an `attention_forward` call (no out/lse given), or None when it cannot
+    have a plan (a non-tensor, a scale that is not a Python float/int/None). Not hashed here."""
+    if scale.__class__ not in _SCALE_TYPES:
+        return None
+    try:
+        return (tensor_signature(q), tensor_signature(k), tensor_signature(v), causal, scale.__class__, scale,
+                enable_gqa, kernel)
+    except (TypeError, RuntimeError):  # not plain tensors (FakeTensor, other subclasses, non-tensors)
+        return None
+
+
+def _keep_plan(sig, q, k, v, rung, problem) -> None:
+    """Store under `sig` the replay of the checked forward just made: allocate out and lse as it
+    did and call the rung's `launch_plan(problem)` (when it has one: TVM-FFI builds) on the
+    caller's tensors (detached when they require grad, as the rung does)."""
+    launch_plan = getattr(rung, "launch_plan", None)
+    if launch_plan is None or not plain_tensors(q, k, v):
+        return
+    launch = launch_plan(problem)
+    if launch is None:
+        return
+    import torch
+
+    empty, fp32 = torch.empty, torch.float32
+    p = problem
+    out_shape = (p.batch, p.heads_q, p.seqlen_q, p.head_dim_v)
+    lse_shape = out_shape[:3]
+    dtype, device = q.dtype, q.device
+    unbatched = q.dim() == 3
+    detach = q.requires_grad or k.requires_grad or v.requires_grad
+
+    def plan(q, k, v):
+        out = empty(out_shape, dtype=dtype, device=device)
+        lse = empty(lse_shape, dtype=fp32, device=device)
+        if detach:
+            q, k, v = q.detach(), k.detach(), v.detach()
+        if unbatched:
+            launch(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out, lse)
+            return out[0], lse[0]
+        launch(q, k, v, out, lse)
+        return out, lse
+
+    _PLANS.put(sig, plan)
+
+
+def _has_backward(rung, problem) -> str | None:
+    return rung.supports_backward(problem) if hasattr(rung, "backward") else f"rung {rung.name!r} has no backward"
 
 
 def _backward_rung(kernel: str, q4, k4, v4, problem):
-    from .dispatch import resolve
+    """The rung whose backward runs: the forward's rung, or for "auto" when that rung has no
+    backward for this problem (sm90_flash at D = 96, 192, 256), the highest one below it that
+    has (every rung writes the same natural-log LSE, so the passes mix)."""
+    from .dispatch import NOT_AUTO, resolve
+    from .registry import KERNELS
 
     rung = resolve(kernel, q4, k4, v4, problem)
-    why = rung.supports_backward(problem) if hasattr(rung, "backward") else f"rung {rung.name!r} has no backward"
+    why = _has_backward(rung, problem)
+    if why is not None and kernel == "auto":
+        reasons = [f"{rung.name}: {why}"]
+        for name in reversed(list(KERNELS)):
+            other = KERNELS[name]
+            if name in NOT_AUTO or other is rung:
+                continue
+            other_why = _has_backward(other, problem) or other.supports(q4, k4, v4, problem)
+            if other_why is None:
+                return other
+            reasons.append(f"{name}: {other_why}")
+        why = "; ".join(reasons)
     if why is not None:
         raise NotImplementedError(f"attention backward: {why}")
     return rung
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal: str | None = None, scale=None, enable_gqa: bool = False,
-                       kernel: str = "auto"):
+                       kernel: str = "auto", deterministic: bool | None = None):
     """(dq, dk, dv): gradients of `attention_forward`'s out for the output gradient `dout`,
     given the forward's `out` and `lse` (same causal/scale/enable_gqa/kernel arguments). With
-    GQA, dk and dv sum over the query heads sharing each key/value head."""
+    GQA, dk and dv sum over the query heads sharing each key/value head.
+
+    deterministic: True asks for bitwise-reproducible gradients (dQ through its own pass, not
+    fp32 atomics: `sm90_flash` then hands the pass to `sm80_flash`'s kernels); None follows
+    `torch.are_deterministic_algorithms_enabled()`."""
     import torch
 
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
     problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa)
     unbatched = q.dim() == 3
     q4, k4, v4, out4, do4 = (t.unsqueeze(0) if unbatched else t for t in (q, k, v, out, dout))
@@ -230,8 +331,17 @@ def attention_backward(dout, q, k, v, out, lse, *, causal: str | None = None, sc
         # No query row or no key: out does not depend on q, k, v.
         grads = (torch.zeros_like(q4), torch.zeros_like(k4), torch.zeros_like(v4))
     else:
-        grads = _backward_rung(kernel, q4, k4, v4, problem).backward(do4, q4, k4, v4, out4, lse4, problem)
+        rung = _backward_rung(kernel, q4, k4, v4, problem)
+        # Rungs without the option are deterministic already (sm80_flash: a separate dQ pass).
+        options = {"deterministic": True} if deterministic and _takes_deterministic(rung) else {}
+        grads = rung.backward(do4, q4, k4, v4, out4, lse4, problem, **options)
     return tuple(g[0] for g in grads) if unbatched else tuple(grads)
+
+
+def _takes_deterministic(rung) -> bool:
+    import inspect
+
+    return "deterministic" in inspect.signature(rung.backward).parameters
 
 
 def _attention_function():
@@ -272,6 +382,16 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p: float = 0.0
     arbitrary dense attn_mask, and ValueError/TypeError for bad inputs, before any launch.
     Differentiable in q, k and v (see the module docstring).
     """
+    if attn_mask is None and dropout_p.__class__ is float and dropout_p == 0.0 and is_causal.__class__ is bool:
+        # the warm path: a plan of `attention_forward` for this signature, if none requires grad
+        sig = _plan_signature(q, k, v, "top_left" if is_causal else None, scale, enable_gqa, kernel)
+        if sig is not None and not (sig[0][-1] or sig[1][-1] or sig[2][-1]):
+            try:
+                plan = _PLANS.get(sig)
+            except TypeError:  # an unhashable option: the checks report it
+                plan = None
+            if plan is not None:
+                return plan(q, k, v)[0]
     if not isinstance(dropout_p, numbers.Real) or isinstance(dropout_p, bool):
         raise TypeError(f"scaled_dot_product_attention: dropout_p must be a float, got {type(dropout_p).__name__}")
     if dropout_p != 0.0:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BlockRange", "n_block_range", "m_block_range", "block_range", "visited_pairs"]
+__all__ = ["BlockRange", "n_block_range", "m_block_range", "block_range", "visited_pairs", "lpt_heads_per_group",
+           "lpt_tile", "L2_KV_BUDGET"]
 
 
 def _ceil_div(a, b):
@@ -106,3 +107,39 @@ def m_block_range(n_block, seqlen_q, offset, *, block_m: int, block_n: int, caus
     if causal:
         m_block_min = maximum(n_block * block_n - offset, 0) // block_m
     return m_block_min, m_block_max
+
+
+# Bytes of K/V that a group of heads visited together may occupy in L2 (H100/H200 have 50 MB;
+# the rest is left to Q, O and other traffic).
+L2_KV_BUDGET = 32 * 1024 * 1024
+
+
+def lpt_heads_per_group(seqlen_k, head_dim: int, *, elem_bytes: int = 2, budget: int = L2_KV_BUDGET,
+                        maximum=max):
+    """How many (head, batch) pairs `lpt_tile` groups: as many as have K and V (2 x seqlen_k x
+    head_dim elements each) within `budget` bytes of L2, at least 1."""
+    per_row = 2 * head_dim * elem_bytes
+    return maximum((budget // per_row) // maximum(seqlen_k, 1), 1)
+
+
+def lpt_tile(linear, num_m_blocks, num_heads, num_batch, group, *, minimum=min):
+    """(m_block, head, batch) of launch slot `linear` in [0, num_m_blocks * num_heads * num_batch)
+    under the longest-first schedule: the (head, batch) pairs are cut into groups of `group`
+    consecutive pairs (the last group may be smaller); a group's tiles come before the next
+    group's, and inside a group the Q blocks go from the last (the longest causal row range) to
+    the first, each over all of the group's pairs. So tiles that run together share the K/V of
+    at most `group` heads (kept small enough for L2) and, with causality, long tiles start first.
+
+    Post-condition (tested): a bijection onto the tiles, and m_block is non-increasing within a
+    group. Pure integer arithmetic on values >= 0 (Python ints or the DSL's Int32)."""
+    group = minimum(group, num_heads * num_batch)
+    per_group = group * num_m_blocks
+    g = linear // per_group
+    r = linear - g * per_group
+    first = g * group
+    width = minimum(group, num_heads * num_batch - first)
+    m_block = num_m_blocks - 1 - r // width
+    hb = first + r % width
+    batch = hb // num_heads
+    head = hb - batch * num_heads
+    return m_block, head, batch

@@ -17,8 +17,8 @@ from .registry import KERNELS
 
 __all__ = ["NOT_AUTO", "device_capability", "choose", "resolve", "clear_cache"]
 
-# sm90_flash stays opt-in (kernel="sm90_flash") until its GPU tests have passed on an H100/H200.
-NOT_AUTO = frozenset({"decode", "sm90_flash"})
+# The decode rung serves paged_decode only.
+NOT_AUTO = frozenset({"decode"})
 
 # (kernel, dtype, device, capability function) -> the auto candidates, best first, or (rung,
 # static reason) for a named rung. Only for the default registry, whose contents are fixed; the
@@ -27,8 +27,12 @@ _CANDIDATES: dict = {}
 
 
 def clear_cache() -> None:
-    """Forget the cached static checks (after a rung module is added or reloaded)."""
+    """Forget the cached static checks (after a rung module is added or reloaded), and with
+    them every launch plan (`runtime.plan_cache`), which assume the same rung choices."""
+    from cute_kernels.runtime.plan_cache import invalidate
+
     _CANDIDATES.clear()
+    invalidate()
     KERNELS._exists.clear()
     KERNELS._rungs.clear()
 

@@ -442,6 +442,22 @@ class Sm80FlashRung:
                         "the head dim; call .contiguous() on it")
         return None
 
+    def launch_plan(self, problem):
+        """`launch(q, k, v, out, lse)`: the TVM-FFI forward of `problem`'s config with its scalars
+        bound (compiled on first use), or None without TVM-FFI. It reads torch's current stream
+        at each call and takes tensors that do not require grad; `problem` must be supported."""
+        if not tvm_ffi_available():
+            return None
+        config = _config_for_problem(problem)
+        fn = _COMPILED.get(config)
+        if fn is None:
+            fn = _compile_tvm_ffi(config)
+        scale = problem.scale
+        offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
+        group = problem.heads_q // problem.heads_kv
+        # The varlen parameters (cu_seqlens, counts) are part of the signature, None here.
+        return lambda q, k, v, out, lse: fn(q, k, v, out, lse, scale, offset, group, None, None, None, None)
+
     def supports_backward(self, problem) -> str | None:
         from .sm80_flash_bwd import supports_backward
 
@@ -459,21 +475,18 @@ class Sm80FlashRung:
         With TVM-FFI (`runtime.tvm_ffi_available()`) the compiled function takes the torch tensors
         themselves and reads torch's current stream; otherwise each tensor is wrapped with
         `from_torch`. Either way a warm call builds no kernel object and derives no layout."""
-        config = _config_for_problem(problem)
-        offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
-        group = problem.heads_q // problem.heads_kv
-        if tvm_ffi_available():
-            fn = _COMPILED.get(config)
-            if fn is None:
-                fn = _compile_tvm_ffi(config)
+        launch = self.launch_plan(problem)
+        if launch is not None:
             if q.requires_grad or k.requires_grad or v.requires_grad:
                 # DLPack export refuses tensors that require grad; a detached alias shares the storage.
                 q, k, v = q.detach(), k.detach(), v.detach()
-            # The varlen parameters (cu_seqlens, counts) are part of the signature, None here.
-            fn(q, k, v, out, lse, problem.scale, offset, group, None, None, None, None)
+            launch(q, k, v, out, lse)
             return out, lse
         from cute_kernels.runtime import current_stream, from_torch
 
+        config = _config_for_problem(problem)
+        offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
+        group = problem.heads_q // problem.heads_kv
         kernel = _kernel_for(config)
         tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in (q, k, v, out)]
         tensors.append(from_torch(lse, assumed_align=4, leading_dim=2))

@@ -1,10 +1,13 @@
 """Rung `sm90_flash`: FlashAttention-3's forward pass with Hopper's TMA and warpgroup MMA.
 
-A CTA owns 128 query rows of one (batch, head) and is three warpgroups (`hopper.warp_roles`):
+A CTA owns 128 query rows of one (batch, head) and is three warpgroups (`hopper.warp_roles`;
+with `consumer_warpgroups=3`, 192 rows and four):
 
-    producer   warpgroup 0 gives registers back (setmaxnreg.dec); one warp TMA-loads Q once,
-               then K and V blocks (descending, masked blocks first, as `block_info` orders
-               them) into two mbarrier pipelines of `stages` 128B-swizzled slots each
+    producer   warpgroup 0 gives registers back (setmaxnreg.dec); one warp TMA-loads Q once and
+               K and V blocks (descending, masked blocks first, as `block_info` orders them)
+               into two mbarrier pipelines of `stages` 128B-swizzled slots each, in the order
+               the consumers use them (`k_lead`): K of the first block, Q, then K of block n
+               before V of block n + 1
     consumers  warpgroups 1 and 2 grow their registers (setmaxnreg.inc); each owns 64 rows:
                S = Q K^T by wgmma SS, mask, online softmax in registers (`sm90_softmax`: base 2,
                scale folded in, fp32 statistics), P converted to 16 bits in registers and
@@ -12,15 +15,24 @@ A CTA owns 128 query rows of one (batch, head) and is three warpgroups (`hopper.
 
 The consumer loop overlaps within a warpgroup: block n's S = Q K_n is issued together with
 block n+1's O += P V (the previous block, visited before it), softmax of S_n runs while the
-P V GEMM is still in flight, and O is rescaled only after it retires. With `pingpong` the two
-consumer warpgroups also take turns issuing those GEMMs (named barriers 2 and 3), so one's
-softmax runs under the other's tensor-core work.
+P V GEMM is still in flight, and O is rescaled only after it retires. With `pingpong` the
+consumer warpgroups also take turns issuing those GEMMs (a ring of named barriers 2, 3, ...), so
+one's softmax runs under the others' tensor-core work.
 
 Epilogue: O /= l, converted, written with stmatrix into Q's buffer (each warpgroup into its
 own rows, which only it read), then one TMA store of the tile (rows past the sequence end are
 clipped by the tensor map); LSE (natural log) by one thread of each row quad.
 
-Causal work is balanced by launching the longest Q tiles first (m_block reversed along grid x).
+Causal work is balanced by launching the longest Q tiles first: with `lpt` (`config_for` sets it
+for causal problems) the grid is one dimension mapped by `block_info.lpt_tile` (groups of heads
+whose K/V fit L2, last Q block first within a group); otherwise m_block is reversed along grid x.
+
+Measured on an H200 (bf16, N(0,1), same run, beside cuDNN SDPA; ms before -> after the K-first
+load order, the longest-first causal grid and D=256's 80-key blocks): B4 H32 S2048 D128
+0.500 -> 0.460, causal 0.294 -> 0.281; B2 H16 S8192 D128 1.908 -> 1.720, causal 0.995 -> 0.953;
+B8 H16 S2048 D64 0.338 -> 0.340, causal 0.202 -> 0.201; B2 H16 S4096 D256 1.009 -> 0.820,
+causal 0.561 -> 0.470 (cuDNN 0.452, 0.283, 1.749, 1.006, 0.304, 0.185, 0.860, 0.502).
+
 Layouts come from `cute_kernels.layouts` (GMMA smem atoms via `hopper.smem_layouts`, the
 register views via `sm90_layouts`) and are converted with `runtime.to_cute` while tracing.
 """
@@ -43,17 +55,18 @@ from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP, WarpRoles
 from . import block_info
 from .problem_checks import common_reason
 from .softmax import LOG2_E
-from .sm90_layouts import BLOCK_M, FlashSm90Config, config_for
+from .sm90_layouts import FlashSm90Config, config_for
 from .sm90_softmax import Sm90Softmax, acc_as_a, acc_mn_view, mask_scores
 
 __all__ = ["FlashAttentionSm90", "FlashSm90Config", "config_for", "RUNG", "build_variant"]
 
 _CUTLASS = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
-_CONSUMER_THREADS = 2 * THREADS_PER_WARPGROUP
-# Named barrier ids (0 is __syncthreads): warpgroup w's turn to issue GEMMs is 2 + w; the
-# epilogue's "O is in shared memory" barrier over both consumer warpgroups is 4.
+# Threads of one ping-pong turn barrier: the warpgroup that waits and the one that hands over.
+_TURN_THREADS = 2 * THREADS_PER_WARPGROUP
+# Named barrier ids (0 is __syncthreads): the epilogue's "O is in shared memory" barrier over
+# all consumer warpgroups is 1; warpgroup w's turn to issue GEMMs is 2 + w.
+_EPILOGUE_BARRIER = 1
 _TURN_BARRIER = 2
-_EPILOGUE_BARRIER = 4
 
 
 def _transposed(t: cute.Tensor, rows: int, cols: int, stages: int) -> cute.Tensor:
@@ -69,9 +82,10 @@ class FlashAttentionSm90:
     def __init__(self, config: FlashSm90Config):
         self.config = config.validate()
         self.dtype = _CUTLASS[config.dtype]
-        self.roles = WarpRoles(consumer_warpgroups=2, producer_regs=config.producer_regs,
+        self.roles = WarpRoles(consumer_warpgroups=config.consumer_warpgroups, producer_regs=config.producer_regs,
                                consumer_regs=config.consumer_regs)
-        self.roles.validate()
+        # No roles.validate(): it allows two consumer warpgroups at most (the GEMM's limit), and the
+        # config has already checked these budgets against the register file for its own count.
         c = self.config
         # GMMA smem atoms (`cute_kernels.layouts.smem_atoms`), K-major over the head dim: Q, K and V
         # are all stored row-major (D contiguous); V is read through a transposed view.
@@ -85,7 +99,7 @@ class FlashAttentionSm90:
                  stream):
         """Launch over (q tiles, heads, batch)."""
         c = self.config
-        d, bm, bn = c.head_dim, BLOCK_M, c.block_n
+        d, bm, bn = c.head_dim, c.block_m, c.block_n
         # (B, H, S, D) -> (S, D, H, B): a TMA box is a (rows, D) slab of one (head, batch), and the
         # tensor map clips rows past S (zero-filled loads, dropped stores).
         qkvo = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 3, 1, 0])) for t in (mQ, mK, mV, mO)]
@@ -99,13 +113,14 @@ class FlashAttentionSm90:
         tma_v, tV = tma.make_tma_load(mV, smem_kv_layout, (bn, d), 1)
         tma_o, tO = tma.make_tma_store(mO, smem_q_layout, (bm, d))
 
-        tiled_mma_qk = wgmma.make_tiled_mma(self.dtype, self.dtype, "K", "K", cutlass.Float32, (2, 1, 1), bn)
+        wgs = (c.consumer_warpgroups, 1, 1)  # one 64-row wgmma atom per consumer warpgroup
+        tiled_mma_qk = wgmma.make_tiled_mma(self.dtype, self.dtype, "K", "K", cutlass.Float32, wgs, bn)
         # A second copy for the first k step of S = Q K^T, which overwrites S (ACCUMULATE off): each
         # MMA's field is set once, outside any loop, so no MMA state is carried through control flow.
-        tiled_mma_qk0 = wgmma.make_tiled_mma(self.dtype, self.dtype, "K", "K", cutlass.Float32, (2, 1, 1), bn)
+        tiled_mma_qk0 = wgmma.make_tiled_mma(self.dtype, self.dtype, "K", "K", cutlass.Float32, wgs, bn)
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, wgmma.operand_major("K"), wgmma.operand_major("MN"), cutlass.Float32,
-            (2, 1, 1), tiler_mn=(64, d), a_source=warpgroup.OperandSource.RMEM)
+            wgs, tiler_mn=(64, d), a_source=warpgroup.OperandSource.RMEM)
 
         @cute.struct
         class SharedStorage:
@@ -117,6 +132,8 @@ class FlashAttentionSm90:
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_kv_layout)], 1024]
 
         grid = (cute.ceil_div(mQ.shape[0], bm), mQ.shape[2], mQ.shape[3])
+        if cutlass.const_expr(c.lpt):
+            grid = (cute.ceil_div(mQ.shape[0], bm) * mQ.shape[2] * mQ.shape[3], 1, 1)
         self.kernel(tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, mLSE, softmax_scale * LOG2_E, causal_offset,
                     qhead_per_kvhead, smem_q_layout, smem_kv_layout, tiled_mma_qk, tiled_mma_qk0, tiled_mma_pv,
                     SharedStorage).launch(grid=grid, block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
@@ -131,7 +148,7 @@ class FlashAttentionSm90:
                tiled_mma_qk: cute.TiledMma, tiled_mma_qk0: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                SharedStorage: cutlass.Constexpr):
         c = self.config
-        d, bm, bn = c.head_dim, BLOCK_M, c.block_n
+        d, bm, bn = c.head_dim, c.block_m, c.block_n
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -140,7 +157,7 @@ class FlashAttentionSm90:
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
-        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 2 * 4)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * c.consumer_warpgroups)
         pipe_q = pipeline.PipelineTmaAsync.create(barrier_storage=storage.bar_q.data_ptr(), num_stages=1,
                                                   producer_group=producer, consumer_group=consumers,
                                                   tx_count=c.tx_bytes_q)
@@ -155,10 +172,15 @@ class FlashAttentionSm90:
         sV = storage.sV.get_tensor(smem_kv_layout.outer, swizzle=smem_kv_layout.inner)
 
         # This CTA's work: the longest causal tiles are launched first.
-        m_block = cute.arch.grid_dim()[0] - 1 - cute.arch.block_idx()[0]
-        _, head, batch = cute.arch.block_idx()
-        kv_head = head // qhead_per_kvhead
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        if cutlass.const_expr(c.lpt):
+            group = block_info.lpt_heads_per_group(seqlen_k, d, maximum=cutlass.max)
+            m_block, head, batch = block_info.lpt_tile(cute.arch.block_idx()[0], (seqlen_q + bm - 1) // bm,
+                                                       mQ.shape[2], mQ.shape[3], group, minimum=cutlass.min)
+        else:
+            m_block = cute.arch.grid_dim()[0] - 1 - cute.arch.block_idx()[0]
+            _, head, batch = cute.arch.block_idx()
+        kv_head = head // qhead_per_kvhead
         n_block_max, n_unmasked_end = block_info.n_block_range(
             m_block, seqlen_q, seqlen_k, causal_offset, block_m=bm, block_n=bn, causal=c.causal,
             minimum=cutlass.min, maximum=cutlass.max)
@@ -183,14 +205,40 @@ class FlashAttentionSm90:
     @cute.jit
     def produce(self, tma_q, gQ, sQ, tma_k, gK, sK, tma_v, gV, sV, pipe_q, pipe_k, pipe_v,
                 n_block_max: cutlass.Int32):
-        """Producer warp: Q once, then K[n], V[n] for n = n_block_max - 1 down to 0."""
+        """Producer warp: Q once, then K[n], V[n] for n = n_block_max - 1 down to 0; with `k_lead`
+        in the consumers' order of use: K[n_block_max - 1], Q, then K[n - 1] before V[n]."""
         tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
                                            cute.group_modes(gQ, 0, 2))
         tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                                            cute.group_modes(gV, 0, 2))
-        if n_block_max > 0:
+        if n_block_max > 0 and cutlass.const_expr(self.config.k_lead):
+            k_state = hpipe.producer_state(self.config.stages)
+            v_state = hpipe.producer_state(self.config.stages)
+            pipe_k.producer_acquire(k_state)
+            cute.copy(tma_k, tKgK[None, n_block_max - 1], tKsK[None, k_state.index],
+                      tma_bar_ptr=pipe_k.producer_get_barrier(k_state))
+            k_state.advance()
+            q_state = hpipe.producer_state(1)
+            pipe_q.producer_acquire(q_state)
+            cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+            for i in cutlass.range(n_block_max - 1, unroll=1):
+                n = n_block_max - 2 - i
+                pipe_k.producer_acquire(k_state)
+                cute.copy(tma_k, tKgK[None, n], tKsK[None, k_state.index],
+                          tma_bar_ptr=pipe_k.producer_get_barrier(k_state))
+                k_state.advance()
+                pipe_v.producer_acquire(v_state)
+                cute.copy(tma_v, tVgV[None, n + 1], tVsV[None, v_state.index],
+                          tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
+                v_state.advance()
+            pipe_v.producer_acquire(v_state)
+            cute.copy(tma_v, tVgV[None, 0], tVsV[None, v_state.index], tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
+            v_state.advance()
+            pipe_k.producer_tail(k_state)
+            pipe_v.producer_tail(v_state)
+        if n_block_max > 0 and cutlass.const_expr(not self.config.k_lead):
             q_state = hpipe.producer_state(1)
             pipe_q.producer_acquire(q_state)
             cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
@@ -215,9 +263,9 @@ class FlashAttentionSm90:
                 causal_offset: cutlass.Int32, m_block: cutlass.Int32, seqlen_q: cutlass.Int32, seqlen_k: cutlass.Int32,
                 n_block_max: cutlass.Int32, n_unmasked_end: cutlass.Int32, ctidx: cutlass.Int32,
                 warp_idx: cutlass.Int32, wg: cutlass.Int32):
-        """Consumer warpgroup `wg` (0 or 1, rows 64 wg .. 64 wg + 63 of the tile)."""
+        """Consumer warpgroup `wg` (0 .. consumer_warpgroups - 1, rows 64 wg .. 64 wg + 63 of the tile)."""
         c = self.config
-        d, bm, bn = c.head_dim, BLOCK_M, c.block_n
+        d, bm, bn = c.head_dim, c.block_m, c.block_n
         # Set once, outside any branch or loop: an MMA field set inside one is state the tracer
         # cannot carry out of it.
         tiled_mma_qk0.set(warpgroup.Field.ACCUMULATE, False)
@@ -243,7 +291,8 @@ class FlashAttentionSm90:
         coord_s = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((bm, bn))))
         softmax = Sm90Softmax(2, scale_log2)
         row_scale = cute.make_rmem_tensor((2,), cutlass.Float32)
-        turn = [pipeline.NamedBarrier(barrier_id=_TURN_BARRIER + i, num_threads=_CONSUMER_THREADS) for i in (0, 1)]
+        turn = [pipeline.NamedBarrier(barrier_id=_TURN_BARRIER + i, num_threads=_TURN_THREADS)
+                for i in range(c.consumer_warpgroups)]
         row_base = m_block * bm
         # The epilogue's stmatrix partition (O's register layout is the P V accumulator's).
         stmatrix = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
@@ -276,8 +325,8 @@ class FlashAttentionSm90:
         k_state = hpipe.consumer_state(c.stages)
         v_state = hpipe.consumer_state(c.stages)
         if cutlass.const_expr(c.pingpong):
-            # Warpgroup 0 issues first: hand it the first turn.
-            if wg == 1:
+            # Warpgroup 0 issues first: the last one (which hands over to it) gives it the first turn.
+            if wg == c.consumer_warpgroups - 1:
                 turn[0].arrive()
         pipe_q.consumer_wait(hpipe.consumer_state(1))
 
@@ -361,20 +410,21 @@ class FlashAttentionSm90:
     @cute.jit
     def wait_turn(self, turn, wg: cutlass.Int32):
         if cutlass.const_expr(self.config.pingpong):
-            if wg == 0:
-                turn[0].arrive_and_wait()
-            else:
-                turn[1].arrive_and_wait()
+            for w in cutlass.range_constexpr(len(turn)):
+                if wg == w:
+                    turn[w].arrive_and_wait()
 
     @cute.jit
     def pass_turn(self, turn, wg: cutlass.Int32, more: cutlass.Boolean):
-        """Hand the tensor cores to the other warpgroup. Warpgroup 1 skips its last hand-off:
-        warpgroup 0 takes exactly n_block_max turns (one given up front), so every arrive is
-        matched by one wait."""
+        """Hand the tensor cores to the next warpgroup of the ring. The last one skips its last
+        hand-off: warpgroup 0 takes exactly n_block_max turns (one given up front), so every
+        arrive is matched by one wait."""
         if cutlass.const_expr(self.config.pingpong):
-            if wg == 0:
-                turn[1].arrive()
-            else:
+            last = len(turn) - 1
+            for w in cutlass.range_constexpr(last):
+                if wg == w:
+                    turn[w + 1].arrive()
+            if wg == last:
                 if more:
                     turn[0].arrive()
 
@@ -386,7 +436,8 @@ class FlashAttentionSm90:
         r_o.store(acc_o.load().to(self.dtype))
         cute.copy(stmatrix, thr_r2s.retile(r_o), thr_r2s.partition_D(sO))
         cute.arch.fence_proxy("async.shared", space="cta")
-        pipeline.NamedBarrier(barrier_id=_EPILOGUE_BARRIER, num_threads=_CONSUMER_THREADS).arrive_and_wait()
+        pipeline.NamedBarrier(barrier_id=_EPILOGUE_BARRIER,
+                              num_threads=THREADS_PER_WARPGROUP * self.config.consumer_warpgroups).arrive_and_wait()
         if warp_idx == 4:
             tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
                                                cute.group_modes(gO, 0, 2))
@@ -425,6 +476,14 @@ VARIANT_CONFIGS = {
 # ping-pong is measured against, and a bisection point when debugging on the GPU.
 VARIANT_CONFIGS["d128_bfloat16_causal_no_pingpong"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True,
                                                         "pingpong": False}
+# The producer's earlier order (K and V of a block together, after Q) on the grid (Q blocks, heads,
+# batch): the baseline `k_lead` and `lpt` were measured against.
+VARIANT_CONFIGS["d128_bfloat16_causal_kv_pairs"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True,
+                                                     "k_lead": False, "lpt": False}
+# Three consumer warpgroups (192-row tiles, FA3's shape for D = 64) within 160 registers each.
+VARIANT_CONFIGS["d64_bfloat16_causal_3wg"] = {"head_dim": 64, "dtype": "bfloat16", "causal": True,
+                                              "consumer_warpgroups": 3, "producer_regs": 32, "consumer_regs": 160,
+                                              "block_n": 80}
 
 
 def _register() -> None:
@@ -451,6 +510,17 @@ class Sm90FlashRung:
 
         return (torch.float16, torch.bfloat16)
 
+    def supports_backward(self, problem) -> str | None:
+        from .sm90_flash_bwd import supports_backward
+
+        return supports_backward(problem)
+
+    def backward(self, dout, q, k, v, out, lse, problem, *, deterministic: bool = False):
+        """(dq, dk, dv); see `sm90_flash_bwd.backward`."""
+        from .sm90_flash_bwd import backward
+
+        return backward(dout, q, k, v, out, lse, problem, deterministic=deterministic)
+
     def supports(self, q, k, v, problem) -> str | None:
         why = common_reason(problem, self.dtypes)
         if why is not None:
@@ -467,6 +537,22 @@ class Sm90FlashRung:
                         "the head dim (a TMA requirement); call .contiguous() on it")
         return None
 
+    def launch_plan(self, problem):
+        """`launch(q, k, v, out, lse)`: the TVM-FFI forward of `problem`'s config with its scalars
+        bound (compiled on first use), or None without TVM-FFI. It reads torch's current stream
+        at each call and takes tensors that do not require grad, `out` TMA-aligned (as
+        `__call__` checks); `problem` must be supported."""
+        if not tvm_ffi_available():
+            return None
+        config = _config_for_problem(problem)
+        fn = _COMPILED.get(config)
+        if fn is None:
+            fn = _compile_tvm_ffi(config)
+        scale = problem.scale
+        offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
+        group = problem.heads_q // problem.heads_kv
+        return lambda q, k, v, out, lse: fn(q, k, v, out, lse, scale, offset, group)
+
     def __call__(self, q, k, v, out, lse, problem):
         """Write out (B, Hq, Sq, D) and lse (B, Hq, Sq) fp32 on torch's current stream.
 
@@ -476,20 +562,18 @@ class Sm90FlashRung:
         if out.data_ptr() % 16 or any(s % 8 for s in out.stride()[:-1]):
             raise ValueError(f"out's strides {tuple(out.stride())} must be multiples of 8 elements and its "
                              "pointer 16-byte aligned (TMA store)")
-        config = _config_for_problem(problem)
-        offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
-        group = problem.heads_q // problem.heads_kv
-        if tvm_ffi_available():
-            fn = _COMPILED.get(config)
-            if fn is None:
-                fn = _compile_tvm_ffi(config)
+        launch = self.launch_plan(problem)
+        if launch is not None:
             if q.requires_grad or k.requires_grad or v.requires_grad:
                 # DLPack export refuses tensors that require grad; a detached alias shares the storage.
                 q, k, v = q.detach(), k.detach(), v.detach()
-            fn(q, k, v, out, lse, problem.scale, offset, group)
+            launch(q, k, v, out, lse)
             return out, lse
         from cute_kernels.runtime import current_stream, from_torch
 
+        config = _config_for_problem(problem)
+        offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
+        group = problem.heads_q // problem.heads_kv
         kernel = _kernel_for(config)
         tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in (q, k, v, out)]
         tensors.append(from_torch(lse, assumed_align=4, leading_dim=2))

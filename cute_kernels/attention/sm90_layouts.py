@@ -5,7 +5,8 @@ tile arithmetic and the layout derivations are checked on the CPU.
 
 `FlashSm90Config`: one compiled kernel. A CTA is three warpgroups: warpgroup 0 produces (one
 warp issues the TMA loads), warpgroups 1 and 2 consume, each owning 64 of the CTA's
-`block_m` = 128 query rows; K/V blocks of `block_n` rows flow through `stages` smem slots.
+`block_m` = 128 query rows (192 with a third consumer, `consumer_warpgroups=3`); K/V blocks of
+`block_n` rows flow through `stages` smem slots.
 
 The register views (all index maps over this thread's registers; nothing moves):
 
@@ -45,7 +46,15 @@ class FlashSm90Config:
     block_n: K/V rows per step (a multiple of 16 up to 256: the N of S = Q K^T and the K of
     O += P V); stages: smem slots of each of the K and V pipelines; pingpong: the two consumer
     warpgroups take turns issuing their GEMMs (named barriers), so one's softmax runs under the
-    other's tensor-core work; producer_regs / consumer_regs: the setmaxnreg budgets.
+    other's tensor-core work; producer_regs / consumer_regs: the setmaxnreg budgets;
+    k_lead: the producer loads in the consumers' order of use (K of the first block before Q,
+    then K of block n before V of block n + 1, since S of block n is issued together with P V
+    of block n + 1) rather than K and V of one block together; lpt: the grid is one dimension
+    walked longest-first (`block_info.lpt_tile`: groups of heads whose K/V fit L2, last Q block
+    first) rather than (Q blocks, heads, batch); consumer_warpgroups: 2 or 3 consumers of 64
+    rows each (block_m = 128 or 192), taking turns in a ring when `pingpong`. Three need the
+    budgets cut to 160 (+ 32 for the producer): at D = 64 that holds block_n = 80 without
+    spills (96 and up spill), and `config_for` keeps two until a 192 x 80 tile is measured.
     """
 
     head_dim: int = 128
@@ -56,6 +65,9 @@ class FlashSm90Config:
     pingpong: bool = True
     producer_regs: int = 24
     consumer_regs: int = 240
+    k_lead: bool = True
+    lpt: bool = False
+    consumer_warpgroups: int = 2
 
     def validate(self) -> "FlashSm90Config":
         d = self.head_dim
@@ -63,22 +75,25 @@ class FlashSm90Config:
             raise ValueError(f"FlashSm90Config.head_dim must be a multiple of 16 in [16, 256], got {d!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"FlashSm90Config.dtype must be one of {_DTYPES}, got {self.dtype!r}")
-        for name in ("causal", "pingpong"):
+        for name in ("causal", "pingpong", "k_lead", "lpt"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FlashSm90Config.{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.block_n, int) or self.block_n % 16 or not 16 <= self.block_n <= 256:
             raise ValueError(f"FlashSm90Config.block_n must be a multiple of 16 in [16, 256], got {self.block_n!r}")
         if self.stages not in (1, 2, 3, 4):
             raise ValueError(f"FlashSm90Config.stages must be 1 to 4, got {self.stages!r}")
+        if self.consumer_warpgroups not in (2, 3):
+            raise ValueError(f"FlashSm90Config.consumer_warpgroups must be 2 or 3, got {self.consumer_warpgroups!r}")
         for name in ("producer_regs", "consumer_regs"):
             r = getattr(self, name)
             if not isinstance(r, int) or r % 8 or not 24 <= r <= 256:
                 raise ValueError(f"FlashSm90Config.{name} must be a multiple of 8 in [24, 256], got {r!r}")
-        if 128 * (self.producer_regs + 2 * self.consumer_regs) > _REGS:
+        wgs = self.consumer_warpgroups
+        if 128 * (self.producer_regs + wgs * self.consumer_regs) > _REGS:
             raise ValueError(
-                f"setmaxnreg budgets {self.producer_regs} + 2 x {self.consumer_regs} per thread exceed the "
-                f"{_REGS} registers of an SM for 3 warpgroups")
-        if self.accumulator_regs > self.consumer_regs - 48:
+                f"setmaxnreg budgets {self.producer_regs} + {wgs} x {self.consumer_regs} per thread exceed the "
+                f"{_REGS} registers of an SM for {wgs + 1} warpgroups")
+        if self.accumulator_regs > self.consumer_regs - 32:
             raise ValueError(
                 f"the fp32 accumulators S and O and the 16-bit P take {self.accumulator_regs} registers per "
                 f"consumer thread, too close to its budget {self.consumer_regs}: lower block_n")
@@ -89,11 +104,11 @@ class FlashSm90Config:
 
     @property
     def block_m(self) -> int:
-        return BLOCK_M
+        return 64 * self.consumer_warpgroups
 
     @property
     def threads(self) -> int:
-        return 3 * 128
+        return 128 * (1 + self.consumer_warpgroups)
 
     @property
     def accumulator_regs(self) -> int:
@@ -105,11 +120,11 @@ class FlashSm90Config:
     def smem_bytes(self) -> int:
         """Q (also O's staging buffer) plus `stages` slots of K and of V, 16-bit elements, plus
         the mbarriers (8 bytes each: full and empty per slot, Q's pair)."""
-        return 2 * self.head_dim * (BLOCK_M + 2 * self.stages * self.block_n) + 8 * (2 + 4 * self.stages) + 1024
+        return 2 * self.head_dim * (self.block_m + 2 * self.stages * self.block_n) + 8 * (2 + 4 * self.stages) + 1024
 
     @property
     def tx_bytes_q(self) -> int:
-        return 2 * BLOCK_M * self.head_dim
+        return 2 * self.block_m * self.head_dim
 
     @property
     def tx_bytes_kv(self) -> int:
@@ -118,20 +133,21 @@ class FlashSm90Config:
 
 def config_for(head_dim: int, dtype: str, causal: bool) -> FlashSm90Config:
     """The tile for a head dim: 128 x 128 up to D = 128 (FA3's causal tile), 128 x 96 for D up to
-    192 and 128 x 64 above (shared memory: Q plus two slots of K and V must fit 227 KiB, and the
-    registers S + O + P must leave room in the consumers' 240)."""
+    192 and 128 x 80 above (shared memory: Q plus two slots of K and V must fit 227 KiB, and the
+    registers S + O + P must leave room in the consumers' 240). Causal problems launch
+    longest-first (`lpt`)."""
     if head_dim <= 128:
         block_n = 128
     elif head_dim <= 192:
         block_n = 96
     else:
-        block_n = 64
-    return FlashSm90Config(head_dim=head_dim, dtype=dtype, causal=causal, block_n=block_n).validate()
+        block_n = 80
+    return FlashSm90Config(head_dim=head_dim, dtype=dtype, causal=causal, block_n=block_n, lpt=causal).validate()
 
 
-def num_m_blocks(seqlen_q: int) -> int:
-    """Q tiles of one (batch, head): the grid's x extent."""
-    return (seqlen_q + BLOCK_M - 1) // BLOCK_M
+def num_m_blocks(seqlen_q: int, block_m: int = BLOCK_M) -> int:
+    """Q tiles of one (batch, head): the grid's x extent (without `lpt`)."""
+    return (seqlen_q + block_m - 1) // block_m
 
 
 # ---- register views --------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numbers
 
+from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_signature
+
 from .dispatch import resolve
 
 __all__ = ["matmul", "as_unit_stride"]
@@ -102,8 +104,20 @@ def matmul(a, b, *, kernel: str = "auto", out_dtype=None, alpha: float = 1.0, be
     kernel: "auto" (the best rung of the ladder that supports the problem on this device) or a
     rung name from `cute_kernels.gemm.KERNELS`.
 
-    Every check happens before any launch; errors name the offending argument.
+    Every check happens before any launch; errors name the offending argument. A call whose
+    signature (`runtime.plan_cache`: the tensors' sizes, strides, dtypes, device, pointer mod
+    16, requires_grad; kernel, out_dtype, whether beta is 0) was checked before skips the
+    checks and the dispatch: it replays the rung's direct launch (`Sm90Rung.plan_for`), or
+    calls the same rung on the same 3-D views.
     """
+    sig = _plan_signature(a, b, kernel, out_dtype, alpha, beta, c)
+    if sig is not None:
+        try:
+            plan = _PLANS.get(sig)
+        except TypeError:  # an unhashable option: the checked path reports it
+            plan = sig = None
+        if plan is not None:
+            return plan(a, b, alpha, beta, c)
     torch = _torch or _load_torch()
     _check_operand(a, "a", torch)
     _check_operand(b, "b", torch)
@@ -169,4 +183,74 @@ def matmul(a, b, *, kernel: str = "auto", out_dtype=None, alpha: float = 1.0, be
 
     rung = resolve(kernel, a3, b3, out3)
     rung(a3, b3, out3, alpha=float(alpha), beta=float(beta), c=c3)
+    if sig is not None:
+        _keep_plan(sig, rung, (a, b, c if use_c else None), (a3, b3, out3, c3), alpha, beta, batched)
     return out3 if batched else out3[0]
+
+
+# ---- launch plans (runtime.plan_cache) -----------------------------------------------------
+
+_PLANS = PlanCache("gemm.matmul")
+_PLAN_SCALARS = (float, int)
+
+
+def _plan_signature(a, b, kernel, out_dtype, alpha, beta, c):
+    """The plan key of a `matmul` call, or None when it cannot have a plan (alpha or beta not
+    a Python float/int, a non-tensor operand). Not hashed here: the lookup may still raise
+    TypeError for an unhashable option."""
+    if alpha.__class__ not in _PLAN_SCALARS or beta.__class__ not in _PLAN_SCALARS:
+        return None
+    use_c = beta != 0
+    try:
+        return (tensor_signature(a), tensor_signature(b), kernel, out_dtype, alpha.__class__, beta.__class__, use_c,
+                tensor_signature(c) if use_c else None)
+    except (TypeError, RuntimeError):  # not plain tensors (FakeTensor, other subclasses, non-tensors)
+        return None
+
+
+def _keep_plan(sig, rung, given: tuple, views: tuple, alpha, beta, batched: bool) -> None:
+    """Store under `sig` the replay of the checked call just made (plain tensors on a plan
+    device only; the 3-D views the rung saw must start where the caller's tensors do, as views
+    do). Two kinds: when the rung kept a plan of its direct launch (`plan_for`), the result's
+    allocation and that launch; else the result's allocation and the rung's own call on the
+    same 3-D views, formed with `as_strided` (what is skipped is this function's checks and
+    the dispatch, both decided by the signature)."""
+    a, b, c = given
+    a3, b3, out3, c3 = views
+    if not plain_tensors(a, b, c):
+        return
+    pairs = ((a3, a), (b3, b)) + (((c3, c),) if c is not None else ())
+    if any(view.data_ptr() != t.data_ptr() for view, t in pairs):
+        return
+    empty = _torch.empty
+    dtype, device = out3.dtype, out3.device
+    plan_for = getattr(rung, "plan_for", None)
+    launch = plan_for(a3, b3, out3, alpha=float(alpha), beta=float(beta), c=c3) if plan_for is not None else None
+    if launch is not None:
+        shape = tuple(out3.shape) if batched else tuple(out3.shape[1:])
+        # The rung's plan detaches by its own signature (of the 3-D views); the caller's tensors
+        # may require grad where the views did not (views made under no_grad), so detach here.
+        da, db, dc = a.requires_grad, b.requires_grad, c is not None and c.requires_grad
+
+        def plan(a, b, alpha, beta, c):
+            out = empty(shape, dtype=dtype, device=device)
+            if da:
+                a = a.detach()
+            if db:
+                b = b.detach()
+            if dc:
+                c = c.detach()
+            launch(a, b, out, alpha, beta, c, None, None, None)
+            return out
+    else:
+        shape = tuple(out3.shape)
+        sa, ta, sb, tb = tuple(a3.shape), a3.stride(), tuple(b3.shape), b3.stride()
+        sc, tc = (tuple(c3.shape), c3.stride()) if c is not None else (None, None)
+
+        def plan(a, b, alpha, beta, c):
+            out = empty(shape, dtype=dtype, device=device)
+            rung(a.as_strided(sa, ta), b.as_strided(sb, tb), out, alpha=float(alpha), beta=float(beta),
+                 c=None if sc is None else c.as_strided(sc, tc))
+            return out if batched else out[0]
+
+    _PLANS.put(sig, plan)

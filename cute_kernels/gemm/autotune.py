@@ -249,6 +249,7 @@ class WinnerStore:
         _write_atomic(self.path, merged)
         self._entries = merged
         self._configs[tuple(key)] = config
+        _forget_plans()
 
     def clear(self) -> None:
         try:
@@ -256,6 +257,14 @@ class WinnerStore:
         except FileNotFoundError:
             pass
         self._entries, self._configs = {}, {}
+        _forget_plans()
+
+
+def _forget_plans() -> None:
+    """Replayed launch plans (runtime.plan_cache) captured the config picked before this change."""
+    from cute_kernels.runtime.plan_cache import invalidate
+
+    invalidate()
 
 
 _stores: dict = {}

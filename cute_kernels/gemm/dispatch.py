@@ -24,8 +24,12 @@ _CANDIDATES: dict = {}
 
 
 def clear_cache() -> None:
-    """Forget the cached static checks (after a rung module is added or reloaded)."""
+    """Forget the cached static checks (after a rung module is added or reloaded), and with
+    them every launch plan (`runtime.plan_cache`), which assume the same rung choices."""
+    from cute_kernels.runtime.plan_cache import invalidate
+
     _CANDIDATES.clear()
+    invalidate()
 
 
 def device_capability(device) -> tuple[int, int]:

@@ -8,10 +8,13 @@ used by the rungs when no config is given and no autotuned winner is stored
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 SMEM_BYTES = 232448  # sm_90 opt-in shared memory per block (227 KiB)
-_BARRIER_BYTES = 1024
+# mbarriers (up to 1 KiB before the 1024-aligned operand buffers) and up to 1 KiB the allocator pads
+# to align the dynamic smem base: without it a fit with no slack (64x16 fp32-out at 21 stages) overflows
+_BARRIER_BYTES = 2048
 
 SCHEDULES = ("cooperative", "pingpong")
 
@@ -29,6 +32,9 @@ class Sm90GemmConfig:
     fp8_fast_accum: with 8-bit inputs, accumulate every k-tile straight into one accumulator
     (wgmma's fp8 accumulation keeps fewer bits); False adds each k-tile's fresh partial into a
     full-fp32 accumulator ("promotion", CUTLASS's fast-accum-off mode) at some speed cost.
+    swap_ab: the host computes C^T = B^T . A^T (`sm90_skinny`): the kernel's rows are the
+    problem's N and its columns the problem's M, so tile_m tiles N and tile_n tiles M. The
+    kernel build is the same either way; only the host glue reads this flag.
     """
 
     tile_m: int = 128
@@ -42,6 +48,7 @@ class Sm90GemmConfig:
     raster: str = "m"
     swizzle: int = 1
     fp8_fast_accum: bool = False
+    swap_ab: bool = False
 
     def validate(self) -> "Sm90GemmConfig":
         if self.tile_m not in (64, 128, 192, 256):
@@ -115,17 +122,49 @@ def pick_fp8_config(m: int, n: int, k: int) -> Sm90GemmConfig:
                           swizzle=8 if m * n >= 8192 * 8192 else 1, raster="n" if m * n >= 8192 * 8192 else "m")
 
 
-def pick_config(m: int, n: int, k: int, in_bytes: int = 2) -> Sm90GemmConfig:
+SKINNY_M = 128  # problems with M at most this take the swap-AB configs (`pick_skinny_config`)
+SKINNY_TILE_N = (16, 32, 64, 128)
+
+
+def pick_skinny_config(m: int, n: int, k: int, in_bytes: int = 2) -> Sm90GemmConfig:
+    """The swap-AB config for small M (decode-like; M <= SKINNY_M): the kernel computes C^T.
+
+    Such a problem is a stream of B (N x K) past a few rows of A. Swapped, N lies on the wgmma
+    M side (tile_m = 64 rows of N per tile, ping-pong so one warpgroup owns a tile) and M on
+    the wgmma N side (tile_n = the smallest of 16, 32, 64, 128 covering M), so a stage holds
+    little zero fill and the pipeline gets as many stages as shared memory allows (about 20 at
+    M = 16): that depth of loads in flight is what lets one CTA per SM pull its share of HBM
+    bandwidth. 64-row tiles make N / 64 CTAs (128 at N = 8192); `pick_split_k` splits K when
+    that leaves more than half the SMs idle.
+    """
+    tile_n = next(t for t in SKINNY_TILE_N if t >= min(m, SKINNY_TILE_N[-1]))
+    # measured (H200, N = K = 8192, vs torch.matmul in the same run): 64x16 and 64x64 tiles
+    # with 64-wide k-tiles reach 1.01x cuBLAS at M = 16 and 64; at M = 128 (64x128 tiles)
+    # 128-wide k-tiles give 0.97x against 0.94x; splitting K costs 15-25% at N = 8192
+    return _skinny_config(tile_n, 128 if in_bytes == 1 or tile_n == SKINNY_TILE_N[-1] else 64)
+
+
+@functools.lru_cache(maxsize=None)
+def _skinny_config(tile_n: int, tile_k: int) -> Sm90GemmConfig:
+    # one frozen instance per tile shape: the per-call host path builds no dataclass
+    return Sm90GemmConfig(tile_m=64, tile_n=tile_n, tile_k=tile_k, cluster_m=1, cluster_n=1, schedule="pingpong",
+                          swap_ab=True).validate()
+
+
+def pick_config(m: int, n: int, k: int, in_bytes: int = 2, swap_ab: bool = True) -> Sm90GemmConfig:
     """The default config for an M x N x K problem (heuristic; an autotuner may override it).
 
     Measured on H200 (docs/gemm_hopper.md): 128x256 tiles with a 2x1 cluster win once there is
     more than one wave of them; on large outputs a raster along N in bands of 8 clusters keeps
     the B panels of concurrently running CTAs in L2; with less than a wave of 128x256 tiles,
-    128x128 tiles fill the SMs; skinny M (<= 128) uses 128x64 tiles (a full wave at N = 8192).
+    128x128 tiles fill the SMs. Skinny M (<= SKINNY_M) computes C^T (`pick_skinny_config`);
+    with `swap_ab=False` (a path that cannot swap) it uses 128x64 tiles (a full wave at N = 8192).
     """
+    if m <= SKINNY_M and swap_ab:
+        return pick_skinny_config(m, n, k, in_bytes)
     if in_bytes == 1:
         return pick_fp8_config(m, n, k)
-    if m <= 128:
+    if m <= SKINNY_M:
         # measured (H200, N = K = 8192): 128x64 tiles without split-K beat 128x128 + split-K 4
         # by 1.9x at M = 16 and 2.0x at M = 64 (same call path, same run)
         return Sm90GemmConfig(tile_m=128, tile_n=64, cluster_m=1, cluster_n=1)
@@ -143,9 +182,11 @@ def pick_split_k(m: int, n: int, k: int, l: int, config: Sm90GemmConfig, in_byte
 
     Splits only unbatched problems (the split becomes the kernel's batch mode), aiming at about
     two waves of (tile, chunk) work units, with chunks of at least 8 k-tiles whose length keeps
-    TMA's 16-byte stride alignment.
+    TMA's 16-byte stride alignment. Tiles are counted in the kernel's orientation (N x M for a
+    `swap_ab` config).
     """
-    tiles = -(-m // config.tile_m) * -(-n // config.tile_n)
+    rows, cols = (n, m) if config.swap_ab else (m, n)
+    tiles = -(-rows // config.tile_m) * -(-cols // config.tile_n)
     # Measured: with half a wave or more the extra fp32 pass costs more than the split gains.
     if l != 1 or 2 * tiles > num_sms:
         return 1

@@ -383,6 +383,11 @@ VARIANTS = {
     "epi_bias_m_silu_fp32": {"bias": "m", "activation": "silu", "out_dtype": "fp32"},
     "epi_relu_pingpong": {"tile_n": 128, "schedule": "pingpong", "beta_c": True, "activation": "relu"},
     "pingpong_64x128": {"tile_m": 64, "tile_n": 128, "schedule": "pingpong", "cluster_m": 1},
+    # swap-AB builds of the small-M path (sm90_skinny): 16 output columns, M-major output
+    "skinny_swap_64x16": {"tile_m": 64, "tile_n": 16, "schedule": "pingpong", "cluster_m": 1, "c_major": "M",
+                          "bias": "m"},
+    "skinny_swap_64x16_mn_fp32": {"tile_m": 64, "tile_n": 16, "schedule": "pingpong", "cluster_m": 1, "c_major": "M",
+                                  "a_major": "MN", "b_major": "MN", "out_dtype": "fp32"},
 }
 
 # fp8 builds (per-tensor scales read on the device); their SASS MMA is QGMMA (.E4M3 / .E5M2)
@@ -393,6 +398,8 @@ FP8_VARIANTS = {
     "e4m3_pingpong_128x64": {"in_dtype": "e4m3", "tile_n": 64, "tile_k": 128, "schedule": "pingpong", "scale_ab": True},
     "e4m3_bias_gelu": {"in_dtype": "e4m3", "tile_n": 128, "tile_k": 128, "scale_ab": True, "bias": "n",
                        "activation": "gelu_tanh"},
+    "e4m3_skinny_swap_64x16": {"in_dtype": "e4m3", "tile_m": 64, "tile_n": 16, "tile_k": 128, "schedule": "pingpong",
+                               "cluster_m": 1, "c_major": "M", "scale_ab": True, "bias": "m"},
 }
 
 

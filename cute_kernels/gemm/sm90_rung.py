@@ -11,8 +11,11 @@ Epilogue: kernels with `fuses_epilogue` (sm90_warp_specialized, sm90_persistent)
 act(alpha * A.B + beta * C + bias) in registers (`hopper.epilogue.EpilogueSpec`, one build per
 spec). Where the kernel cannot fuse (sm90_tma_wgmma, the padded path, split-K) the product
 goes through an fp32 temporary and `torch_epilogue` applies the same terms afterwards.
-Unbatched problems with less than half a wave of tiles split K (`pick_split_k`): the chunks
-become the kernel's batch mode and the fp32 partials are summed afterwards.
+Small M (decode-like, M <= 128) runs swap-AB (`sm90_skinny`): C^T = B^T A^T, so N fills the
+wgmma M side and M the narrow N side, with many pipeline stages; problems with too few tiles
+for the SMs also split K (`pick_split_k`: the chunks become the kernel's batch mode and the fp32
+partials are summed afterwards). A warm call of a signature seen before replays its launch
+without the checks (`runtime.plan_cache`).
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from __future__ import annotations
 import torch
 
 from cute_kernels.gemm import autotune as _autotune
-from cute_kernels.gemm.sm90_config import Sm90GemmConfig, pick_config, pick_split_k
+from cute_kernels.gemm.sm90_config import Sm90GemmConfig, pick_config
 from cute_kernels.hopper.epilogue import ACTIVATIONS, EpilogueSpec
 from cute_kernels.runtime import compile_kernel, tvm_ffi_available
+from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_signature
 
 _IN_DTYPES = (torch.bfloat16, torch.float16)
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -31,6 +35,9 @@ _compiled: dict = {}
 _max_clusters: dict = {}
 # per device: why it cannot run sm_90a code, or None (the capability query is not per call)
 _device_reasons: dict = {}
+# signature -> the replay of a checked direct launch (Sm90Rung._keep_plan; runtime.plan_cache)
+_PLANS = PlanCache("gemm.sm90")
+_PLAN_SCALARS = (float, int)
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -324,7 +331,18 @@ class Sm90Rung:
         output column, as nn.Linear) or (M,) for "m"; activation one of `ACTIVATIONS` or None.
         scale_a, scale_b: one-element fp32 device tensors multiplying the product (fp8
         dequantization, as torch._scaled_mm's per-tensor scales); both or neither.
+
+        A signature seen before whose checked call launched directly (`plan_for`) replays that
+        launch with no checks (runtime.plan_cache).
         """
+        sig = self._plan_signature(a, b, out, alpha, beta, c, config, bias, bias_dim, activation, scale_a, scale_b)
+        try:
+            plan = _PLANS.get(sig) if sig is not None else None
+        except TypeError:  # an unhashable option: the checks below report it
+            plan = sig = None
+        if plan is not None:
+            plan(a, b, out, alpha, beta, c, bias, scale_a, scale_b)
+            return out
         reason = self.supports(a, b, out)
         if reason is not None:
             raise ValueError(f"{self.name}: {reason}")
@@ -346,17 +364,25 @@ class Sm90Rung:
                 or self.pick(M, N, K, a.element_size())
         config = config.validate()
         A, B = (_sane_batch_stride(t) for t in (a.permute(1, 2, 0), b.permute(2, 1, 0)))
-        splits = pick_split_k(M, N, K, L, config, a.element_size()) if self.split_k else 1
         k_major = not fp8 or (A.stride(1) == 1 and B.stride(1) == 1)  # fp8 wgmma reads K-major only
-        if splits > 1 and _tma_ok(A) and _tma_ok(B) and k_major:
-            self._launch_split_k(config, A, B, splits, float(alpha), out, spec, beta, c, bias, scales)
+        # small M: swap-AB and/or split-K (sm90_skinny); else the ordinary path below
+        routed = _skinny.launch(self, config, A, B, out, float(alpha), spec, beta, c, bias, scales, k_major)
+        if routed is not None:
+            how, views = routed
+            if how == "swap" and sig is not None:  # the swapped launch replays like a direct one
+                self._keep_plan(sig, config, _skinny.swapped_spec(spec), (b, a, out, c, bias, scale_a, scale_b),
+                                (*views, scales), swap=True)
             return out
+        config = _skinny.fallback_config(config, M, N, K, a.element_size())
         fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
         C = _sane_batch_stride(out.permute(1, 2, 0))
         if _tma_ok(A) and _tma_ok(B) and _tma_ok(C) and k_major and (fuses or not spec.fused):
             Csrc = _unit_stride_mn(c.permute(1, 2, 0)) if spec.beta_c else None
             bias_t = bias if bias is None or bias.stride(0) == 1 else bias.contiguous()
             self.launch(config, A, B, C, float(alpha), epi=spec, beta=float(beta), Csrc=Csrc, bias=bias_t, scales=scales)
+            if sig is not None:
+                self._keep_plan(sig, config, spec, (a, b, out, c, bias, scale_a, scale_b),
+                                (A, B, C, Csrc, bias_t, scales))
             return out
         # unfused: alpha * A.B into an fp32 temporary (when anything follows), the rest in torch
         target = torch.empty(out.shape, dtype=torch.float32, device=out.device) if spec.fused else out
@@ -369,17 +395,9 @@ class Sm90Rung:
             out.copy_(torch_epilogue(target, spec, beta, c, bias, scales))
         return out
 
-    def _launch_split_k(self, config, A, B, splits, alpha, out, spec, beta, c, bias, scales):
-        """K split into `splits` chunks that the kernel sees as its batch mode: (M, K/S, S) and
-        (N, K/S, S) strided views, fp32 partials (M, N, S), summed here (one extra pass)."""
-        M, K, _ = A.shape
-        N = B.shape[0]
-        ks = K // splits
-        As = A.as_strided((M, ks, splits), (A.stride(0), A.stride(1), A.stride(1) * ks))
-        Bs = B.as_strided((N, ks, splits), (B.stride(0), B.stride(1), B.stride(1) * ks))
-        ws = torch.empty(splits, M, N, dtype=torch.float32, device=out.device)
-        self.launch(config, As, Bs, ws.permute(1, 2, 0), alpha)
-        out.copy_(torch_epilogue(ws.sum(0).unsqueeze(0), spec, beta, c, bias, scales))
+    def _launch_split_k(self, config, A, B, splits, alpha, out, spec, beta, c, bias, scales, swap=False):
+        """K split into `splits` chunks (sm90_skinny.launch_split_k; `swap` computes C^T)."""
+        _skinny.launch_split_k(self, config, A, B, splits, alpha, out, spec, beta, c, bias, scales, swap=swap)
 
     def _launch_padded(self, config, a, b, target, alpha):
         """Zero-pad K (and N for the output) to 16-byte multiples in K-major copies."""
@@ -398,6 +416,134 @@ class Sm90Rung:
         A, B, C = (_sane_batch_stride(t.permute(1, 2, 0)) for t in (ap, bp, cp))
         self.launch(config, A, B, C, alpha)
         target.copy_(cp[:, :, :N])
+
+    # ---- launch plans (runtime.plan_cache): the warm call of a signature seen before ----------
+
+    def _plan_signature(self, a, b, out, alpha, beta, c, config, bias, bias_dim, activation, scale_a, scale_b):
+        """The plan key of a call: every argument that decides its path (tensors by
+        `tensor_signature`; c only when beta != 0), or None when the call cannot have a plan
+        (alpha or beta not a Python float/int, a non-tensor where a tensor goes). Not hashed
+        here: a lookup may still raise TypeError for an unhashable option."""
+        if alpha.__class__ not in _PLAN_SCALARS or beta.__class__ not in _PLAN_SCALARS:
+            return None
+        use_c = beta != 0
+        try:
+            return (self, tensor_signature(a), tensor_signature(b), tensor_signature(out), alpha.__class__,
+                    beta.__class__, use_c, tensor_signature(c) if use_c else None,
+                    None if bias is None else tensor_signature(bias), bias_dim, activation,
+                    None if scale_a is None else tensor_signature(scale_a),
+                    None if scale_b is None else tensor_signature(scale_b), config)
+        except (TypeError, RuntimeError):  # not plain tensors (FakeTensor, other subclasses, non-tensors)
+            return None
+
+    def plan_for(self, a, b, out, *, alpha=1.0, beta=0.0, c=None, config=None, bias=None, bias_dim: str = "n",
+                 activation=None, scale_a=None, scale_b=None):
+        """The stored plan of a call with these arguments (the same as `__call__`'s), or None.
+
+        A plan is `plan(a, b, out, alpha, beta, c, bias, scale_a, scale_b) -> None`: the
+        launch the checked call made, on any tensors whose kernel-order views are those
+        tensors' storage at the recorded sizes and strides (as_strided from the tensor's own
+        storage offset), so `matmul` may pass the caller's 2-D tensors where the rung saw 3-D
+        views of them. Only a direct TVM-FFI launch (unpadded, unsplit; swap-AB or not) has one.
+        """
+        sig = self._plan_signature(a, b, out, alpha, beta, c, config, bias, bias_dim, activation, scale_a, scale_b)
+        try:
+            return None if sig is None else _PLANS.get(sig)
+        except TypeError:
+            return None
+
+    def _keep_plan(self, sig, config, spec: EpilogueSpec, given: tuple, views: tuple, swap: bool = False) -> None:
+        """Store under `sig` the replay of the direct launch just made from the caller's tensors
+        `given` (a, b, out, c, bias, scale_a, scale_b) through `views` (A, B, C, Csrc, bias_t,
+        scales), when it can be replayed: a TVM-FFI build, plain tensors on a plan device, and
+        every kernel operand the caller's own tensor or a view of it (nothing copied).
+
+        swap: the launch was swap-AB (sm90_skinny): `given` starts (b, a, ...) and the stored
+        plan, called as always with (a, b, ...), hands them over in that order."""
+        a, b, out, c, bias, scale_a, scale_b = given
+        A, B, C, Csrc, bias_t, scales = views
+        if not spec.beta_c:
+            c = None
+        if not tvm_ffi_available() or not plain_tensors(a, b, out, c, bias, scale_a, scale_b):
+            return
+        pairs = ((A, a), (B, b), (C, out)) + (((Csrc, c),) if c is not None else ())
+        if bias_t is not bias or any(view.data_ptr() != t.data_ptr() for view, t in pairs):
+            return
+        fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
+        Csrc_arg, bias_arg, scale_args = self._epi_operands(C, Csrc, bias_t, scales)
+        fn, tvm = self.compiled(config, A, B, C, spec, Csrc_arg, bias_arg, scale_args)
+        if not tvm:
+            return
+        plan = _direct_plan(fn, fuses, A, B, C, Csrc if c is not None else None, given, _dummy_bias(C.device))
+        if swap:
+            direct = plan
+
+            def plan(a, b, out, alpha, beta, c, bias, scale_a, scale_b):
+                direct(b, a, out, alpha, beta, c, bias, scale_a, scale_b)
+
+        _PLANS.put(sig, plan)
+
+
+def _direct_plan(fn, fuses: bool, A, B, C, Csrc, given: tuple, dummy):
+    """The replay of a direct launch: `plan(a, b, out, alpha, beta, c, bias, scale_a, scale_b)`
+    forms A, B, C (and Csrc when c is read) with `as_strided` at the recorded sizes and strides
+    and calls `fn` with what `Sm90Rung._bound` passed: absent bias and scales replaced by the
+    per-device stand-in, tensors that require grad detached (DLPack refuses them)."""
+    a, b, out, c, bias, scale_a, scale_b = given
+    sA, tA, sB, tB, sC, tC = tuple(A.shape), A.stride(), tuple(B.shape), B.stride(), tuple(C.shape), C.stride()
+    da, db, dout = a.requires_grad, b.requires_grad, out.requires_grad
+    if not fuses:
+        def plan(a, b, out, alpha, beta, c, bias, scale_a, scale_b):
+            if da:
+                a = a.detach()
+            if db:
+                b = b.detach()
+            if dout:
+                out = out.detach()
+            fn(a.as_strided(sA, tA), b.as_strided(sB, tB), out.as_strided(sC, tC), float(alpha))
+
+        return plan
+    use_c = Csrc is not None
+    sCs, tCs = (tuple(Csrc.shape), Csrc.stride()) if use_c else (None, None)
+    dc = use_c and c.requires_grad
+    has_bias = bias is not None
+    dbias = has_bias and bias.requires_grad
+    has_scales = scale_a is not None
+    # _check_scales passes reshape(1) views; a 1-D one-element scale is passed as it is (the same view)
+    ra, rb = has_scales and scale_a.dim() != 1, has_scales and scale_b.dim() != 1
+    dsa, dsb = has_scales and scale_a.requires_grad, has_scales and scale_b.requires_grad
+
+    def plan(a, b, out, alpha, beta, c, bias, scale_a, scale_b):
+        if da:
+            a = a.detach()
+        if db:
+            b = b.detach()
+        if dout:
+            out = out.detach()
+        C = out.as_strided(sC, tC)
+        if use_c:
+            Cs = (c.detach() if dc else c).as_strided(sCs, tCs)
+        else:
+            Cs = C
+        if has_bias:
+            if dbias:
+                bias = bias.detach()
+        else:
+            bias = dummy
+        if has_scales:
+            if ra:
+                scale_a = scale_a.reshape(1)
+            if rb:
+                scale_b = scale_b.reshape(1)
+            if dsa:
+                scale_a = scale_a.detach()
+            if dsb:
+                scale_b = scale_b.detach()
+        else:
+            scale_a = scale_b = dummy
+        fn(a.as_strided(sA, tA), b.as_strided(sB, tB), C, Cs, bias, scale_a, scale_b, float(alpha), float(beta))
+
+    return plan
 
 
 def fake_gemm_args(in_dtype: str = "bf16", out_dtype: str = "bf16", a_major: str = "K", b_major: str = "K",
@@ -457,3 +603,6 @@ def compile_job_args(kernel_cls, config: Sm90GemmConfig, epi: EpilogueSpec = Epi
         return (kernel_cls(config, epilogue_spec=epi),
                 (A, B, C, csrc, bias, sa, sb, cutlass.Float32(1.0), cutlass.Float32(0.0), ncl, make_fake_stream()))
     return kernel_cls(config), (A, B, C, cutlass.Float32(1.0), ncl, make_fake_stream())
+
+
+from cute_kernels.gemm import sm90_skinny as _skinny  # noqa: E402 (imports this module's helpers)

@@ -180,3 +180,48 @@ def test_causal_bias_sizes_must_match():
 
     with pytest.raises(ValueError, match=r"built for \(Sq, Sk\) = \(8, 9\)"):
         scaled_dot_product_attention(*qkv(), attn_mask=causal_lower_right(8, 9))
+
+
+def test_auto_backward_falls_back_to_the_highest_rung_with_one(monkeypatch):
+    """On sm_90 auto runs the forward on sm90_flash; where its backward does not serve the
+    problem (D = 96), the backward runs on sm80_flash; a named rung never falls back."""
+    from cute_kernels.attention import api, sm80_flash, sm90_flash
+
+    dispatch.clear_cache()
+    monkeypatch.setattr(dispatch, "device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(api, "_device_reason", lambda q, k, v: None)
+    q = torch.randn(1, 2, 64, 96, dtype=torch.bfloat16)
+    problem = check_inputs(q, q, q, causal=None, scale=None, enable_gqa=False)
+    assert dispatch.choose(q, q, q, problem) is sm90_flash.RUNG
+    assert sm90_flash.RUNG.supports_backward(problem) is not None
+    assert api._backward_rung("auto", q, q, q, problem) is sm80_flash.RUNG
+    with pytest.raises(NotImplementedError, match="attention backward"):
+        api._backward_rung("sm90_flash", q, q, q, problem)
+    q = torch.randn(1, 2, 64, 128, dtype=torch.bfloat16)
+    problem = check_inputs(q, q, q, causal=None, scale=None, enable_gqa=False)
+    assert api._backward_rung("auto", q, q, q, problem) is sm90_flash.RUNG
+    dispatch.clear_cache()
+
+
+def test_deterministic_reaches_rungs_that_take_it(monkeypatch):
+    from cute_kernels.attention import api, sm80_flash, sm90_flash
+
+    assert api._takes_deterministic(sm90_flash.RUNG) and not api._takes_deterministic(sm80_flash.RUNG)
+    seen = []
+
+    class Rung:
+        name = "fake"
+
+        def backward(self, dout, q, k, v, out, lse, problem, *, deterministic=False):
+            seen.append(deterministic)
+            return q, k, v
+
+    monkeypatch.setattr(api, "_backward_rung", lambda *args: Rung())
+    monkeypatch.setattr(api, "_device_reason", lambda q, k, v: None)
+    q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
+    lse = torch.randn(1, 2, 16)
+    api.attention_backward(q, q, q, q, q, lse)
+    api.attention_backward(q, q, q, q, q, lse, deterministic=True)
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    api.attention_backward(q, q, q, q, q, lse)
+    assert seen == [False, True, True]

@@ -88,3 +88,30 @@ def test_m_block_range_covers_exactly_the_q_blocks_seeing_a_key_block(sq, sk, bm
         assert set(seeing) <= set(range(lo, hi))
         if seeing:
             assert lo == seeing[0] and seeing == list(range(lo, hi))
+
+
+@given(m=st.integers(1, 9), heads=st.integers(1, 6), batch=st.integers(1, 4), group=st.integers(1, 40))
+def test_lpt_tile_is_a_longest_first_bijection_over_groups_of_heads(m, heads, batch, group):
+    from cute_kernels.attention.block_info import lpt_tile
+
+    order = [lpt_tile(i, m, heads, batch, group) for i in range(m * heads * batch)]
+    assert sorted(order) == [(mb, h, b) for mb in range(m) for h in range(heads) for b in range(batch)]
+    g = min(group, heads * batch)
+    for start in range(0, len(order), g * m):
+        chunk = order[start:start + g * m]
+        # one group of consecutive (head, batch) pairs, Q blocks non-increasing (longest first)
+        pairs = {b * heads + h for _, h, b in chunk}
+        assert pairs == set(range(min(pairs), max(pairs) + 1)) and len(pairs) <= g
+        assert [mb for mb, _, _ in chunk] == sorted((mb for mb, _, _ in chunk), reverse=True)
+        assert all(mb == m - 1 - k // len(pairs) for k, (mb, _, _) in enumerate(chunk))
+
+
+def test_lpt_group_keeps_kv_within_the_l2_budget():
+    from cute_kernels.attention.block_info import L2_KV_BUDGET, lpt_heads_per_group
+
+    for sk, d in ((2048, 128), (8192, 128), (4096, 256), (1, 64), (10**7, 256)):
+        g = lpt_heads_per_group(sk, d)
+        assert g >= 1
+        assert g == 1 or g * 2 * sk * d * 2 <= L2_KV_BUDGET
+        assert (g + 1) * 2 * sk * d * 2 > L2_KV_BUDGET
+    assert lpt_heads_per_group(2048, 128) == 32 and lpt_heads_per_group(8192, 128) == 8

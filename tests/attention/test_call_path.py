@@ -40,7 +40,7 @@ FORBIDDEN = [
 
 # (rung module, kernel argument, kernel class name, trailing launch arguments after the scalars)
 RUNGS = {
-    "sm80_flash": (sm80_flash, "auto", "FlashAttentionSm80", (None, None, None, None)),
+    "sm80_flash": (sm80_flash, "sm80_flash", "FlashAttentionSm80", (None, None, None, None)),
     "sm90_flash": (sm90_flash, "sm90_flash", "FlashAttentionSm90", ()),
 }
 
@@ -224,9 +224,10 @@ def test_dsl_tensor_fallback_builds_the_kernel_once(rung, monkeypatch):
 def test_dispatch_caches_static_checks_per_device(monkeypatch):
     """`kernel="auto"` asks the device its capability once per (dtype, device), not per call."""
     monkeypatch.setattr(api, "_device_reason", lambda q, k, v: None)
-    monkeypatch.setattr(sm80_flash, "compile_kernel", Compiler())
-    monkeypatch.setattr(sm80_flash, "tvm_ffi_available", lambda: True)
-    monkeypatch.setattr(sm80_flash, "_COMPILED", {})
+    for module in (sm80_flash, sm90_flash):  # auto on a 9.0 device picks sm90_flash
+        monkeypatch.setattr(module, "compile_kernel", Compiler())
+        monkeypatch.setattr(module, "tvm_ffi_available", lambda: True)
+        monkeypatch.setattr(module, "_COMPILED", {})
     asked = []
     monkeypatch.setattr(dispatch, "device_capability", lambda device: asked.append(device) or (9, 0))
     q, k, v = _qkv()

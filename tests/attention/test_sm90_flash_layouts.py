@@ -90,6 +90,28 @@ def test_config_validation_names_the_problem():
         FlashSm90Config(head_dim=256, block_n=256, stages=1).validate()
     with pytest.raises(ValueError, match="pingpong"):
         FlashSm90Config(pingpong=1).validate()
+    for name in ("k_lead", "lpt"):
+        with pytest.raises(ValueError, match=name):
+            FlashSm90Config(**{name: "yes"}).validate()
+    with pytest.raises(ValueError, match="consumer_warpgroups must be 2 or 3"):
+        FlashSm90Config(consumer_warpgroups=4).validate()
+    # three consumers need the budgets cut: 24 + 3 x 240 registers do not fit an SM
+    with pytest.raises(ValueError, match="3 x 240 per thread exceed"):
+        FlashSm90Config(consumer_warpgroups=3).validate()
+
+
+def test_three_consumer_warpgroups_make_a_192_row_tile():
+    c = FlashSm90Config(head_dim=64, consumer_warpgroups=3, producer_regs=32, consumer_regs=160, block_n=80).validate()
+    assert c.block_m == 192 and c.threads == 512 and c.tx_bytes_q == 2 * 192 * 64
+    assert c.smem_bytes == 2 * 64 * (192 + 4 * 80) + 8 * 10 + 1024
+
+
+def test_tuned_configs_lead_with_k_and_launch_causal_work_longest_first():
+    for d in HEAD_DIMS:
+        for causal in (False, True):
+            c = config_for(d, "bfloat16", causal)
+            assert c.k_lead and c.lpt == causal
+    assert config_for(256, "bfloat16", False).block_n == 80
 
 
 def test_grid_tiles():

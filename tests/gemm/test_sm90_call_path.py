@@ -154,7 +154,8 @@ def test_matmul_epilogue_allocates_only_its_result(cpu, monkeypatch):
     allocs = _warm(monkeypatch, lambda: epilogue_api.matmul_epilogue(x, w.t(), bias=bias, activation="gelu_tanh"))
     assert allocs == ["torch.empty"] * 3, allocs  # one result per call
     A, B, _, _, bias_arg = cpu.launches[-1][:5]
-    assert _ptr(A) == _ptr(x) and _ptr(B) == _ptr(w) and bias_arg is bias
+    # M = 64 runs swap-AB (sm90_skinny): the kernel's A is the weight, its B the activations
+    assert _ptr(A) == _ptr(w) and _ptr(B) == _ptr(x) and bias_arg is bias
 
 
 def test_split_k_and_unfused_paths_use_the_caching_allocator_only(cpu, monkeypatch):
@@ -238,5 +239,6 @@ def test_parameters_that_require_grad_reach_the_kernel_detached(cpu, monkeypatch
     out = torch.empty(1, 128, 128, dtype=torch.bfloat16)
     _warm(monkeypatch, lambda: persistent(x, w.transpose(1, 2), out, bias=bias))
     A, B, _, _, bias_arg = cpu.launches[-1][:5]
-    assert not B.requires_grad and not bias_arg.requires_grad
-    assert _ptr(B) == _ptr(w) and _ptr(bias_arg) == _ptr(bias) and _ptr(A) == _ptr(x)
+    # M = 128 runs swap-AB (sm90_skinny): the kernel's A is the weight, its B the activations
+    assert not A.requires_grad and not bias_arg.requires_grad
+    assert _ptr(A) == _ptr(w) and _ptr(bias_arg) == _ptr(bias) and _ptr(B) == _ptr(x)

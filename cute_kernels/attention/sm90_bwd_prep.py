@@ -1,0 +1,144 @@
+"""The attention backward's pre-processing pass: per query row, D and the base-2 lse.
+
+For rows r of every (batch, head), with Sq rows padded to `padded` (a multiple of the backward's
+Q block):
+
+    D[r]    = sum_d dO[r, d] * O[r, d]          (fp32, products and sum in fp32)
+    lse2[r] = lse[r] * log2(e), or +inf where lse[r] = -inf (a row that saw no key)
+    rows Sq <= r < padded:  D = 0, lse2 = +inf  (so the backward's P is 0 there)
+
+written to flat fp32 buffers of B * H * padded entries, (batch, head)-major. One CTA of 128
+threads covers 128 * 8 / D rows: each thread reads 8 contiguous elements of dO and of O (one
+16-byte load each), and the D / 8 threads of a row sum with butterfly shuffles. dO, O and lse
+are taken flat (contiguous (B, H, Sq, D) and (B, H, Sq)); the caller makes them so.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+
+from .softmax import LOG2_E
+
+__all__ = ["BwdPrep", "THREADS"]
+
+THREADS = 128
+_VEC = 8  # 16-bit elements per 16-byte load
+
+
+class BwdPrep:
+    """D and lse2 (see the module docstring) for head dim `head_dim` (a power of two from 16 to
+    256, so a row's D / 8 threads are an aligned group of lanes) and 16-bit `dtype`."""
+
+    def __init__(self, head_dim: int, dtype):
+        if head_dim not in (16, 32, 64, 128, 256):
+            raise ValueError(f"BwdPrep.head_dim must be a power of two in [16, 256] (a row's threads are a "
+                             f"power-of-two group of lanes), got {head_dim}")
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.row_threads = head_dim // _VEC
+        self.rows_per_cta = THREADS // self.row_threads
+        self.shuffle_offsets = tuple(self.row_threads >> k for k in range(1, self.row_threads.bit_length()))
+
+    @cute.jit
+    def __call__(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mDrow: cute.Tensor,
+                 mLSE2: cute.Tensor, seqlen_q: cutlass.Int32, padded: cutlass.Int32, stream):
+        """mdO, mO: flat (B * H * Sq * D,); mLSE: flat (B * H * Sq,); mDrow, mLSE2: flat
+        (B * H * padded,) outputs."""
+        grid = (cute.ceil_div(mDrow.shape[0], self.rows_per_cta), 1, 1)
+        self.kernel(mdO, mO, mLSE, mDrow, mLSE2, seqlen_q, padded).launch(grid=grid, block=[THREADS, 1, 1],
+                                                                           stream=stream)
+
+    @cute.kernel
+    def kernel(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mDrow: cute.Tensor, mLSE2: cute.Tensor,
+               seqlen_q: cutlass.Int32, padded: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        t = tidx % self.row_threads
+        prow = bidx * self.rows_per_cta + tidx // self.row_threads  # padded row index
+        total = mDrow.shape[0]
+        bh = prow // padded
+        s = prow - bh * padded
+        acc = cutlass.Float32(0.0)
+        lse2 = cutlass.Float32.inf
+        if prow < total and s < seqlen_q:
+            row = bh * seqlen_q + s
+            # (D,) slices of the flat tensors, then this thread's 8 elements: the offsets are
+            # row * D + 8 t with D static, so the 16-byte alignment is provable.
+            g_do = cute.local_tile(cute.local_tile(mdO, (self.head_dim,), (row,)), (_VEC,), (t,))
+            g_o = cute.local_tile(cute.local_tile(mO, (self.head_dim,), (row,)), (_VEC,), (t,))
+            r_do = cute.make_rmem_tensor((_VEC,), self.dtype)
+            r_o = cute.make_rmem_tensor((_VEC,), self.dtype)
+            cute.autovec_copy(g_do, r_do)
+            cute.autovec_copy(g_o, r_o)
+            f_do = r_do.load().to(cutlass.Float32)
+            f_o = r_o.load().to(cutlass.Float32)
+            for i in cutlass.range_constexpr(_VEC):
+                acc = acc + f_do[i] * f_o[i]
+            lse = mLSE[row]
+            if lse != -cutlass.Float32.inf:
+                lse2 = lse * LOG2_E
+        # The row's threads are consecutive lanes (row_threads divides 32): butterfly sum.
+        offsets = self.shuffle_offsets
+        for i in cutlass.range_constexpr(len(offsets)):
+            acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=offsets[i])
+        if t == 0 and prow < total:
+            mDrow[prow] = acc
+            mLSE2[prow] = lse2
+
+
+_KERNELS: dict = {}
+
+
+def preprocess(dout, out, lse, block_m: int):
+    """(D, lse2) as flat fp32 tensors of B * H * padded entries (padded = Sq rounded up to
+    `block_m`), from dout, out (B, H, Sq, D) and lse (B, H, Sq), on torch's current stream."""
+    import torch
+
+    from cute_kernels.runtime import compile_kernel, cutlass_dtype, current_stream, from_torch
+
+    b, h, sq, d = dout.shape
+    padded = -(-sq // block_m) * block_m
+    dout, out, lse = dout.contiguous(), out.contiguous(), lse.contiguous()
+    d_rows = torch.empty(b * h * padded, dtype=torch.float32, device=dout.device)
+    lse2 = torch.empty(b * h * padded, dtype=torch.float32, device=dout.device)
+    key = (d, dout.dtype)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        kernel = _KERNELS[key] = BwdPrep(d, cutlass_dtype(dout.dtype))
+    flat = lambda t, align: from_torch(t.view(-1), assumed_align=align, leading_dim=0)  # noqa: E731
+    args = (flat(dout, 16), flat(out, 16), flat(lse.float(), 4), flat(d_rows, 16), flat(lse2, 16),
+            cutlass.Int32(sq), cutlass.Int32(padded))
+    stream = current_stream()
+    fn = compile_kernel(kernel, *args, stream, key=("attention.sm90_bwd_prep", d, str(dout.dtype)))
+    fn(*args, stream)
+    return d_rows, lse2
+
+
+# ---- compile-only variants ------------------------------------------------------------------------
+
+
+def build_variant(head_dim: int = 128, dtype: str = "bfloat16"):
+    """A CompileJob for `BwdPrep` over fake flat tensors with symbolic sizes."""
+    from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
+
+    t = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[dtype]
+    do, o = [fake_tensor(t, 1, leading_dim=0, assumed_align=16) for _ in range(2)]
+    lse = fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=4)
+    d_rows, lse2 = [fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=16) for _ in range(2)]
+    args = (do, o, lse, d_rows, lse2, cutlass.Int32(1), cutlass.Int32(64), fake_stream())
+    return CompileJob(BwdPrep(head_dim, t), args, ("attention.sm90_bwd_prep", head_dim, dtype))
+
+
+VARIANT_CONFIGS = {"d64_float16": {"head_dim": 64, "dtype": "float16"},
+                   "d128_bfloat16": {"head_dim": 128, "dtype": "bfloat16"}}
+
+
+def _register() -> None:
+    from cute_kernels.runtime import register_variant
+
+    # 16-byte loads of dO and O, and the shuffle sum.
+    register_variant("attention.sm90_bwd_prep", build_variant, configs=VARIANT_CONFIGS, requires={"SHFL"})
+
+
+_register()

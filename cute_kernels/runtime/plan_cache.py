@@ -1,0 +1,103 @@
+"""Per-signature launch plans: what a warm call of a public entry point does instead of its checks.
+
+Definitions:
+
+signature: a hashable tuple describing a call completely enough that two calls with equal
+    signatures take the same path through the checked code (same checks passed, same rung,
+    same config, same compiled function, same views). For a tensor it is `tensor_signature`:
+    (class, shape, strides, dtype, device, data pointer mod 16, requires_grad); the caller
+    adds every option that can change the path (kernel name, dtypes, whether beta is zero...).
+plan: a callable, stored under a signature on the first (fully checked) call that takes a
+    path the entry point knows how to replay, doing only what must happen per call: allocate
+    the results, form the kernel-order views from the caller's tensors (`torch.as_strided`
+    with stored sizes and strides), call the compiled function. A plan never holds a caller's
+    tensor, so caching one keeps no memory alive.
+
+Rules every user of this module follows (why a hit is as safe as the checked path):
+- a plan is recorded only after the checked path ran for that signature and reached the
+  replayable launch, so every check it skips passed for an equal signature;
+- plans are recorded only for plain tensors (`torch.Tensor`, `torch.nn.Parameter`, not
+  FakeTensor or other subclasses) on a device type in `PLAN_DEVICES` (CUDA), and only for the
+  TVM-FFI builds, which read torch's current stream themselves at each call (a stream is
+  never part of a plan);
+- anything that changes how the checked path would decide for an equal signature (a cleared
+  kernel cache, a new autotuned winner) calls `invalidate()`.
+
+A cache holds at most `max_entries` plans and starts afresh when full (signatures that vary
+without bound, such as a new sequence length every call, cost one checked call each).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+__all__ = ["PLAN_DEVICES", "PlanCache", "tensor_signature", "plain_tensors", "invalidate"]
+
+# Device types whose calls get plans. CPU tests that run the rungs on CPU tensors (with their
+# device checks stubbed) leave this alone, so they always exercise the checked path; the plan
+# cache tests add "cpu" for their duration.
+PLAN_DEVICES = frozenset({"cuda"})
+
+_CACHES: "weakref.WeakSet[PlanCache]" = weakref.WeakSet()
+_PLAIN: tuple = ()
+
+
+def _plain_types() -> tuple:
+    global _PLAIN
+    if not _PLAIN:
+        import torch
+
+        _PLAIN = (torch.Tensor, torch.nn.Parameter)
+    return _PLAIN
+
+
+class PlanCache(dict):
+    """signature -> plan (a dict, so a warm lookup is `cache.get(signature)`), bounded.
+
+    Post-condition of `put`: the cache holds at most `max_entries` plans.
+    """
+
+    def __init__(self, name: str, max_entries: int = 1024):
+        super().__init__()
+        if max_entries < 1:
+            raise ValueError(f"PlanCache {name!r}: max_entries must be >= 1, got {max_entries}")
+        self.name = name
+        self.max_entries = max_entries
+        _CACHES.add(self)
+
+    def put(self, signature, plan) -> None:
+        if len(self) >= self.max_entries:
+            self.clear()
+        self[signature] = plan
+
+    __hash__ = object.__hash__  # WeakSet membership by identity (a dict is otherwise unhashable)
+
+    def __repr__(self) -> str:
+        return f"PlanCache({self.name!r}, {len(self)} plans)"
+
+
+def invalidate() -> None:
+    """Forget every plan of every cache (the next call of each signature is checked again)."""
+    for cache in list(_CACHES):
+        cache.clear()
+
+
+def tensor_signature(t) -> tuple:
+    """What a plan may assume about one tensor argument: (class, shape, strides, dtype, device,
+    data pointer mod 16, requires_grad). Raises TypeError for anything but a plain tensor (a
+    FakeTensor or other subclass has no plan, and its data pointer is not read)."""
+    if t.__class__ not in _PLAIN and t.__class__ not in _plain_types():
+        raise TypeError(f"not a plain tensor: {t.__class__.__name__}")
+    return (t.__class__, t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15, t.requires_grad)
+
+
+def plain_tensors(*tensors) -> bool:
+    """True when every argument that is not None is a plain tensor (`torch.Tensor` or
+    `torch.nn.Parameter`) on a device type in `PLAN_DEVICES`: the calls a plan may replay."""
+    plain = _plain_types()
+    for t in tensors:
+        if t is None:
+            continue
+        if t.__class__ not in plain or t.device.type not in PLAN_DEVICES:
+            return False
+    return True

@@ -1,0 +1,93 @@
+"""sm90_flash backward without a GPU: the registered variants compile for sm_90a with the
+instructions the design relies on (HGMMA from shared memory and from registers, TMA loads,
+stmatrix for dS^T, fp32 reductions for dQ, setmaxnreg) and no local-memory spills; the
+support checks refuse what the kernel does not take, with a reason."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.compile
+
+
+@pytest.mark.parametrize("config", ["d64_float16_causal", "d128_bfloat16_causal", "d128_float16_causal_gqa",
+                                    "d128_bfloat16_tma", "d128_bfloat16_causal_tma_early_defer",
+                                    "d64_float16_causal_gqa_tma_early_defer"])
+def test_variant_uses_wgmma_tma_and_reductions_without_spills(config):
+    pytest.importorskip("cutlass")
+    from cute_kernels.runtime import check_variant, compile_variant, get_variant
+
+    import cute_kernels.attention.sm90_flash_bwd as bwd
+
+    report = compile_variant("attention.sm90_flash_bwd", config)
+    assert check_variant(report, get_variant("attention.sm90_flash_bwd")) == []
+    assert report.spill_store_bytes == 0 and report.local_memory == 0
+    (kernel,) = report.kernels
+    ops = kernel.sass.opcodes
+    count = lambda prefix: sum(v for op, v in ops.items() if op.startswith(prefix))  # noqa: E731
+    d = int(config.split("_")[0][1:])
+    # S^T and dP^T (D/16 steps each), dQ (128/16 steps, both operands transposed), dV and dK
+    # (64/16 steps each, A from registers).
+    expected = {}
+    for n, steps in ((64, 2 * d // 16), (d, 2 * 64 // 16), (d // 2, 128 // 16)):
+        expected[n] = expected.get(n, 0) + steps
+    for n, steps in expected.items():
+        assert count(f"HGMMA.64x{n}x16") == steps, f"N = {n}"
+    assert count("UTMALDG") >= 6 and count("UTMALDG.1D") == 2  # K, V, Q, dO; lse2 and D (flat)
+    if "_tma" not in config:
+        assert count("REDG.E.ADD.F32") == 16 * d // 64  # dQ: (64 x D) / 256 threads, one value each
+        assert count("UTMAREDG") == 0
+    else:
+        # dQ: one TMA reduce-add per warpgroup of its (64, D/2) half, in (64, 8) boxes.
+        assert count("UTMAREDG.2D.ADD") == d // 16 and count("REDG.E") == 0
+    assert count("STSM") > 0 and count("USETMAXREG") == 2
+    c = bwd.bwd_config_for(d, "bfloat16", True)
+    assert kernel.dynamic_smem >= c.smem_bytes - 2048
+
+
+@pytest.mark.parametrize("config", ["d64_float16", "d128_bfloat16"])
+def test_preprocess_uses_vector_loads_and_shuffles(config):
+    pytest.importorskip("cutlass")
+    from cute_kernels.runtime import check_variant, compile_variant, get_variant
+
+    import cute_kernels.attention.sm90_bwd_prep  # noqa: F401  (registers the variant)
+
+    report = compile_variant("attention.sm90_bwd_prep", config)
+    assert check_variant(report, get_variant("attention.sm90_bwd_prep")) == []
+    ops = report.kernels[0].sass.opcodes
+    assert ops.get("LDG.E.128", 0) == 2  # 8 elements of dO and of O per thread
+    d = int(config.split("_")[0][1:])
+    assert ops.get("SHFL.BFLY", 0) == (d // 8).bit_length() - 1
+
+
+def _problem(d=128, dv=None, dtype_name="bfloat16"):
+    torch = pytest.importorskip("torch")
+    from cute_kernels.attention.api import AttentionProblem
+
+    return AttentionProblem(batch=1, heads_q=2, heads_kv=2, seqlen_q=10, seqlen_k=10, head_dim=d,
+                            head_dim_v=d if dv is None else dv, dtype=getattr(torch, dtype_name), causal=None,
+                            scale=0.125)
+
+
+def test_supports_backward_names_what_it_refuses():
+    pytest.importorskip("cutlass")
+    from cute_kernels.attention.sm90_flash_bwd import supports_backward
+
+    assert supports_backward(_problem(64)) is None and supports_backward(_problem(128)) is None
+    assert "not 256" in supports_backward(_problem(256))
+    assert "not 96" in supports_backward(_problem(96))
+    assert "value head dim" in supports_backward(_problem(128, dv=64))
+    assert "float32" in supports_backward(_problem(128, dtype_name="float32"))
+
+
+def test_config_validation_is_clear():
+    pytest.importorskip("cutlass")
+    from cute_kernels.attention.sm90_flash_bwd import FlashSm90BwdConfig
+
+    with pytest.raises(ValueError, match="head_dim must be one of"):
+        FlashSm90BwdConfig(head_dim=80).validate()
+    with pytest.raises(ValueError, match="stages must be 1 to 3"):
+        FlashSm90BwdConfig(stages=5).validate()
+    with pytest.raises(ValueError, match="block_n must be 128"):
+        FlashSm90BwdConfig(block_n=64).validate()
+    assert FlashSm90BwdConfig(head_dim=64, dtype="float16").validate().tx_bytes_qdo == 2 * 2 * 64 * 64 + 512

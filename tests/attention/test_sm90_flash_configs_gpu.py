@@ -1,0 +1,77 @@
+"""sm90_flash configurations other than `config_for`'s choices, on an H100/H200: the producer's
+older load order (K and V of a block together), the longest-first grid without causality,
+three slots of K/V, and three consumer warpgroups (192-row tiles, a three-way ping-pong ring),
+each against the float32 reference on fresh N(0, 1) inputs with NaN-poisoned outputs."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ._dense_reference import TOL, randn, reference, rel_err  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _hopper_only():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm90_flash needs a Hopper (sm_90) GPU")
+
+
+OPTIONS = {
+    "kv_pairs": {"k_lead": False},
+    "lpt": {"lpt": True},
+    "three_stages": {"stages": 3},
+    "three_consumers": {"consumer_warpgroups": 3, "producer_regs": 32, "consumer_regs": 160, "block_n": 80},
+}
+CASES = [
+    # b, hq, hkv, sq, sk, d, causal
+    (2, 3, 3, 300, 300, 64, None),
+    (1, 4, 2, 517, 517, 64, "top_left"),           # GQA, a partial last tile
+    (2, 4, 1, 200, 450, 64, "bottom_right"),       # MQA, Sq < Sk
+    (1, 2, 2, 450, 130, 64, "bottom_right"),       # rows that see no key
+]
+
+
+def _run(config, q, k, v, causal):
+    import cutlass
+
+    from cute_kernels.attention.sm90_flash import FlashAttentionSm90
+    from cute_kernels.runtime import compile_kernel, current_stream, from_torch
+
+    b, hq, sq, d = q.shape
+    out = torch.full_like(q, math.nan)
+    lse = torch.full((b, hq, sq), math.nan, device="cuda", dtype=torch.float32)
+    tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in (q, k, v, out)]
+    tensors.append(from_torch(lse, assumed_align=4, leading_dim=2))
+    offset = k.shape[2] - sq if causal == "bottom_right" else 0
+    args = (*tensors, cutlass.Float32(1.0 / math.sqrt(d)), cutlass.Int32(offset), cutlass.Int32(hq // k.shape[1]))
+    stream = current_stream()
+    compiled = compile_kernel(FlashAttentionSm90(config), *args, stream, key=("attention.sm90_flash", config))
+    compiled(*args, stream)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("b, hq, hkv, sq, sk, d, causal", CASES)
+def test_option_matches_float32_reference(option, b, hq, hkv, sq, sk, d, causal):
+    from cute_kernels.attention.sm90_layouts import config_for
+
+    dtype = torch.bfloat16
+    config = replace(config_for(d, "bfloat16", causal is not None), **OPTIONS[option]).validate()
+    torch.manual_seed(sq + 3 * sk + hq)
+    q, k, v = randn(b, hq, sq, d, dtype=dtype), randn(b, hkv, sk, d, dtype=dtype), randn(b, hkv, sk, d, dtype=dtype)
+    out, lse = _run(config, q, k, v, causal)
+    ref_out, ref_lse = reference(q, k, v, causal)
+    assert not out.isnan().any() and not lse.isnan().any(), "an output element was not written"
+    assert rel_err(out, ref_out) < TOL[dtype]
+    masked_rows = torch.isneginf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), masked_rows)
+    assert (out[masked_rows] == 0).all()
+    torch.testing.assert_close(lse[~masked_rows], ref_lse[~masked_rows], atol=2e-3, rtol=1e-3)
