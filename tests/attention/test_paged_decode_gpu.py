@@ -43,7 +43,8 @@ CASES = [
     # seqlens, hq, hkv, d, page, dtype: the split kernel is decode.use_mma's choice
     ((1, 700, 0, 33, 1024), 8, 2, 128, 16, torch.bfloat16),     # tensor cores, 4 heads per KV head, 2 pages a block
     ((31, 200, 64, 5), 4, 2, 64, 16, torch.float16),             # tensor cores, 2 heads per KV head, 4 pages a block
-    ((300, 1, 4097, 64), 4, 4, 64, 64, torch.float16),           # SIMT (1 head per KV head)
+    ((300, 1, 4097, 64), 4, 4, 64, 64, torch.float16),           # tensor cores, 1 head per KV head
+    ((300, 1, 129, 64), 4, 4, 64, 24, torch.float16),            # SIMT (page size not a multiple of 16)
     ((513, 2, 255, 256), 16, 2, 128, 256, torch.bfloat16),       # tensor cores, 8 heads per KV head
     ((100, 1, 77), 24, 1, 256, 16, torch.bfloat16),              # tensor cores, MQA 24 -> 2 CTAs of 12 heads
     ((100, 49, 3), 16, 2, 128, 24, torch.bfloat16),              # SIMT with GQA (page size not a multiple of 16)
