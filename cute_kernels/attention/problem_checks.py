@@ -1,11 +1,11 @@
 """The problem limits every dense attention rung shares, checked before its own (alignment,
-TMA, features) in `supports`."""
+TMA, features) in `supports`, and the scalars every dense kernel launch takes."""
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["MAX_GRID_YZ", "common_reason"]
+__all__ = ["MAX_GRID_YZ", "common_reason", "launch_scalars"]
 
 # The launch grid puts heads and batch on y and z.
 MAX_GRID_YZ = 65535
@@ -29,3 +29,10 @@ def common_reason(problem, dtypes) -> str | None:
     if max(problem.seqlen_q, problem.seqlen_k) >= 2**31 - 256:
         return "sequence lengths must be below 2**31 (32-bit row indices)"
     return None
+
+
+def launch_scalars(problem) -> tuple[float, int, int]:
+    """(softmax scale, causal offset, query heads per KV head) of a dense launch: the offset is
+    seqlen_k - seqlen_q for bottom-right causal alignment, else 0 (top-left, or not causal)."""
+    offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
+    return problem.scale, offset, problem.heads_q // problem.heads_kv

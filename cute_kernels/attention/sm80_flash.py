@@ -33,7 +33,7 @@ from cute_kernels.layouts import Layout
 from cute_kernels.runtime import compile_kernel, to_cute, tvm_ffi_available
 
 from . import block_info, seqlen_info
-from .problem_checks import common_reason
+from .problem_checks import common_reason, launch_scalars
 from .sm80_blocks import (assume_aligned_rows, copy_layouts, gemm_rs, gemm_ss, load_rows, smem_atom_width,
                           smem_operand, smem_tile_layout, store_tile, transposed)
 from .fragments import accumulator_as_a, mn_view
@@ -452,9 +452,7 @@ class Sm80FlashRung:
         fn = _COMPILED.get(config)
         if fn is None:
             fn = _compile_tvm_ffi(config)
-        scale = problem.scale
-        offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
-        group = problem.heads_q // problem.heads_kv
+        scale, offset, group = launch_scalars(problem)
         # The varlen parameters (cu_seqlens, counts) are part of the signature, None here.
         return lambda q, k, v, out, lse: fn(q, k, v, out, lse, scale, offset, group, None, None, None, None)
 
@@ -485,12 +483,11 @@ class Sm80FlashRung:
         from cute_kernels.runtime import current_stream, from_torch
 
         config = _config_for_problem(problem)
-        offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
-        group = problem.heads_q // problem.heads_kv
+        scale, offset, group = launch_scalars(problem)
         kernel = _kernel_for(config)
         tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in (q, k, v, out)]
         tensors.append(from_torch(lse, assumed_align=4, leading_dim=2))
-        args = (*tensors, cutlass.Float32(problem.scale), cutlass.Int32(offset), cutlass.Int32(group))
+        args = (*tensors, cutlass.Float32(scale), cutlass.Int32(offset), cutlass.Int32(group))
         stream = current_stream()
         compiled = compile_kernel(kernel, *args, stream, key=("attention.sm80_flash", config))
         compiled(*args, stream)

@@ -37,6 +37,7 @@ from .fragments import accumulator_as_a, mn_view
 from .mask import apply_causal_mask_kq, apply_mask
 from .sm80_blocks import (assume_aligned_rows, copy_layouts, gemm_rs, gemm_ss, load_rows, smem_atom_width,
                           smem_operand, smem_tile_layout, store_tile, transposed)
+from .problem_checks import launch_scalars
 from .softmax import LOG2_E
 
 __all__ = ["FlashSm80BwdConfig", "bwd_config_for", "FlashAttentionSm80BwdDQ", "FlashAttentionSm80BwdDKDV"]
@@ -505,9 +506,8 @@ def backward(dout, q, k, v, out, lse, problem):
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     t4 = lambda t: from_torch(t, assumed_align=16, leading_dim=3)  # noqa: E731
     t3 = lambda t: from_torch(t, assumed_align=4, leading_dim=2)  # noqa: E731
-    offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
-    scalars = (cutlass.Float32(problem.scale), cutlass.Int32(offset),
-               cutlass.Int32(problem.heads_q // problem.heads_kv))
+    scale, offset, group = launch_scalars(problem)
+    scalars = (cutlass.Float32(scale), cutlass.Int32(offset), cutlass.Int32(group))
     stream = current_stream()
     args = (t4(q), t4(k), t4(v), t4(dout), t3(lse_b), t3(d_rows), t4(dq), *scalars)
     fn = compile_kernel(_kernel(FlashAttentionSm80BwdDQ, config), *args, stream,

@@ -53,7 +53,7 @@ from cute_kernels.hopper import pipeline as hpipe
 from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP, WarpRoles
 
 from . import block_info
-from .problem_checks import common_reason
+from .problem_checks import common_reason, launch_scalars
 from .softmax import LOG2_E
 from .sm90_layouts import FlashSm90Config, config_for
 from .sm90_softmax import Sm90Softmax, acc_as_a, acc_mn_view, mask_scores
@@ -548,9 +548,7 @@ class Sm90FlashRung:
         fn = _COMPILED.get(config)
         if fn is None:
             fn = _compile_tvm_ffi(config)
-        scale = problem.scale
-        offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
-        group = problem.heads_q // problem.heads_kv
+        scale, offset, group = launch_scalars(problem)
         return lambda q, k, v, out, lse: fn(q, k, v, out, lse, scale, offset, group)
 
     def __call__(self, q, k, v, out, lse, problem):
@@ -572,12 +570,11 @@ class Sm90FlashRung:
         from cute_kernels.runtime import current_stream, from_torch
 
         config = _config_for_problem(problem)
-        offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
-        group = problem.heads_q // problem.heads_kv
+        scale, offset, group = launch_scalars(problem)
         kernel = _kernel_for(config)
         tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in (q, k, v, out)]
         tensors.append(from_torch(lse, assumed_align=4, leading_dim=2))
-        args = (*tensors, cutlass.Float32(problem.scale), cutlass.Int32(offset), cutlass.Int32(group))
+        args = (*tensors, cutlass.Float32(scale), cutlass.Int32(offset), cutlass.Int32(group))
         stream = current_stream()
         compiled = compile_kernel(kernel, *args, stream, key=("attention.sm90_flash", config))
         compiled(*args, stream)

@@ -70,6 +70,7 @@ from cute_kernels.hopper import pipeline as hpipe
 from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP, WarpRoles
 
 from . import block_info
+from .problem_checks import launch_scalars
 from .softmax import LOG2_E
 from .sm90_layouts import accumulator_value_layout, mn_view_layout
 from .sm90_softmax import acc_as_a, acc_mn_view
@@ -773,7 +774,7 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
         dv_h = torch.empty((b, hq, sk, d), dtype=v.dtype, device=v.device)
     t4 = lambda t: from_torch(t, assumed_align=16, leading_dim=3)  # noqa: E731
     t1 = lambda t: from_torch(t.view(-1), assumed_align=16, leading_dim=0)  # noqa: E731
-    offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
+    _, offset, _ = launch_scalars(problem)
     args = (t4(q), t4(k), t4(v), t4(dout), t1(lse2), t1(d_rows), t1(dq_acc), t4(dk_h), t4(dv_h),
             cutlass.Float32(problem.scale), cutlass.Int32(offset), cutlass.Int32(group))
     stream = current_stream()
