@@ -395,10 +395,6 @@ class Sm90Rung:
             out.copy_(torch_epilogue(target, spec, beta, c, bias, scales))
         return out
 
-    def _launch_split_k(self, config, A, B, splits, alpha, out, spec, beta, c, bias, scales, swap=False):
-        """K split into `splits` chunks (sm90_skinny.launch_split_k; `swap` computes C^T)."""
-        _skinny.launch_split_k(self, config, A, B, splits, alpha, out, spec, beta, c, bias, scales, swap=swap)
-
     def _launch_padded(self, config, a, b, target, alpha):
         """Zero-pad K (and N for the output) to 16-byte multiples in K-major copies."""
         L, M, K = a.shape
