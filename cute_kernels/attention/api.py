@@ -44,9 +44,19 @@ class AttentionProblem:
     dtype: object
     causal: str | None
     scale: float
+    # A sliding window's bounds (None = unbounded; see `mask` for the rule and its alignment).
+    window_left: int | None = None
+    window_right: int | None = None
+
+    @property
+    def windowed(self) -> bool:
+        return self.window_left is not None or self.window_right is not None
 
     def describe(self) -> str:
         causal = f", causal {self.causal}" if self.causal else ""
+        if self.windowed:
+            w = lambda x: -1 if x is None else x  # noqa: E731
+            causal += f", window ({w(self.window_left)}, {w(self.window_right)})"
         return (f"B={self.batch} Hq={self.heads_q} Hkv={self.heads_kv} Sq={self.seqlen_q} Sk={self.seqlen_k} "
                 f"D={self.head_dim} Dv={self.head_dim_v} {self.dtype}{causal}, scale {self.scale:g}")
 

@@ -6,6 +6,9 @@ Definitions (0-based rows i of Q, columns j of K; see `mask` for `offset`):
 - Visited blocks are n in [0, n_block_max): every block holding an allowed (i, j) for some row
   i < seqlen_q of the Q block. Without causality that is ceil(seqlen_k / bn); with it, also at
   most ceil((min(seqlen_q, (m+1)*bm) + offset) / bn), since row i reaches column i + offset.
+- With a window's left bound (j >= i + offset_lo, `local`), visited blocks start at
+  n_block_min = max(m*bm + offset_lo, 0) // bn (the first row's first key), and kernels mask
+  every visited block (no unmasked fast path).
 - Unmasked blocks are n in [0, n_unmasked_end) with n_unmasked_end <= n_block_max: every
   (i, j) of the tile with i in the Q block is allowed, so no element needs a test. The rest,
   [n_unmasked_end, n_block_max), need the mask (the causal diagonal or the sequence end).
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BlockRange", "n_block_range", "m_block_range", "block_range", "visited_pairs", "lpt_heads_per_group",
+__all__ = ["BlockRange", "n_block_range", "n_block_min", "m_block_range", "block_range", "visited_pairs", "lpt_heads_per_group",
            "lpt_tile", "L2_KV_BUDGET"]
 
 
@@ -53,22 +56,33 @@ def n_block_range(m_block, seqlen_q, seqlen_k, offset, *, block_m: int, block_n:
     return n_block_max, n_unmasked_end
 
 
+def n_block_min(m_block, offset_lo, *, block_m: int, block_n: int, local: bool, maximum=max):
+    """The first K/V block Q block `m_block` visits: 0 without a left window bound, else the
+    block of the first row's first allowed key, max(m_block*bm + offset_lo, 0) // bn. May be
+    >= n_block_max (a Q block whose rows see no key)."""
+    if not local:
+        return 0
+    return maximum(m_block * block_m + offset_lo, 0) // block_n
+
+
 @dataclass(frozen=True)
 class BlockRange:
-    """The K/V blocks of one Q block: visited [0, n_block_max), unmasked [0, n_unmasked_end)."""
+    """The K/V blocks of one Q block: visited [n_block_min, n_block_max), unmasked
+    [n_block_min, n_unmasked_end) (empty with a left window bound: every block is masked)."""
 
     m_block: int
     n_block_max: int
     n_unmasked_end: int
+    n_block_min: int = 0
 
     @property
     def masked(self) -> range:
         """The masked blocks, in the order kernels visit them (descending)."""
-        return range(self.n_block_max - 1, self.n_unmasked_end - 1, -1)
+        return range(self.n_block_max - 1, max(self.n_unmasked_end, self.n_block_min) - 1, -1)
 
     @property
     def unmasked(self) -> range:
-        return range(self.n_unmasked_end - 1, -1, -1)
+        return range(self.n_unmasked_end - 1, self.n_block_min - 1, -1)
 
     @property
     def order(self) -> list[int]:
@@ -77,35 +91,49 @@ class BlockRange:
 
 
 def block_range(m_block: int, seqlen_q: int, seqlen_k: int, *, block_m: int, block_n: int,
-                causal: bool = False, align: str = "top_left") -> BlockRange:
-    """`n_block_range` for Python ints, with the causal alignment named (see `mask.causal_offset`)."""
-    from .mask import causal_offset
+                causal: bool = False, align: str = "top_left", window_left: int | None = None,
+                window_right: int | None = None) -> BlockRange:
+    """`n_block_range` and `n_block_min` for Python ints, with the causal alignment and window
+    named (see `mask.window_offsets`)."""
+    from .mask import window_offsets
 
-    offset = causal_offset(seqlen_q, seqlen_k, align) if causal else 0
-    n_max, n_unmasked = n_block_range(m_block, seqlen_q, seqlen_k, offset, block_m=block_m, block_n=block_n,
-                                      causal=causal)
-    return BlockRange(m_block, n_max, n_unmasked)
+    upper, lower = window_offsets(seqlen_q, seqlen_k, causal=causal, align=align, window_left=window_left,
+                                  window_right=window_right)
+    n_max, n_unmasked = n_block_range(m_block, seqlen_q, seqlen_k, upper or 0, block_m=block_m, block_n=block_n,
+                                      causal=upper is not None)
+    local = lower is not None
+    n_min = n_block_min(m_block, lower or 0, block_m=block_m, block_n=block_n, local=local)
+    if local:
+        n_unmasked = n_min
+    return BlockRange(m_block, n_max, n_unmasked, n_min)
 
 
 def visited_pairs(seqlen_q: int, seqlen_k: int, *, block_m: int, block_n: int, causal: bool = False,
-                  align: str = "top_left") -> list[tuple[int, int, bool]]:
+                  align: str = "top_left", window_left: int | None = None,
+                  window_right: int | None = None) -> list[tuple[int, int, bool]]:
     """(m_block, n_block, masked) for every tile a kernel computes, in launch-then-visit order."""
     out = []
     for m in range(_ceil_div(seqlen_q, block_m)):
-        r = block_range(m, seqlen_q, seqlen_k, block_m=block_m, block_n=block_n, causal=causal, align=align)
+        r = block_range(m, seqlen_q, seqlen_k, block_m=block_m, block_n=block_n, causal=causal, align=align,
+                        window_left=window_left, window_right=window_right)
         out += [(m, n, True) for n in r.masked] + [(m, n, False) for n in r.unmasked]
     return out
 
 
-def m_block_range(n_block, seqlen_q, offset, *, block_m: int, block_n: int, causal: bool, maximum=max):
+def m_block_range(n_block, seqlen_q, offset, *, block_m: int, block_n: int, causal: bool, maximum=max,
+                  offset_lo=0, local: bool = False, minimum=min):
     """(m_block_min, m_block_max): the Q blocks whose real rows see some key of K/V block n_block
     (the backward's dK/dV pass walks them). Row i sees key j when j <= i + offset, so block n's
-    first key n*bn is seen from row n*bn - offset on. Post-condition: 0 <= m_block_min, and the
-    range may be empty (m_block_min >= m_block_max)."""
+    first key n*bn is seen from row n*bn - offset on; with a left window bound (`local`, j >=
+    i + offset_lo) its last key (n+1)*bn - 1 is seen up to row (n+1)*bn - 1 - offset_lo.
+    Post-condition: 0 <= m_block_min, and the range may be empty (m_block_min >= m_block_max)."""
     m_block_max = _ceil_div(seqlen_q, block_m)
     m_block_min = 0
     if causal:
         m_block_min = maximum(n_block * block_n - offset, 0) // block_m
+    if local:
+        rows_end = maximum((n_block + 1) * block_n - offset_lo, 0)
+        m_block_max = minimum(m_block_max, _ceil_div(rows_end, block_m))
     return m_block_min, m_block_max
 
 

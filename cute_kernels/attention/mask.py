@@ -8,10 +8,16 @@ Definitions, for seqlen_q rows and seqlen_k columns:
   convention): j <= i + (seqlen_k - seqlen_q), so the last query sees every key. With
   seqlen_q > seqlen_k the first seqlen_q - seqlen_k rows see no key at all: their output is 0
   and their log-sum-exp is -inf (PyTorch's math path would give NaN there; see docs/attention.md).
-- Sliding window of `window_left` keys (causal only): also j >= i + offset - window_left.
+- Sliding window (FlashAttention's `window_size=(left, right)`): also
+  i + base - window_left <= j <= i + base + window_right for the bounds that are given, where
+  `base` is the diagonal's alignment offset (0 top-left, seqlen_k - seqlen_q bottom-right); a
+  window without causality is aligned bottom-right, as in FlashAttention. Causality is the
+  right bound 0.
 
 Both causal alignments are one rule with a column `offset` (0 or seqlen_k - seqlen_q), which
-kernels receive as a runtime value: one compiled kernel serves both.
+kernels receive as a runtime value: one compiled kernel serves both. A window adds its bounds
+to that offset: kernels see an upper offset (j <= i + offset) and a lower one (j >= i +
+offset_lo), both runtime values.
 
 `allowed` and `dense_mask` are the reference definitions (Python, torch); `apply_mask` is the
 kernel-side implementation on an accumulator tile viewed as (rows, columns).
@@ -22,7 +28,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-__all__ = ["ALIGNMENTS", "causal_offset", "allowed", "dense_mask", "apply_mask", "apply_causal_mask_kq"]
+__all__ = ["ALIGNMENTS", "causal_offset", "window_offsets", "allowed", "dense_mask", "apply_mask",
+           "apply_causal_mask_kq", "apply_window_mask_kq"]
 
 ALIGNMENTS = ("top_left", "bottom_right")
 
@@ -36,56 +43,81 @@ def causal_offset(seqlen_q: int, seqlen_k: int, align: str) -> int:
     raise ValueError(f"causal alignment must be one of {ALIGNMENTS}, got {align!r}")
 
 
+def window_offsets(seqlen_q: int, seqlen_k: int, *, causal: bool = False, align: str = "top_left",
+                   window_left: int | None = None, window_right: int | None = None):
+    """(upper, lower): row i may attend to j <= i + upper and j >= i + lower; None where that
+    side is unbounded. Windows without causality are aligned bottom-right."""
+    for name, w in (("window_left", window_left), ("window_right", window_right)):
+        if w is not None and (not isinstance(w, int) or w < 0):
+            raise ValueError(f"{name} must be None or an int >= 0, got {w!r}")
+    if causal:
+        if window_right not in (None, 0):
+            raise ValueError(f"a causal mask bounds the window on the right at 0; got window_right={window_right}")
+        base = causal_offset(seqlen_q, seqlen_k, align)
+        window_right = 0
+    else:
+        base = seqlen_k - seqlen_q
+    upper = None if window_right is None else base + window_right
+    lower = None if window_left is None else base - window_left
+    return upper, lower
+
+
 def allowed(i: int, j: int, seqlen_q: int, seqlen_k: int, *, causal: bool = False, align: str = "top_left",
-            window_left: int | None = None) -> bool:
+            window_left: int | None = None, window_right: int | None = None) -> bool:
     """Whether query row i may attend to key column j (the module docstring's definition)."""
+    upper, lower = window_offsets(seqlen_q, seqlen_k, causal=causal, align=align, window_left=window_left,
+                                  window_right=window_right)
     if not (0 <= i < seqlen_q and 0 <= j < seqlen_k):
         return False
-    if not causal:
-        if window_left is not None:
-            raise ValueError("a sliding window is defined here for causal attention only")
-        return True
-    offset = causal_offset(seqlen_q, seqlen_k, align)
-    if j > i + offset:
+    if upper is not None and j > i + upper:
         return False
-    return window_left is None or j >= i + offset - window_left
+    return lower is None or j >= i + lower
 
 
 def dense_mask(seqlen_q: int, seqlen_k: int, *, causal: bool = False, align: str = "top_left",
-               window_left: int | None = None, device=None):
+               window_left: int | None = None, window_right: int | None = None, device=None):
     """The boolean (seqlen_q, seqlen_k) torch tensor of `allowed` (True = attend)."""
     import torch
 
+    upper, lower = window_offsets(seqlen_q, seqlen_k, causal=causal, align=align, window_left=window_left,
+                                  window_right=window_right)
     i = torch.arange(seqlen_q, device=device)[:, None]
     j = torch.arange(seqlen_k, device=device)[None, :]
     keep = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
-    if causal:
-        offset = causal_offset(seqlen_q, seqlen_k, align)
-        keep &= j <= i + offset
-        if window_left is not None:
-            keep &= j >= i + offset - window_left
-    elif window_left is not None:
-        raise ValueError("a sliding window is defined here for causal attention only")
+    if upper is not None:
+        keep &= j <= i + upper
+    if lower is not None:
+        keep &= j >= i + lower
     return keep
 
 
 @cute.jit
 def apply_mask(acc_s_mn: cute.Tensor, coord_mn: cute.Tensor, row_base: cutlass.Int32, col_base: cutlass.Int32,
-               seqlen_k: cutlass.Int32, offset: cutlass.Int32, causal: cutlass.Constexpr):
+               seqlen_k: cutlass.Int32, offset: cutlass.Int32, causal: cutlass.Constexpr,
+               offset_lo: cutlass.Int32 = 0, local: cutlass.Constexpr = False):
     """Set acc_s_mn[r, c] = -inf wherever (row, column) is not allowed.
 
     `acc_s_mn` is this thread's scores viewed (rows, columns); `coord_mn` the same view of the
     tile's identity tensor (tile-local (row, col) per element); row_base/col_base the tile's
-    origin. Only the sequence end and the causal diagonal are tested (rows past seqlen_q are
-    never stored, so they need no mask).
+    origin. Tested: the sequence end, with `causal` the upper diagonal (col <= row + offset),
+    with `local` the lower one (col >= row + offset_lo). Rows past seqlen_q are never stored,
+    so they need no mask.
     """
     for r in cutlass.range_constexpr(cute.size(acc_s_mn.shape[0])):
         col_limit = seqlen_k - col_base
+        row = row_base + coord_mn[r, 0][0]
         if cutlass.const_expr(causal):
-            col_limit = cutlass.min(col_limit, row_base + coord_mn[r, 0][0] + offset + 1 - col_base)
-        for c in cutlass.range_constexpr(cute.size(acc_s_mn.shape[1])):
-            if coord_mn[0, c][1] >= col_limit:
-                acc_s_mn[r, c] = -cutlass.Float32.inf
+            col_limit = cutlass.min(col_limit, row + offset + 1 - col_base)
+        if cutlass.const_expr(local):
+            col_first = row + offset_lo - col_base
+            for c in cutlass.range_constexpr(cute.size(acc_s_mn.shape[1])):
+                col = coord_mn[0, c][1]
+                if col >= col_limit or col < col_first:
+                    acc_s_mn[r, c] = -cutlass.Float32.inf
+        else:
+            for c in cutlass.range_constexpr(cute.size(acc_s_mn.shape[1])):
+                if coord_mn[0, c][1] >= col_limit:
+                    acc_s_mn[r, c] = -cutlass.Float32.inf
 
 
 @cute.jit
@@ -98,4 +130,17 @@ def apply_causal_mask_kq(acc_mn: cute.Tensor, coord_mn: cute.Tensor, key_base: c
         first_query = key_base + coord_mn[r, 0][0] - offset - query_base
         for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
             if coord_mn[0, c][1] < first_query:
+                acc_mn[r, c] = -cutlass.Float32.inf
+
+
+@cute.jit
+def apply_window_mask_kq(acc_mn: cute.Tensor, coord_mn: cute.Tensor, key_base: cutlass.Int32,
+                         query_base: cutlass.Int32, offset_lo: cutlass.Int32):
+    """The window's lower bound on a transposed score tile S^T (rows = keys j, columns =
+    queries i): acc_mn[r, c] = -inf where j < i + offset_lo."""
+    for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+        # Query columns past j - offset_lo may not see key j.
+        last_query = key_base + coord_mn[r, 0][0] - offset_lo - query_base
+        for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+            if coord_mn[0, c][1] > last_query:
                 acc_mn[r, c] = -cutlass.Float32.inf

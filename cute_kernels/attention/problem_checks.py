@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["MAX_GRID_YZ", "common_reason", "launch_scalars"]
+__all__ = ["MAX_GRID_YZ", "common_reason", "launch_scalars", "mask_flags", "window_scalars", "varlen_window_scalars",
+           "bottom_right_flag"]
 
 # The launch grid puts heads and batch on y and z.
 MAX_GRID_YZ = 65535
@@ -31,8 +32,48 @@ def common_reason(problem, dtypes) -> str | None:
     return None
 
 
+def _base_offset(problem) -> int:
+    """The diagonal's alignment offset: seqlen_k - seqlen_q for bottom-right causality and for
+    windows without causality (FlashAttention's convention), else 0."""
+    bottom_right = problem.causal == "bottom_right" or (problem.causal is None and _windowed(problem))
+    return problem.seqlen_k - problem.seqlen_q if bottom_right else 0
+
+
+def _windowed(problem) -> bool:
+    return getattr(problem, "window_left", None) is not None or getattr(problem, "window_right", None) is not None
+
+
 def launch_scalars(problem) -> tuple[float, int, int]:
-    """(softmax scale, causal offset, query heads per KV head) of a dense launch: the offset is
-    seqlen_k - seqlen_q for bottom-right causal alignment, else 0 (top-left, or not causal)."""
-    offset = problem.seqlen_k - problem.seqlen_q if problem.causal == "bottom_right" else 0
+    """(softmax scale, upper offset, query heads per KV head) of a dense launch: row i may see
+    keys j <= i + offset, where offset = base + window_right (`mask`: base is seqlen_k - seqlen_q
+    for bottom-right alignment, else 0; window_right is 0 when causal or unset)."""
+    offset = _base_offset(problem) + (getattr(problem, "window_right", None) or 0)
     return problem.scale, offset, problem.heads_q // problem.heads_kv
+
+
+def mask_flags(problem) -> tuple[bool, bool]:
+    """(upper, local): whether kernels test the upper diagonal (causal, or a right window bound)
+    and the lower one (a left window bound). A kernel config's `causal` flag is `upper`."""
+    upper = problem.causal is not None or getattr(problem, "window_right", None) is not None
+    return upper, getattr(problem, "window_left", None) is not None
+
+
+def window_scalars(problem) -> tuple[int, bool]:
+    """(offset_lo, local): row i may see keys j >= i + offset_lo when local (a left window
+    bound: offset_lo = base - window_left); (0, False) without one."""
+    left = getattr(problem, "window_left", None)
+    if left is None:
+        return 0, False
+    return _base_offset(problem) - left, True
+
+
+def varlen_window_scalars(problem) -> tuple[int, int]:
+    """(window_left, window_right) as varlen kernels take them (0 where unbounded; the flags of
+    `mask_flags` say which bound is tested): they add them to each sequence's own base offset."""
+    return getattr(problem, "window_left", None) or 0, getattr(problem, "window_right", None) or 0
+
+
+def bottom_right_flag(problem) -> int:
+    """1 when the diagonal is aligned bottom-right (varlen kernels then take each sequence's
+    seqlen_k - seqlen_q as its base offset), else 0."""
+    return 1 if problem.causal == "bottom_right" or (problem.causal is None and _windowed(problem)) else 0

@@ -11,16 +11,18 @@ from cute_kernels.attention.mask import dense_mask
 TOL = {torch.bfloat16: 1e-2, torch.float16: 4e-3}
 
 
-def reference(q, k, v, causal=None, scale=None):
-    """(out, lse) in float32: rows with no allowed key give 0 and -inf (the kernels' convention)."""
+def reference(q, k, v, causal=None, scale=None, window=(None, None)):
+    """(out, lse) in float32: rows with no allowed key give 0 and -inf (the kernels' convention).
+    window: (window_left, window_right), None for an unbounded side (`mask.window_offsets`)."""
     hq, hk = q.shape[1], k.shape[1]
     qf, kf, vf = q.float(), k.float(), v.float()
     if hq != hk:
         kf, vf = kf.repeat_interleave(hq // hk, dim=1), vf.repeat_interleave(hq // hk, dim=1)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = (qf @ kf.transpose(-1, -2)) * scale
-    if causal is not None:
-        keep = dense_mask(q.shape[2], k.shape[2], causal=True, align=causal, device=q.device)
+    if causal is not None or window != (None, None):
+        keep = dense_mask(q.shape[2], k.shape[2], causal=causal is not None, align=causal or "top_left",
+                          window_left=window[0], window_right=window[1], device=q.device)
         s = s.masked_fill(~keep, -math.inf)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.softmax(s, dim=-1)

@@ -115,3 +115,56 @@ def test_lpt_group_keeps_kv_within_the_l2_budget():
         assert g == 1 or g * 2 * sk * d * 2 <= L2_KV_BUDGET
         assert (g + 1) * 2 * sk * d * 2 > L2_KV_BUDGET
     assert lpt_heads_per_group(2048, 128) == 32 and lpt_heads_per_group(8192, 128) == 8
+
+
+_WINDOWS = st.one_of(st.none(), st.integers(0, 40))
+
+
+@given(
+    sq=st.integers(1, 60), sk=st.integers(1, 60), bm=st.sampled_from([16, 32]), bn=st.sampled_from([16, 32]),
+    causal=st.booleans(), align=st.sampled_from(["top_left", "bottom_right"]), left=_WINDOWS, right=_WINDOWS,
+)
+def test_windowed_visits_cover_exactly_the_blocks_with_an_allowed_pair(sq, sk, bm, bn, causal, align, left, right):
+    if causal:
+        right = None if right is None else 0
+    kw = dict(causal=causal, align=align, window_left=left, window_right=right)
+    for m in range(-(-sq // bm)):
+        r = block_range(m, sq, sk, block_m=bm, block_n=bn, **kw)
+        rows = range(m * bm, min((m + 1) * bm, sq))
+        need = {j // bn for i in rows for j in range(sk) if allowed(i, j, sq, sk, **kw)}
+        visited = set(r.order)
+        assert need <= visited
+        # Tight at both ends: the first and last visited blocks hold an allowed pair.
+        if need:
+            assert min(visited) == min(need) and max(visited) == max(need)
+        # Unmasked blocks need no test: every pair of the tile is allowed.
+        for n in r.unmasked:
+            assert all(allowed(i, j, sq, sk, **kw) for i in rows for j in range(n * bn, (n + 1) * bn))
+        if left is not None:
+            assert list(r.unmasked) == []
+
+
+@given(
+    sq=st.integers(1, 60), sk=st.integers(1, 60), bm=st.sampled_from([16, 32]), bn=st.sampled_from([16, 32]),
+    causal=st.booleans(), align=st.sampled_from(["top_left", "bottom_right"]), left=_WINDOWS, right=_WINDOWS,
+)
+def test_windowed_m_block_range_covers_the_q_blocks_seeing_a_key_block(sq, sk, bm, bn, causal, align, left, right):
+    from cute_kernels.attention.block_info import m_block_range
+    from cute_kernels.attention.mask import window_offsets
+
+    if causal:
+        right = None if right is None else 0
+    kw = dict(causal=causal, align=align, window_left=left, window_right=right)
+    upper, lower = window_offsets(sq, sk, **kw)
+    for n in range(-(-sk // bn)):
+        lo, hi = m_block_range(n, sq, upper or 0, block_m=bm, block_n=bn, causal=upper is not None,
+                               offset_lo=lower or 0, local=lower is not None)
+        seeing = [m for m in range(-(-sq // bm))
+                  if any(allowed(i, j, sq, sk, **kw)
+                         for i in range(m * bm, min((m + 1) * bm, sq)) for j in range(n * bn, min((n + 1) * bn, sk)))]
+        assert set(seeing) <= set(range(lo, hi))
+        if seeing:
+            assert seeing[0] == lo
+            if (n + 1) * bn <= sk and (hi - 1) * bm < sq:
+                # tight at the end too when no key of the block lies past the sequence end
+                assert seeing[-1] == hi - 1

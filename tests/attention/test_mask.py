@@ -42,7 +42,29 @@ def test_sliding_window_and_bounds():
     assert [j for j in range(8) if allowed(5, j, 8, 8, causal=True, window_left=2)] == [3, 4, 5]
     assert not allowed(0, 8, 8, 8)
     assert not allowed(8, 0, 8, 8)
-    with pytest.raises(ValueError, match="causal"):
-        allowed(0, 0, 4, 4, window_left=1)
+    with pytest.raises(ValueError, match="window_right"):
+        allowed(0, 0, 4, 4, causal=True, window_right=1)
+    with pytest.raises(ValueError, match="window_left"):
+        allowed(0, 0, 4, 4, window_left=-1)
     m = dense_mask(8, 8, causal=True, window_left=2)
     assert int(m.sum()) == 1 + 2 + 3 * 6
+
+
+@pytest.mark.parametrize("sq, sk", [(8, 8), (5, 9), (9, 5)])
+@pytest.mark.parametrize("left, right", [(2, None), (None, 1), (0, 0), (3, 2)])
+def test_window_without_causality_is_aligned_bottom_right(sq, sk, left, right):
+    base = sk - sq
+    m = dense_mask(sq, sk, window_left=left, window_right=right)
+    for i in range(sq):
+        for j in range(sk):
+            want = (right is None or j <= i + base + right) and (left is None or j >= i + base - left)
+            assert bool(m[i, j]) == want == allowed(i, j, sq, sk, window_left=left, window_right=right)
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+def test_causal_window_follows_the_causal_alignment(align):
+    sq, sk = 6, 10
+    base = 0 if align == "top_left" else sk - sq
+    m = dense_mask(sq, sk, causal=True, align=align, window_left=3, window_right=0)
+    for i in range(sq):
+        assert [j for j in range(sk) if m[i, j]] == [j for j in range(sk) if i + base - 3 <= j <= i + base]
