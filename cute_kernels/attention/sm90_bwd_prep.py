@@ -7,9 +7,12 @@ Q block):
     lse2[r] = lse[r] * log2(e), or +inf where lse[r] = -inf (a row that saw no key)
     rows Sq <= r < padded:  D = 0, lse2 = +inf  (so the backward's P is 0 there)
 
-written to flat fp32 buffers of B * H * padded entries, (batch, head)-major. One CTA of 128
+written to flat fp32 buffers of B * H * padded entries, (batch, head)-major; and the backward's
+fp32 dQ accumulator (B * H * padded rows of D) set to 0 (it is added to with atomics / TMA
+reduce-adds), so that no separate memset runs. One CTA of 128
 threads covers 128 * 8 / D rows: each thread reads 8 contiguous elements of dO and of O (one
-16-byte load each), and the D / 8 threads of a row sum with butterfly shuffles. dO, O and lse
+16-byte load each) and zeroes 8 floats of the row's dQ accumulator (two 16-byte stores), and the
+D / 8 threads of a row sum with butterfly shuffles. dO, O and lse
 are taken flat (contiguous (B, H, Sq, D) and (B, H, Sq)); the caller makes them so.
 """
 
@@ -42,16 +45,16 @@ class BwdPrep:
 
     @cute.jit
     def __call__(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mDrow: cute.Tensor,
-                 mLSE2: cute.Tensor, seqlen_q: cutlass.Int32, padded: cutlass.Int32, stream):
+                 mLSE2: cute.Tensor, mdQacc: cute.Tensor, seqlen_q: cutlass.Int32, padded: cutlass.Int32, stream):
         """mdO, mO: flat (B * H * Sq * D,); mLSE: flat (B * H * Sq,); mDrow, mLSE2: flat
-        (B * H * padded,) outputs."""
+        (B * H * padded,) outputs; mdQacc: flat (B * H * padded * D,) fp32, zeroed."""
         grid = (cute.ceil_div(mDrow.shape[0], self.rows_per_cta), 1, 1)
-        self.kernel(mdO, mO, mLSE, mDrow, mLSE2, seqlen_q, padded).launch(grid=grid, block=[THREADS, 1, 1],
-                                                                           stream=stream)
+        self.kernel(mdO, mO, mLSE, mDrow, mLSE2, mdQacc, seqlen_q, padded).launch(
+            grid=grid, block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mDrow: cute.Tensor, mLSE2: cute.Tensor,
-               seqlen_q: cutlass.Int32, padded: cutlass.Int32):
+               mdQacc: cute.Tensor, seqlen_q: cutlass.Int32, padded: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         t = tidx % self.row_threads
@@ -61,6 +64,11 @@ class BwdPrep:
         s = prow - bh * padded
         acc = cutlass.Float32(0.0)
         lse2 = cutlass.Float32.inf
+        if prow < total:
+            g_dq = cute.local_tile(cute.local_tile(mdQacc, (self.head_dim,), (prow,)), (_VEC,), (t,))
+            r_zero = cute.make_rmem_tensor((_VEC,), cutlass.Float32)
+            r_zero.fill(0.0)
+            cute.autovec_copy(r_zero, g_dq)
         if prow < total and s < seqlen_q:
             row = bh * seqlen_q + s
             # (D,) slices of the flat tensors, then this thread's 8 elements: the offsets are
@@ -91,8 +99,9 @@ _KERNELS: dict = {}
 
 
 def preprocess(dout, out, lse, block_m: int):
-    """(D, lse2) as flat fp32 tensors of B * H * padded entries (padded = Sq rounded up to
-    `block_m`), from dout, out (B, H, Sq, D) and lse (B, H, Sq), on torch's current stream."""
+    """(D, lse2, dq_acc): D and lse2 as flat fp32 tensors of B * H * padded entries (padded = Sq
+    rounded up to `block_m`) and the zeroed fp32 dQ accumulator (B, H, padded, D), from dout,
+    out (B, H, Sq, D) and lse (B, H, Sq), on torch's current stream."""
     import torch
 
     from cute_kernels.runtime import compile_kernel, cutlass_dtype, current_stream, from_torch
@@ -102,17 +111,18 @@ def preprocess(dout, out, lse, block_m: int):
     dout, out, lse = dout.contiguous(), out.contiguous(), lse.contiguous()
     d_rows = torch.empty(b * h * padded, dtype=torch.float32, device=dout.device)
     lse2 = torch.empty(b * h * padded, dtype=torch.float32, device=dout.device)
+    dq_acc = torch.empty((b, h, padded, d), dtype=torch.float32, device=dout.device)
     key = (d, dout.dtype)
     kernel = _KERNELS.get(key)
     if kernel is None:
         kernel = _KERNELS[key] = BwdPrep(d, cutlass_dtype(dout.dtype))
     flat = lambda t, align: from_torch(t.view(-1), assumed_align=align, leading_dim=0)  # noqa: E731
     args = (flat(dout, 16), flat(out, 16), flat(lse.float(), 4), flat(d_rows, 16), flat(lse2, 16),
-            cutlass.Int32(sq), cutlass.Int32(padded))
+            flat(dq_acc, 16), cutlass.Int32(sq), cutlass.Int32(padded))
     stream = current_stream()
-    fn = compile_kernel(kernel, *args, stream, key=("attention.sm90_bwd_prep", d, str(dout.dtype)))
+    fn = compile_kernel(kernel, *args, stream, key=("attention.sm90_bwd_prep", 2, d, str(dout.dtype)))
     fn(*args, stream)
-    return d_rows, lse2
+    return d_rows, lse2, dq_acc
 
 
 # ---- compile-only variants ------------------------------------------------------------------------
@@ -125,8 +135,8 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16"):
     t = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[dtype]
     do, o = [fake_tensor(t, 1, leading_dim=0, assumed_align=16) for _ in range(2)]
     lse = fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=4)
-    d_rows, lse2 = [fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=16) for _ in range(2)]
-    args = (do, o, lse, d_rows, lse2, cutlass.Int32(1), cutlass.Int32(64), fake_stream())
+    d_rows, lse2, dq_acc = [fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=16) for _ in range(3)]
+    args = (do, o, lse, d_rows, lse2, dq_acc, cutlass.Int32(1), cutlass.Int32(64), fake_stream())
     return CompileJob(BwdPrep(head_dim, t), args, ("attention.sm90_bwd_prep", head_dim, dtype))
 
 

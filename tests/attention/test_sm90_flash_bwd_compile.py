@@ -12,7 +12,8 @@ pytestmark = pytest.mark.compile
 
 @pytest.mark.parametrize("config", ["d64_float16_causal", "d128_bfloat16_causal", "d128_float16_causal_gqa",
                                     "d128_bfloat16_tma", "d128_bfloat16_causal_tma_early_defer",
-                                    "d64_float16_causal_gqa_tma_early_defer"])
+                                    "d64_float16_causal_gqa_tma_early_defer", "d64_float16_local",
+                                    "d128_bfloat16_causal_local_gqa"])
 def test_variant_uses_wgmma_tma_and_reductions_without_spills(config):
     pytest.importorskip("cutlass")
     from cute_kernels.runtime import check_variant, compile_variant, get_variant
@@ -35,7 +36,8 @@ def test_variant_uses_wgmma_tma_and_reductions_without_spills(config):
         assert count(f"HGMMA.64x{n}x16") == steps, f"N = {n}"
     assert count("UTMALDG") >= 6 and count("UTMALDG.1D") == 2  # K, V, Q, dO; lse2 and D (flat)
     if "_tma" not in config:
-        assert count("REDG.E.ADD.F32") == 16 * d // 64  # dQ: (64 x D) / 256 threads, one value each
+        # dQ: (64 x D) / 256 threads, two adjacent columns per 8-byte reduction
+        assert count("REDG.E.ADD.F32x2") == 8 * d // 64 and count("REDG.E.ADD.F32.") == 0
         assert count("UTMAREDG") == 0
     else:
         # dQ: one TMA reduce-add per warpgroup of its (64, D/2) half, in (64, 8) boxes.
@@ -78,6 +80,26 @@ def test_supports_backward_names_what_it_refuses():
     assert "not 96" in supports_backward(_problem(96))
     assert "value head dim" in supports_backward(_problem(128, dv=64))
     assert "float32" in supports_backward(_problem(128, dtype_name="float32"))
+    # Sliding windows are taken (both bounds, or one).
+    from dataclasses import replace
+
+    assert supports_backward(replace(_problem(64), window_left=5, window_right=3)) is None
+    assert supports_backward(replace(_problem(128), window_left=None, window_right=0)) is None
+
+
+def test_window_config_flags_and_scalars():
+    pytest.importorskip("cutlass")
+    from dataclasses import replace
+
+    from cute_kernels.attention.problem_checks import launch_scalars, mask_flags, window_scalars
+    from cute_kernels.attention.sm90_flash_bwd import FlashSm90BwdConfig, bwd_config_for
+
+    with pytest.raises(ValueError, match="local must be a bool"):
+        FlashSm90BwdConfig(local=1).validate()
+    assert bwd_config_for(64, "float16", True, local=True).local
+    # Sq = Sk = 10, window (4, 2) aligned bottom-right (base 0): j <= i + 2 and j >= i - 4.
+    p = replace(_problem(64), window_left=4, window_right=2)
+    assert mask_flags(p) == (True, True) and launch_scalars(p)[1] == 2 and window_scalars(p) == (-4, True)
 
 
 def test_config_validation_is_clear():

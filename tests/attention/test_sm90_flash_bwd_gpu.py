@@ -102,15 +102,17 @@ def test_gradients_match_float32_autograd(case):
         assert err < TOL[dtype], f"{name}: relative error {err:.3g}"
 
 
-SCHEDULES = [dict(dq_tma_reduce=True), dict(early_dv=True), dict(defer_dkv_wait=True), dict(prep_kernel=True),
-             dict(dq_tma_reduce=True, early_dv=True, defer_dkv_wait=True, prep_kernel=True)]
+SCHEDULES = [dict(dq_tma_reduce=True), dict(early_dv=True), dict(defer_dkv_wait=True), dict(prep_kernel=False),
+             dict(dq_tma_reduce=True, early_dv=True, defer_dkv_wait=True, prep_kernel=True),
+             dict(stages=3, early_dv=True, defer_dkv_wait=True, prep_kernel=True)]
 SCHEDULE_CASES = [(1, 4, 2, 200, 333, 128, "bottom_right", torch.bfloat16),
                   (2, 2, 2, 131, 131, 64, None, torch.float16),
                   (1, 2, 2, 300, 300, 128, "top_left", torch.float16)]
 
 
 @pytest.mark.parametrize("case", SCHEDULE_CASES, ids=lambda c: f"{c[3]}x{c[4]}xd{c[5]}-{c[6]}")
-@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: "+".join(sorted(s)))
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: "+".join(sorted(k if v is True else f"{k}{v}"
+                                                                                 for k, v in s.items())))
 def test_every_schedule_option_is_correct(schedule, case):
     dout, grads, ref, dtype = _run(case, **schedule)
     for name, got, want in zip(("dq", "dk", "dv"), grads, ref):

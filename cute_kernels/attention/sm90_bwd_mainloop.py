@@ -1,0 +1,500 @@
+"""The sm90_flash backward kernel itself, `FlashAttentionSm90Bwd` (device side), and the static
+register-fragment offsets it uses; `sm90_flash_bwd` holds its config, the host entry point and
+the compile-only variants, and describes the algorithm and schedule.
+
+A CTA owns 128 keys of one (query head, batch) and is three warpgroups: a producer (TMA loads
+of K, V once and of Q, dO, lse2, D per Q block) and two consumers of 64 keys each, which
+compute S^T, dP^T, P^T, dS^T, dV, dK in registers and dQ_blk = dS K through shared memory, then
+add scale * dQ_blk to the fp32 dQ accumulator (8-byte `red.global.add.v2.f32`, or one TMA
+reduce-add per warpgroup). Masks: keys past Sk, the upper diagonal j <= i + offset (`causal`)
+and a window's lower bound j >= i + offset_lo (`local`), as selects on P^T.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import vector as _vector
+from cutlass.cute.nvgpu import cpasync, warp, warpgroup
+
+from cute_kernels.hopper import smem_layouts, tma, wgmma
+from cute_kernels.hopper import pipeline as hpipe
+from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP, WarpRoles
+
+from . import block_info
+from .softmax import LOG2_E
+from .sm90_layouts import accumulator_value_layout, mn_view_layout
+from .sm90_softmax import acc_as_a, acc_mn_view
+
+__all__ = ["FlashAttentionSm90Bwd", "CUTLASS_DTYPES", "mn_offsets", "acc_offsets"]
+
+CUTLASS_DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
+_CONSUMER_THREADS = 2 * THREADS_PER_WARPGROUP
+# Named barrier ids (0 is __syncthreads): "dS^T of this step is in shared memory", both consumers.
+_DS_BARRIER = 2
+# "This warpgroup's dQ half is in shared memory / may be rewritten": 3 + warpgroup.
+_DQ_BARRIER = 3
+
+
+def mn_offsets(n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(row offsets, column offsets) of the (rows, columns) view (`acc_mn_view`) of an m64nN
+    accumulator, relative to the thread's first element: element (r, j) is at tile position
+    (first row + rows[r], first column + cols[j]) for every thread. Static (from
+    `sm90_layouts`), so masks and per-column loads need one dynamic value per thread."""
+    acc, mn = accumulator_value_layout(n), mn_view_layout(n)
+    pos = lambda r, j: divmod(acc(mn(r + 2 * j)), 64)[::-1]  # noqa: E731  (m + 64 n -> (m, n))
+    return tuple(pos(r, 0)[0] for r in range(2)), tuple(pos(0, j)[1] for j in range(n // 4))
+
+
+def acc_offsets(n: int, row_stride: int) -> tuple[int, ...]:
+    """Element offsets (row * row_stride + column) of every value of an m64nN accumulator
+    fragment ((2, 2, N/8), 1, 1), relative to the thread's first value (static, from
+    `sm90_layouts.accumulator_value_layout`)."""
+    acc = accumulator_value_layout(n)
+    return tuple((acc(v) % 64) * row_stride + acc(v) // 64 for v in range(n // 2))
+
+
+def _f32x2(a, b):
+    """The MLIR vector<2xf32> of two Float32 values (the operand of a vector reduction)."""
+    return _vector.from_elements(ir.VectorType.get([2], cutlass.Float32.mlir_type), [a.ir_value(), b.ir_value()])
+
+
+def _transposed(t: cute.Tensor, rows: int, cols: int, stages: int) -> cute.Tensor:
+    """(rows, cols, stages) smem tensor viewed (cols, rows, stages): an operand read MN-major
+    (e.g. dO as the B of dV += P^T dO, N = head dim) from a buffer filled row-major."""
+    return cute.composition(t, cute.make_layout((cols, rows, stages), stride=(rows, 1, rows * cols)))
+
+
+class FlashAttentionSm90Bwd:
+    """dq_accum (+)=, dk, dv for q, dO (B, Hq, Sq, D), k, v (B, Hkv, Sk, D), lse2 (base-2 lse,
+    +inf for rows without keys) and D (B, Hq, Sq) fp32; dk, dv (B, Hq, Sk, D) per query head."""
+
+    def __init__(self, config):
+        """`config`: a `sm90_flash_bwd.FlashSm90BwdConfig` (validated here)."""
+        self.config = config.validate()
+        self.dtype = CUTLASS_DTYPES[config.dtype]
+        self.dkv_dtype = cutlass.Float32 if config.dkv_fp32 else self.dtype
+        self.roles = WarpRoles(consumer_warpgroups=2, producer_regs=config.producer_regs,
+                               consumer_regs=config.consumer_regs)
+        self.roles.validate()
+        c = self.config
+        # GMMA smem atoms (`cute_kernels.layouts.smem_atoms`). Q, dO, K, V are stored row-major
+        # (D contiguous, K-major for S^T and dP^T; read through transposed views where they are
+        # MN-major operands); dS^T is stored (keys, queries) with the queries contiguous.
+        self.smem_atom = smem_layouts.gmma_atom("K", c.dtype, c.head_dim)
+        self.ds_atom = smem_layouts.gmma_atom("K", c.dtype, c.block_m)
+        # The fp32 dQ tile in 32B-swizzled 8 x 8 blocks: a thread's accumulator values then sit at
+        # static offsets from one address (one XOR pattern per thread), and a warp's 64-bit stores
+        # fill whole blocks without bank conflicts. The TMA reduce-add moves (64, 8) boxes.
+        self.dq_atom = smem_layouts.gmma_atom("K", "float32", 8)
+
+    # ---- host side -----------------------------------------------------------------------------
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
+                 mDrow: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+                 softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
+                 qhead_per_kvhead: cutlass.Int32, stream):
+        """Launch over (key blocks, query heads, batch)."""
+        c = self.config
+        d, bm, bn = c.head_dim, c.block_m, c.block_n
+        # (B, H, S, D) -> (S, D, H, B): a TMA box is a (rows, D) slab of one (head, batch).
+        to_sdhb = lambda t: cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 3, 1, 0]))  # noqa: E731
+        mQ, mK, mV, mdO, mdK, mdV = [to_sdhb(t) for t in (mQ, mK, mV, mdO, mdK, mdV)]
+
+        smem_kv_layout = smem_layouts.staged_smem_layout(self.smem_atom, bn, d, 1)
+        smem_qdo_layout = smem_layouts.staged_smem_layout(self.smem_atom, bm, d, c.stages)
+        smem_ds_layout = smem_layouts.staged_smem_layout(self.ds_atom, bn, bm, 2)
+        tma_k, tK = tma.make_tma_load(mK, smem_kv_layout, (bn, d), 1)
+        tma_v, tV = tma.make_tma_load(mV, smem_kv_layout, (bn, d), 1)
+        tma_q, tQ = tma.make_tma_load(mQ, smem_qdo_layout, (bm, d), 1)
+        tma_do, tdO = tma.make_tma_load(mdO, smem_qdo_layout, (bm, d), 1)
+        # lse2 and D (flat, padded to whole Q blocks) ride on the Q/dO barrier: one 64-float box each.
+        smem_row_layout = cute.make_layout((bm, c.stages))
+        # dQ tile: (bm, D/2) per consumer warpgroup for the TMA reduce-add, the same bytes viewed
+        # (bm, D) for the accumulator's partition (column blocks of 32 follow the row blocks, so
+        # warpgroup 1's half starts where the second "stage" does).
+        smem_dq_layout = smem_layouts.staged_smem_layout(self.dq_atom, bm, d // 2, 2)
+        smem_dq_full = smem_layouts.staged_smem_layout(self.dq_atom, bm, d, 1)
+        mdQ2 = cute.make_tensor(mdQacc.iterator, cute.make_layout((mdQacc.shape[0] // d, d), stride=(d, 1)))
+        tma_dq, tdQ = cpasync.make_tiled_tma_atom(cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ2,
+                                                  cute.slice_(smem_dq_layout, (None, None, 0)), (bm, d // 2))
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_lse, tLSE = cpasync.make_tiled_tma_atom(g2s, mLSE2, cute.make_layout(bm), (bm,))
+        tma_drow, tDrow = cpasync.make_tiled_tma_atom(g2s, mDrow, cute.make_layout(bm), (bm,))
+
+        # S^T = K Q^T and dP^T = V dO^T: keys on M (one 64-row atom per consumer warpgroup).
+        # Two copies of each MMA: the first k step overwrites (ACCUMULATE off), set once outside
+        # any loop so no MMA state is carried through control flow.
+        mma_sdp0 = wgmma.make_tiled_mma(self.dtype, self.dtype, "K", "K", cutlass.Float32, (2, 1, 1), bm)
+        mma_sdp = wgmma.make_tiled_mma(self.dtype, self.dtype, "K", "K", cutlass.Float32, (2, 1, 1), bm)
+        # dV += P^T dO, dK += dS^T Q: A from registers, B (dO, Q) MN-major through transposed views.
+        mma_dkv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, wgmma.operand_major("K"), wgmma.operand_major("MN"), cutlass.Float32,
+            (2, 1, 1), tiler_mn=(64, d), a_source=warpgroup.OperandSource.RMEM)
+        # dQ_blk = dS K: Q rows on M, the head dim split over the two warpgroups; dS (from dS^T)
+        # and K both MN-major.
+        mma_dq0 = wgmma.make_tiled_mma(self.dtype, self.dtype, "MN", "MN", cutlass.Float32, (1, 2, 1), d // 2)
+        mma_dq = wgmma.make_tiled_mma(self.dtype, self.dtype, "MN", "MN", cutlass.Float32, (1, 2, 1), d // 2)
+
+        @cute.struct
+        class SharedStorage:
+            bar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+            bar_qdo: cute.struct.MemRange[cutlass.Int64, 2 * c.stages]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_kv_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_kv_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_qdo_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_qdo_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_ds_layout)], 1024]
+            # Only the TMA reduce-add stages dQ in shared memory.
+            sdQ: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(smem_dq_layout)
+                                                        if c.dq_tma_reduce else 32], 1024]
+            sLSE: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm * c.stages], 128]
+            sDrow: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm * c.stages], 128]
+
+        grid = (cute.ceil_div(mK.shape[0], bn), mQ.shape[2], mQ.shape[3])
+        self.kernel(tma_k, tK, tma_v, tV, tma_q, tQ, tma_do, tdO, tma_lse, tLSE, tma_drow, tDrow, tma_dq, tdQ, mdQacc,
+                    mdK, mdV,
+                    softmax_scale, softmax_scale * LOG2_E, causal_offset, offset_lo, qhead_per_kvhead, mQ.shape[0],
+                    smem_kv_layout, smem_qdo_layout, smem_ds_layout, smem_row_layout, smem_dq_layout, smem_dq_full,
+                    mma_sdp0, mma_sdp, mma_dkv, mma_dq0, mma_dq, SharedStorage).launch(
+                        grid=grid, block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+
+    # ---- device side ---------------------------------------------------------------------------
+
+    @cute.kernel
+    def kernel(self, tma_k: cute.CopyAtom, mK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor,
+               tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_do: cute.CopyAtom, mdO: cute.Tensor,
+               tma_lse: cute.CopyAtom, mLSE2: cute.Tensor, tma_drow: cute.CopyAtom, mDrow: cute.Tensor,
+               tma_dq: cute.CopyAtom, mdQ2: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+               scale: cutlass.Float32, scale_log2: cutlass.Float32, causal_offset: cutlass.Int32,
+               offset_lo: cutlass.Int32, qhead_per_kvhead: cutlass.Int32, seqlen_q: cutlass.Int32,
+               smem_kv_layout: cute.ComposedLayout, smem_qdo_layout: cute.ComposedLayout,
+               smem_ds_layout: cute.ComposedLayout, smem_row_layout: cute.Layout,
+               smem_dq_layout: cute.ComposedLayout, smem_dq_full: cute.ComposedLayout, mma_sdp0: cute.TiledMma,
+               mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq0: cute.TiledMma, mma_dq: cute.TiledMma,
+               SharedStorage: cutlass.Constexpr):
+        c = self.config
+        d, bm, bn = c.head_dim, c.block_m, c.block_n
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            tma.prefetch(tma_k, tma_v, tma_q, tma_do, tma_lse, tma_drow)
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 2 * 4)
+        pipe_kv = pipeline.PipelineTmaAsync.create(barrier_storage=storage.bar_kv.data_ptr(), num_stages=1,
+                                                   producer_group=producer, consumer_group=consumers,
+                                                   tx_count=c.tx_bytes_kv)
+        pipe_qdo = pipeline.PipelineTmaAsync.create(barrier_storage=storage.bar_qdo.data_ptr(), num_stages=c.stages,
+                                                    producer_group=producer, consumer_group=consumers,
+                                                    tx_count=c.tx_bytes_qdo)
+        sK = storage.sK.get_tensor(smem_kv_layout.outer, swizzle=smem_kv_layout.inner)
+        sV = storage.sV.get_tensor(smem_kv_layout.outer, swizzle=smem_kv_layout.inner)
+        sQ = storage.sQ.get_tensor(smem_qdo_layout.outer, swizzle=smem_qdo_layout.inner)
+        sdO = storage.sdO.get_tensor(smem_qdo_layout.outer, swizzle=smem_qdo_layout.inner)
+        sdS = storage.sdS.get_tensor(smem_ds_layout.outer, swizzle=smem_ds_layout.inner)
+        sLSE = storage.sLSE.get_tensor(smem_row_layout)
+        sdQ = storage.sdQ.get_tensor(smem_dq_layout.outer, swizzle=smem_dq_layout.inner)
+        sdQ_full = storage.sdQ.get_tensor(smem_dq_full.outer, swizzle=smem_dq_full.inner)
+        sDrow = storage.sDrow.get_tensor(smem_row_layout)
+
+        n_block, head, batch = cute.arch.block_idx()
+        kv_head = head // qhead_per_kvhead
+        seqlen_k = mK.shape[0]
+        m_block_min, m_block_max = block_info.m_block_range(
+            n_block, seqlen_q, causal_offset, block_m=bm, block_n=bn, causal=c.causal, maximum=cutlass.max,
+            offset_lo=offset_lo, local=c.local, minimum=cutlass.min)
+        m_count = cutlass.max(m_block_max - m_block_min, 0)
+        # This (batch, head)'s first row in the flat, padded lse2 / D / dQ accumulator.
+        rows_base = (batch * cute.arch.grid_dim()[1] + head) * ((seqlen_q + bm - 1) // bm * bm)
+        cute.arch.sync_threads()  # the mbarrier inits are visible to every warp
+
+        warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+        if warpgroup_idx == 0:
+            self.roles.become_producer()
+            if warp_idx == 0:
+                gK = cute.local_tile(mK[None, None, kv_head, batch], (bn, d), (n_block, 0))
+                gV = cute.local_tile(mV[None, None, kv_head, batch], (bn, d), (n_block, 0))
+                gQ = cute.local_tile(mQ[None, None, head, batch], (bm, d), (None, 0))
+                gdO = cute.local_tile(mdO[None, None, head, batch], (bm, d), (None, 0))
+                gLSE = cute.local_tile(mLSE2, (bm,), (None,))
+                gDrow = cute.local_tile(mDrow, (bm,), (None,))
+                self.produce(tma_k, gK, sK, tma_v, gV, sV, tma_q, gQ, sQ, tma_do, gdO, sdO, tma_lse, gLSE, sLSE,
+                             tma_drow, gDrow, sDrow, pipe_kv, pipe_qdo, m_block_min, rows_base // bm, m_count)
+        else:
+            self.roles.become_consumer()
+            gdQ2 = cute.local_tile(mdQ2, (bm, d // 2), (None, None))
+            self.consume((tma_dq, gdQ2, sdQ, sdQ_full), mma_sdp0, mma_sdp, mma_dkv, mma_dq0, mma_dq, sK, sV, sQ, sdO,
+                         sdS, pipe_kv, pipe_qdo,
+                         sLSE, sDrow, mdQacc, mdK[None, None, head, batch], mdV[None, None, head, batch], scale,
+                         scale_log2, (causal_offset, offset_lo), n_block, seqlen_q, seqlen_k, m_block_min, m_count, rows_base,
+                         tidx - THREADS_PER_WARPGROUP)
+
+    @cute.jit
+    def produce(self, tma_k, gK, sK, tma_v, gV, sV, tma_q, gQ, sQ, tma_do, gdO, sdO, tma_lse, gLSE, sLSE,
+                tma_drow, gDrow, sDrow, pipe_kv, pipe_qdo, m_block_min: cutlass.Int32, row_block_base: cutlass.Int32,
+                m_count: cutlass.Int32):
+        """Producer warp: K and V once (one barrier), then Q[m], dO[m], lse2[m], D[m] for m
+        ascending (lse2 and D are flat: block m is box row_block_base + m)."""
+        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                           cute.group_modes(gQ, 0, 2))
+        tdOsdO, tdOgdO = cpasync.tma_partition(tma_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
+                                               cute.group_modes(gdO, 0, 2))
+        tLsL, tLgL = cpasync.tma_partition(tma_lse, 0, cute.make_layout(1), cute.group_modes(sLSE, 0, 1),
+                                           cute.group_modes(gLSE, 0, 1))
+        tDsD, tDgD = cpasync.tma_partition(tma_drow, 0, cute.make_layout(1), cute.group_modes(sDrow, 0, 1),
+                                           cute.group_modes(gDrow, 0, 1))
+        kv_state = hpipe.producer_state(1)
+        pipe_kv.producer_acquire(kv_state)
+        cute.copy(tma_k, tKgK, tKsK[None, 0], tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+        cute.copy(tma_v, tVgV, tVsV[None, 0], tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+        state = hpipe.producer_state(self.config.stages)
+        for i in cutlass.range(m_count, unroll=1):
+            m = m_block_min + i
+            pipe_qdo.producer_acquire(state)
+            cute.copy(tma_q, tQgQ[None, m], tQsQ[None, state.index], tma_bar_ptr=pipe_qdo.producer_get_barrier(state))
+            cute.copy(tma_do, tdOgdO[None, m], tdOsdO[None, state.index],
+                      tma_bar_ptr=pipe_qdo.producer_get_barrier(state))
+            cute.copy(tma_lse, tLgL[None, row_block_base + m], tLsL[None, state.index],
+                      tma_bar_ptr=pipe_qdo.producer_get_barrier(state))
+            cute.copy(tma_drow, tDgD[None, row_block_base + m], tDsD[None, state.index],
+                      tma_bar_ptr=pipe_qdo.producer_get_barrier(state))
+            state.advance()
+        pipe_qdo.producer_tail(state)
+
+    @cute.jit
+    def consume(self, dq_tma, mma_sdp0: cute.TiledMma, mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma,
+                mma_dq0: cute.TiledMma, mma_dq: cute.TiledMma, sK, sV, sQ, sdO, sdS, pipe_kv, pipe_qdo,
+                sLSE, sDrow, gdQacc, gdK, gdV, scale: cutlass.Float32, scale_log2: cutlass.Float32,
+                offsets, n_block: cutlass.Int32, seqlen_q: cutlass.Int32,
+                seqlen_k: cutlass.Int32, m_block_min: cutlass.Int32, m_count: cutlass.Int32,
+                rows_base: cutlass.Int32, ctidx: cutlass.Int32):
+        """Consumer warpgroups (ctidx in [0, 256): keys 64 (ctidx // 128) .. + 63 of the block)."""
+        c = self.config
+        d, bm, bn = c.head_dim, c.block_m, c.block_n
+        mma_sdp0.set(warpgroup.Field.ACCUMULATE, False)
+        mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
+        mma_dkv.set(warpgroup.Field.ACCUMULATE, True)
+        mma_dq0.set(warpgroup.Field.ACCUMULATE, False)
+        mma_dq.set(warpgroup.Field.ACCUMULATE, True)
+        thr_sdp = mma_sdp.get_slice(ctidx)
+        thr_dkv = mma_dkv.get_slice(ctidx)
+        thr_dq = mma_dq.get_slice(ctidx)
+        # S^T, dP^T operands: K, V as A (keys x D), Q, dO as B (queries x D, per stage).
+        tSrK = mma_sdp.make_fragment_A(thr_sdp.partition_A(sK))
+        tSrQ = mma_sdp.make_fragment_B(thr_sdp.partition_B(sQ))
+        tdPrV = mma_sdp.make_fragment_A(thr_sdp.partition_A(sV))
+        tdPrdO = mma_sdp.make_fragment_B(thr_sdp.partition_B(sdO))
+        # dV, dK operands: dO^T, Q^T (D x queries, per stage) as MN-major B.
+        tdVrdOt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_transposed(sdO, bm, d, c.stages)))
+        tdKrQt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_transposed(sQ, bm, d, c.stages)))
+        # dQ operands: dS (queries x keys, per buffer) and K^T (D x keys), both MN-major.
+        tdQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(_transposed(sdS, bn, bm, 2)))
+        tdQrKt = mma_dq.make_fragment_B(thr_dq.partition_B(_transposed(sK, bn, d, 1)))
+
+        acc_s = cute.make_rmem_tensor(thr_sdp.partition_shape_C((bn, bm)), cutlass.Float32)
+        acc_dp = cute.make_rmem_tensor(thr_sdp.partition_shape_C((bn, bm)), cutlass.Float32)
+        acc_dv = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, d)), cutlass.Float32)
+        acc_dk = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, d)), cutlass.Float32)
+        acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, d)), cutlass.Float32)
+        acc_dv.fill(0.0)
+        acc_dk.fill(0.0)
+        r_p = cute.make_rmem_tensor(acc_s.layout, self.dtype)
+        r_ds = cute.make_rmem_tensor(acc_s.layout, self.dtype)
+        t_p, t_ds = acc_as_a(r_p), acc_as_a(r_ds)
+        a_shape = thr_dkv.partition_shape_A((bn, bm))
+        if cutlass.const_expr(str(cute.shape(t_p)) != str(a_shape)):
+            raise RuntimeError(f"P^T's A view {cute.shape(t_p)} does not match wgmma's A fragment {a_shape}")
+        s_mn, dp_mn = acc_mn_view(acc_s), acc_mn_view(acc_dp)
+        # Tile-local (key, query) of each score this thread holds.
+        coord_s = acc_mn_view(thr_sdp.partition_C(cute.make_identity_tensor((bn, bm))))
+        coord_dq = thr_dq.partition_C(cute.make_identity_tensor((bm, d)))
+        ncols = cute.size(s_mn.shape[1])
+        if cutlass.const_expr(ncols != len(mn_offsets(bm)[1])):
+            raise RuntimeError(f"S^T's column view has {ncols} columns, mn_offsets({bm}) {len(mn_offsets(bm)[1])}")
+        stmatrix = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        thr_r2s = cute.make_tiled_copy_C(stmatrix, mma_sdp).get_slice(ctidx)
+        ds_ready = pipeline.NamedBarrier(barrier_id=_DS_BARRIER, num_threads=_CONSUMER_THREADS)
+        key_base = n_block * bn
+        # The TMA reduce-add of dQ: (atom, gmem tiles (bm, D/2, row blocks, 2), this warpgroup's
+        # smem half, the accumulator-shaped smem view, the warpgroup's named barrier, whether this
+        # thread's warp issues the copies). The whole first warp of each warpgroup takes the
+        # issuing branch: the TMA copy elects its lane with elect.sync over the full warp, which
+        # never returns when a single lane enters it alone (the hang of the first GPU run).
+        tma_dq, gdQ2, sdQ, sdQ_full = dq_tma
+        wg = ctidx // THREADS_PER_WARPGROUP
+        issuer_warp = cute.arch.make_warp_uniform((ctidx % THREADS_PER_WARPGROUP) // 32) == 0
+        dq_red = (tma_dq, gdQ2, sdQ, thr_dq.partition_C(sdQ_full[None, None, 0]),
+                  [pipeline.NamedBarrier(barrier_id=_DQ_BARRIER + i, num_threads=THREADS_PER_WARPGROUP)
+                   for i in (0, 1)], wg, issuer_warp)
+
+        pipe_kv.consumer_wait(hpipe.consumer_state(1))
+        state = hpipe.consumer_state(c.stages)
+        prev = state.clone()
+        for i in cutlass.range(m_count, unroll=1):
+            state, prev = self.step(m_block_min + i, i % 2, i > 0, state, prev, mma_sdp0, mma_sdp, mma_dkv, mma_dq0,
+                              mma_dq, tSrK,
+                              tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, acc_s, acc_dp, acc_dv, acc_dk,
+                              acc_dq, r_p, r_ds, t_p, t_ds, s_mn, dp_mn, coord_s, coord_dq, thr_r2s,
+                              stmatrix, sdS, ds_ready, pipe_qdo, sLSE, sDrow, gdQacc, scale, scale_log2,
+                              offsets, key_base, rows_base, seqlen_k, dq_red)
+        if cutlass.const_expr(c.defer_dkv_wait):
+            wgmma.wait_group(0)  # the last dV, dK GEMMs
+            if m_count > 0:
+                pipe_qdo.consumer_release(prev)
+        if cutlass.const_expr(c.dq_tma_reduce):
+            if issuer_warp:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)  # the last reduce has read its tile
+
+        # ---- epilogue: dV, scale * dK (rows past Sk skipped)
+        coord_kv = thr_dkv.partition_C(cute.make_identity_tensor((bn, d)))
+        for j in cutlass.range(cute.size(acc_dv), unroll_full=True):
+            key, col = coord_kv[j]
+            if key_base + key < seqlen_k:
+                gdV[key_base + key, col] = acc_dv[j].to(self.dkv_dtype)
+                gdK[key_base + key, col] = (acc_dk[j] * scale).to(self.dkv_dtype)
+
+    @cute.jit
+    def step(self, m: cutlass.Int32, buf: cutlass.Int32, has_prev: cutlass.Boolean, state, prev, mma_sdp0, mma_sdp,
+             mma_dkv, mma_dq0, mma_dq, tSrK,
+             tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, acc_s, acc_dp, acc_dv, acc_dk, acc_dq, r_p, r_ds,
+             t_p, t_ds, s_mn, dp_mn, coord_s, coord_dq, thr_r2s, stmatrix, sdS, ds_ready, pipe_qdo,
+             sLSE, sDrow, gdQacc, scale: cutlass.Float32, scale_log2: cutlass.Float32,
+             offsets, key_base: cutlass.Int32, rows_base: cutlass.Int32,
+             seqlen_k: cutlass.Int32, dq_red):
+        """Q block m against this CTA's keys; dS^T goes through smem buffer `buf`. Returns the
+        advanced pipeline state and this step's (whose slot a deferred release frees), both
+        loop-carried by the caller."""
+        c = self.config
+        bm = c.block_m
+        row_base = m * bm
+        first = rows_base + row_base
+        t_row, t_col = coord_s[0, 0]
+        row_offs, col_offs = mn_offsets(bm)
+        pipe_qdo.consumer_wait(state)
+        stage = state.index
+        wgmma.fence()
+        ksteps = cute.size(tSrK, mode=[2])
+        for kb in cutlass.range_constexpr(ksteps):
+            cute.gemm(mma_sdp0 if kb == 0 else mma_sdp, acc_s, tSrK[None, None, kb, 0], tSrQ[None, None, kb, stage],
+                      acc_s)
+        wgmma.commit_group()
+        for kb in cutlass.range_constexpr(ksteps):
+            cute.gemm(mma_sdp0 if kb == 0 else mma_sdp, acc_dp, tdPrV[None, None, kb, 0],
+                      tdPrdO[None, None, kb, stage], acc_dp)
+        wgmma.commit_group()
+        wgmma.wait_group(1)  # S^T landed (and the previous step's dV, dK); dP^T still in flight
+        if cutlass.const_expr(c.defer_dkv_wait):
+            if has_prev:
+                pipe_qdo.consumer_release(prev)
+
+        # P^T = 2^(S^T scale_log2 - lse2), 0 past Sk and outside the diagonal bounds; dS^T = P^T (dP^T - D).
+        # lse2 and D of this thread's queries (columns) come from this stage's smem copy; the host
+        # pads both to whole Q blocks (lse2 = +inf, D = 0 past Sq, so P = 0 there).
+        # Key key_base + t_row + row_offs[r] exists while row_offs[r] < key_room, and is seen by
+        # query row_base + t_col + col_offs[j] when diag_lo <= row_offs[r] - col_offs[j] <= diag
+        # (j <= i + offset and, with a window's lower bound, j >= i + offset_lo).
+        causal_offset, offset_lo = offsets
+        key_room = seqlen_k - key_base - t_row
+        diag = row_base + causal_offset - key_base + t_col - t_row
+        diag_lo = row_base + offset_lo - key_base + t_col - t_row
+        for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
+            key_ok = cutlass.Int32(row_offs[r]) < key_room
+            for j in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
+                keep = key_ok
+                if cutlass.const_expr(c.causal):
+                    keep = keep & (cutlass.Int32(row_offs[r] - col_offs[j]) <= diag)
+                if cutlass.const_expr(c.local):
+                    keep = keep & (cutlass.Int32(row_offs[r] - col_offs[j]) >= diag_lo)
+                p = cute.math.exp2(s_mn[r, j] * scale_log2 - sLSE[t_col + col_offs[j], stage], fastmath=True)
+                s_mn[r, j] = cutlass.select_(keep, p, cutlass.Float32(0.0))
+        r_p.store(acc_s.load().to(self.dtype))
+        if cutlass.const_expr(c.early_dv):
+            # dV += P^T dO runs under the dS^T arithmetic.
+            wgmma.fence()
+            for kb in cutlass.range_constexpr(cute.size(t_p, mode=[2])):
+                cute.gemm(mma_dkv, acc_dv, t_p[None, None, kb], tdVrdOt[None, None, kb, stage], acc_dv)
+            wgmma.commit_group()
+            wgmma.wait_group(1)  # dP^T landed; dV in flight
+        else:
+            wgmma.wait_group(0)
+        for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
+            for j in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
+                dp_mn[r, j] = s_mn[r, j] * (dp_mn[r, j] - sDrow[t_col + col_offs[j], stage])
+        r_ds.store(acc_dp.load().to(self.dtype))
+
+        # dS^T -> smem (the A of dQ for both warpgroups). Buffer `buf` was last read by the dQ
+        # GEMM two steps ago, which every consumer waited for before last step's barrier.
+        cute.copy(stmatrix, thr_r2s.retile(r_ds), thr_r2s.partition_D(sdS[None, None, buf]))
+        cute.arch.fence_proxy("async.shared", space="cta")
+        ds_ready.arrive_and_wait()
+
+        wgmma.fence()
+        for kb in cutlass.range_constexpr(cute.size(tdQrdS, mode=[2])):
+            cute.gemm(mma_dq0 if kb == 0 else mma_dq, acc_dq, tdQrdS[None, None, kb, buf], tdQrKt[None, None, kb, 0],
+                      acc_dq)
+        wgmma.commit_group()
+        if cutlass.const_expr(not c.early_dv):
+            for kb in cutlass.range_constexpr(cute.size(t_p, mode=[2])):
+                cute.gemm(mma_dkv, acc_dv, t_p[None, None, kb], tdVrdOt[None, None, kb, stage], acc_dv)
+        for kb in cutlass.range_constexpr(cute.size(t_ds, mode=[2])):
+            cute.gemm(mma_dkv, acc_dk, t_ds[None, None, kb], tdKrQt[None, None, kb, stage], acc_dk)
+        wgmma.commit_group()
+        wgmma.wait_group(1)  # dQ_blk landed (and an early dV); dK (and dV) still in flight
+
+        # The fp32 accumulator is padded to whole Q blocks (rows past Sq receive dS = 0), so
+        # neither path needs a predicate.
+        if cutlass.const_expr(c.dq_tma_reduce):
+            self.reduce_dq_tma(acc_dq, scale, (rows_base + row_base) // bm, dq_red)
+        else:
+            # Values 2p and 2p + 1 of the accumulator are adjacent columns: one 8-byte
+            # red.global.add.v2.f32 each, so a warp's reduction fills whole 32-byte sectors.
+            t_q, t_d = coord_dq[0]
+            base = gdQacc.iterator + (cutlass.Int64(first + t_q) * c.head_dim + t_d)
+            dq_offs = acc_offsets(c.head_dim // 2, c.head_dim)
+            for p in cutlass.range_constexpr(cute.size(acc_dq) // 2):
+                cute.arch.red(base + dq_offs[2 * p], _f32x2(acc_dq[2 * p] * scale, acc_dq[2 * p + 1] * scale),
+                              op="add", dtype=cutlass.Float32, sem="relaxed", scope="gpu")
+        if cutlass.const_expr(not c.defer_dkv_wait):
+            wgmma.wait_group(0)
+            pipe_qdo.consumer_release(state)
+        prev = state.clone()
+        state.advance()
+        return state, prev
+
+    @cute.jit
+    def reduce_dq_tma(self, acc_dq, scale: cutlass.Float32, row_block: cutlass.Int32, dq_red):
+        """scale * dQ_blk -> this warpgroup's half of the smem tile -> one TMA reduce-add into
+        rows [64 row_block, + 64) of the flat accumulator. The tile is rewritten only after the
+        previous step's reduce has read it (bulk wait by the issuing warp, then the barrier)."""
+        tma_dq, gdQ2, sdQ, tdQsdQ, bars, wg, issuer = dq_red
+        if issuer:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        self.wg_sync(bars, wg)
+        for j in cutlass.range_constexpr(cute.size(acc_dq)):
+            tdQsdQ[j] = acc_dq[j] * scale
+        cute.arch.fence_proxy("async.shared", space="cta")
+        self.wg_sync(bars, wg)
+        if issuer:
+            t_s, t_g = cpasync.tma_partition(tma_dq, 0, cute.make_layout(1),
+                                             cute.group_modes(sdQ[None, None, wg], 0, 2),
+                                             cute.group_modes(gdQ2[None, None, row_block, wg], 0, 2))
+            cute.copy(tma_dq, t_s, t_g)
+            cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
+    def wg_sync(self, bars, wg: cutlass.Int32):
+        if wg == 0:
+            bars[0].arrive_and_wait()
+        else:
+            bars[1].arrive_and_wait()
