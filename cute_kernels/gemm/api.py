@@ -107,8 +107,10 @@ def matmul(a, b, *, kernel: str = "auto", out_dtype=None, alpha: float = 1.0, be
     Every check happens before any launch; errors name the offending argument. A call whose
     signature (`runtime.plan_cache`: the tensors' sizes, strides, dtypes, device, pointer mod
     16, requires_grad; kernel, out_dtype, whether beta is 0) was checked before skips the
-    checks and the dispatch: it replays the rung's direct launch (`Sm90Rung.plan_for`), or
-    calls the same rung on the same 3-D views.
+    checks and the dispatch: a plain product (beta == 0) whose rung launched directly hands the
+    caller's own tensors to a build that forms the kernel's views itself
+    (`Sm90Rung.caller_order_launch`); else it replays the rung's direct launch
+    (`Sm90Rung.plan_for`), or calls the same rung on the same 3-D views.
     """
     sig = _plan_signature(a, b, kernel, out_dtype, alpha, beta, c)
     if sig is not None:
@@ -200,12 +202,27 @@ def _plan_signature(a, b, kernel, out_dtype, alpha, beta, c):
     TypeError for an unhashable option."""
     if alpha.__class__ not in _PLAN_SCALARS or beta.__class__ not in _PLAN_SCALARS:
         return None
+    plain = _PLAIN or _plain_classes()
+    if a.__class__ not in plain or b.__class__ not in plain:  # FakeTensor, other subclasses, non-tensors
+        return None
     use_c = beta != 0
     try:
-        return (tensor_signature(a), tensor_signature(b), kernel, out_dtype, alpha.__class__, beta.__class__, use_c,
-                tensor_signature(c) if use_c else None)
-    except (TypeError, RuntimeError):  # not plain tensors (FakeTensor, other subclasses, non-tensors)
+        # tensor_signature of a and b, flattened: one tuple to build and hash on every warm call
+        return (a.__class__, a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15, a.requires_grad,
+                b.__class__, b.shape, b.stride(), b.dtype, b.device, b.data_ptr() & 15, b.requires_grad,
+                kernel, out_dtype, alpha.__class__, beta.__class__, use_c, tensor_signature(c) if use_c else None)
+    except (TypeError, RuntimeError):  # c not a plain tensor; a tensor without storage
         return None
+
+
+_PLAIN: tuple = ()
+
+
+def _plain_classes() -> tuple:
+    global _PLAIN
+    torch = _torch or _load_torch()
+    _PLAIN = (torch.Tensor, torch.nn.Parameter)
+    return _PLAIN
 
 
 def _keep_plan(sig, rung, given: tuple, views: tuple, alpha, beta, batched: bool) -> None:
@@ -231,6 +248,13 @@ def _keep_plan(sig, rung, given: tuple, views: tuple, alpha, beta, batched: bool
         # The rung's plan detaches by its own signature (of the 3-D views); the caller's tensors
         # may require grad where the views did not (views made under no_grad), so detach here.
         da, db, dc = a.requires_grad, b.requires_grad, c is not None and c.requires_grad
+        caller_order = getattr(rung, "caller_order_launch", None)
+        direct = None
+        if caller_order is not None and c is None:
+            direct = caller_order(launch, a, b, out3 if batched else out3[0])
+        if direct is not None:
+            _PLANS.put(sig, _caller_order_plan(sig, direct, launch, shape, dtype, device, da, db))
+            return
 
         def plan(a, b, alpha, beta, c):
             out = empty(shape, dtype=dtype, device=device)
@@ -254,3 +278,31 @@ def _keep_plan(sig, rung, given: tuple, views: tuple, alpha, beta, batched: bool
             return out if batched else out[0]
 
     _PLANS.put(sig, plan)
+
+
+def _caller_order_plan(sig, direct, launch, shape, dtype, device, da, db):
+    """The warm call of a plain product whose rung compiled a launch taking the caller's own
+    tensors (`Sm90Rung.caller_order_launch`): allocate the result, call `direct(a, b, out,
+    alpha, beta)`. Should that call ever refuse the tensors, the signature's plan becomes the
+    rung-plan replay (`launch` on the 3-D views) and the call is made that way."""
+    empty = _torch.empty
+
+    def plan(a, b, alpha, beta, c):
+        out = empty(shape, dtype=dtype, device=device)
+        if da:
+            a = a.detach()
+        if db:
+            b = b.detach()
+        try:
+            direct(a, b, out, float(alpha), 0.0)
+        except Exception:  # noqa: BLE001 - the replay below raises whatever is really wrong
+            _PLANS.put(sig, replay)
+            return replay(a, b, alpha, beta, c)
+        return out
+
+    def replay(a, b, alpha, beta, c):
+        out = empty(shape, dtype=dtype, device=device)
+        launch(a.detach() if da else a, b.detach() if db else b, out, alpha, beta, None, None, None, None)
+        return out
+
+    return plan

@@ -15,11 +15,15 @@ Small M (decode-like, M <= 128) runs swap-AB (`sm90_skinny`): C^T = B^T A^T, so 
 wgmma M side and M the narrow N side, with many pipeline stages; problems with too few tiles
 for the SMs also split K (`pick_split_k`: the chunks become the kernel's batch mode and the fp32
 partials are summed afterwards). A warm call of a signature seen before replays its launch
-without the checks (`runtime.plan_cache`).
+without the checks (`runtime.plan_cache`); for a plain product (no epilogue beyond alpha)
+`matmul`'s warm call goes through `CallerOrderLaunch`, a build taking the caller's 2-D or 3-D
+tensors as they are, so no torch view is made per call.
 """
 
 from __future__ import annotations
 
+import cutlass
+import cutlass.cute as cute
 import torch
 
 from cute_kernels.gemm import autotune as _autotune
@@ -477,7 +481,56 @@ class Sm90Rung:
             def plan(a, b, out, alpha, beta, c, bias, scale_a, scale_b):
                 direct(b, a, out, alpha, beta, c, bias, scale_a, scale_b)
 
+        # what caller_order_launch needs to launch the same kernel on the caller's own tensors
+        operands = tuple((tuple(t.shape), t.stride(), t.data_ptr()) for t in (A, B, C))
+        plan.kernel_operands = (config, spec, swap, operands)
         _PLANS.put(sig, plan)
+
+    def caller_order_launch(self, plan, a, b, out):
+        """A compiled function `fn(a, b, out, alpha, beta)` that launches what `plan` (from
+        `plan_for`) launches, taking the caller's own tensors: (M, K) or (L, M, K) `a`,
+        (K, N) or (L, K, N) `b` and the result `out` ((M, N) or (L, M, N)), the kernel-order
+        views formed inside the compiled host function (no torch views per call). None when
+        `plan` is not a plain launch (an epilogue beyond alpha), or when some kernel operand
+        is not exactly a mode permutation of the caller's tensor (plus, for a 2-D tensor, a
+        batch mode of extent 1): such calls keep `plan`.
+
+        Post-condition: for tensors with the signature of the recorded call, `fn` launches the
+        kernel on operands with the recorded extents and strides (`CallerOrderLaunch.views`),
+        except the batch stride of an extent-1 batch, which nothing dereferences.
+        """
+        info = getattr(plan, "kernel_operands", None)
+        if info is None or not tvm_ffi_available():
+            return None
+        config, spec, swap, operands = info
+        if spec.fused:
+            return None
+        callers = (a, b, out)
+        modes = []
+        for src, (shape, stride, ptr) in zip((1, 0, 2) if swap else (0, 1, 2), operands):
+            t = callers[src]
+            found = _caller_modes(shape, stride, t) if t.data_ptr() == ptr else None
+            if found is None:
+                return None
+            modes.append((src, *found))
+        modes = tuple(modes)
+        leads = [None, None, None]
+        for (src, rows, cols, _), (_, stride, _) in zip(modes, operands):
+            leads[src] = rows if stride[0] == 1 else cols  # the view's leading mode (`_leading`)
+        fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
+        ncl = max_active_clusters(config.cluster_m * config.cluster_n) if self.persistent else 65535
+        key = (self.name, "caller_order", config, spec, tuple(str(t.dtype) for t in callers),
+               tuple(t.dim() for t in callers), modes, tuple(leads), ncl)
+        fn = _compiled.get(key)
+        if fn is None:
+            from cute_kernels.runtime import TVM_FFI_OPTION, fake_stream, fake_tensor
+
+            kern = self.kernel_cls(config, epilogue_spec=spec) if fuses else self.kernel_cls(config)
+            args = tuple(fake_tensor(t.dtype, t.dim(), leading_dim=lead) for t, lead in zip(callers, leads))
+            fn = _compiled[key] = compile_kernel(
+                CallerOrderLaunch(kern, modes, fuses), *args, cutlass.Float32(1.0), cutlass.Float32(0.0), ncl,
+                fake_stream(tvm_ffi_env_stream=True), key=key, options=TVM_FFI_OPTION)
+        return fn
 
 
 def _direct_plan(fn, fuses: bool, A, B, C, Csrc, given: tuple, dummy):
@@ -540,6 +593,77 @@ def _direct_plan(fn, fuses: bool, A, B, C, Csrc, given: tuple, dummy):
         fn(a.as_strided(sA, tA), b.as_strided(sB, tB), C, Cs, bias, scale_a, scale_b, float(alpha), float(beta))
 
     return plan
+
+
+def _caller_modes(shape, stride, t):
+    """(rows, cols, batch): the modes of `t` (2-D or 3-D) with the extents and strides of a
+    kernel-order view of `shape` and `stride`, batch None for a 2-D `t` (the view's batch
+    extent must then be 1; its stride is free). None when `t` has no such modes."""
+    ts, tt = t.shape, t.stride()
+    rank = len(ts)
+    if rank == 2 and shape[2] != 1:
+        return None
+    for rows in range(rank):
+        if ts[rows] != shape[0] or tt[rows] != stride[0]:
+            continue
+        for cols in range(rank):
+            if cols == rows or ts[cols] != shape[1] or tt[cols] != stride[1]:
+                continue
+            if rank == 2:
+                return rows, cols, None
+            batch = 3 - rows - cols
+            if ts[batch] == shape[2] and tt[batch] == stride[2]:
+                return rows, cols, batch
+    return None
+
+
+def _kernel_views(tensors, modes):
+    """Kernel-order DSL views (rows, cols, batch) of the caller's DSL tensors (traced code)."""
+    views = []
+    for src, rows, cols, batch in modes:
+        t = tensors[src]
+        shape = (t.shape[rows], t.shape[cols], 1 if batch is None else t.shape[batch])
+        stride = (t.stride[rows], t.stride[cols], 0 if batch is None else t.stride[batch])
+        views.append(cute.make_tensor(t.iterator, cute.make_layout(shape, stride=stride)))
+    return views
+
+
+class CallerOrderLaunch:
+    """A GEMM launch compiled to take the caller's tensors (a, b, out) in their own order.
+
+    modes: for the kernel's A, B, C in turn, (source, rows, cols, batch): which caller tensor
+    (0: a, 1: b, 2: out) and which of its modes become the kernel-order (rows, cols, batch)
+    view; batch None for a 2-D tensor, whose view gets a static batch of extent 1. The host
+    function forms the views and, for kernels that fuse the epilogue, passes C as c_src and a
+    one-element fp32 view of C's storage as bias and scales (a plain epilogue reads none of
+    them), then runs `kern`'s own host code. So the kernel is the same kernel, with one launch
+    argument per caller tensor and no torch views made per call.
+    """
+
+    def __init__(self, kern, modes: tuple, fuses: bool):
+        self.kern, self.modes, self.fuses = kern, modes, fuses
+
+    def views(self, a, b, out):
+        """The kernel-order torch views (A, B, C) the compiled function forms from these
+        tensors (an extent-1 batch of a 2-D tensor gets stride 0): what tests compare with
+        the checked launch."""
+        callers, views = (a, b, out), []
+        for src, rows, cols, batch in self.modes:
+            t = callers[src]
+            shape = (t.shape[rows], t.shape[cols], 1 if batch is None else t.shape[batch])
+            stride = (t.stride(rows), t.stride(cols), 0 if batch is None else t.stride(batch))
+            views.append(t.as_strided(shape, stride))
+        return tuple(views)
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
+                 max_active_clusters: cutlass.Constexpr, stream):
+        A, B, C = _kernel_views((a, b, c), self.modes)
+        if cutlass.const_expr(self.fuses):
+            one = cute.make_tensor(cute.recast_ptr(C.iterator, dtype=cutlass.Float32), cute.make_layout(1))
+            self.kern(A, B, C, C, one, one, one, alpha, beta, max_active_clusters, stream)
+        else:
+            self.kern(A, B, C, alpha, max_active_clusters, stream)
 
 
 def fake_gemm_args(in_dtype: str = "bf16", out_dtype: str = "bf16", a_major: str = "K", b_major: str = "K",

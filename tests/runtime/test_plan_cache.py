@@ -28,10 +28,11 @@ class Compiler:
     """Stands in for `compile_kernel`: its compiled function records each launch's arguments."""
 
     def __init__(self):
-        self.builds, self.launches = [], []
+        self.builds, self.launches, self.jit_fns = [], [], []
 
     def __call__(self, jit_fn, *args, key, options=None):
         self.builds.append(key)
+        self.jit_fns.append(jit_fn)
         return lambda *launch_args: self.launches.append(launch_args)
 
 
@@ -164,10 +165,14 @@ def test_matmul_plan_replays_the_checked_launch(gemm, monkeypatch, case):
     seen = _checks_counted(monkeypatch)
     again = api.matmul(a, b, **kwargs)
     assert seen == [], f"a warm call ran the checks: {seen}"
-    assert len(gemm.launches) == 2 and len(gemm.builds) == 1
     # the result is a fresh tensor like the checked call's: the launches differ only in where C is
     assert (again.shape, again.stride(), again.dtype) == (first.shape, first.stride(), first.dtype)
+    assert len(gemm.launches) == 2
     l0, l1 = gemm.launches
+    if "c" not in kwargs and case != "batched a, broadcast b":
+        _same_kernel_operands(gemm, l0, l1, a, b, again, alpha=float(kwargs.get("alpha", 1.0)))
+        return
+    assert len(gemm.builds) == 1  # a broadcast operand or an epilogue: the rung's plan replays
     assert _desc(l1[2])[:4] == _desc(l0[2])[:4] and l1[2].data_ptr() == again.data_ptr()
     no_c = "c" not in kwargs
     rest = [i for i in range(len(l0)) if i != 2 and not (i == 3 and no_c)]
@@ -178,6 +183,24 @@ def test_matmul_plan_replays_the_checked_launch(gemm, monkeypatch, case):
     swapped = case.startswith("skinny")
     assert l1[0].data_ptr() == (b if swapped else a).data_ptr()
     assert l1[1].data_ptr() == (a if swapped else b).data_ptr()
+
+
+def _same_kernel_operands(gemm, l0, l1, a, b, out, alpha):
+    """The warm launch `l1` went to a caller-order build that takes (a, b, out, alpha, beta)
+    as they are, and the views it forms are the kernel operands of the checked launch `l0`
+    (extents, strides, storage; the stride of an extent-1 batch is never dereferenced)."""
+    from cute_kernels.gemm.sm90_rung import CallerOrderLaunch
+
+    assert len(gemm.builds) == 2 and isinstance(gemm.jit_fns[1], CallerOrderLaunch)
+    assert gemm.builds[1][1] == "caller_order" and gemm.builds[1][2] == gemm.builds[0][1]  # same config
+    assert l1[0] is a and l1[1] is b and l1[2] is out and l1[3:] == (alpha, 0.0)
+    assert l0[7:] == (alpha, 0.0) and l0[3] is l0[2]  # the checked launch: same scalars, no c
+    views = gemm.jit_fns[1].views(a, b, out)
+    for view, operand in zip(views, l0[:3]):
+        assert view.shape == operand.shape and view.stride()[:2] == operand.stride()[:2]
+        assert view.shape[2] == 1 or view.stride(2) == operand.stride(2)
+    assert [v.data_ptr() for v in views[:2]] == [t.data_ptr() for t in l0[:2]]
+    assert views[2].data_ptr() == out.data_ptr()
 
 
 def test_matmul_signature_changes_take_the_checked_path(gemm, monkeypatch):
@@ -229,7 +252,10 @@ def test_parameters_are_detached_in_a_plan(gemm):
     api.matmul(x, w.T)
     for launch in gemm.launches:
         assert not launch[1].requires_grad and launch[1].data_ptr() == w.data_ptr()
-    _same_launch([gemm.launches[0][i] for i in (0, 1, 4, 5, 6)], [gemm.launches[1][i] for i in (0, 1, 4, 5, 6)])
+    l0, l1 = gemm.launches
+    assert l1[0] is x and not l1[1].requires_grad and _desc(l1[1])[:5] == _desc(w.T)[:5]
+    view = gemm.jit_fns[1].views(*l1[:3])[1]  # the caller-order build's B: the checked launch's
+    assert (view.shape, view.stride()[:2], view.data_ptr()) == (l0[1].shape, l0[1].stride()[:2], l0[1].data_ptr())
     with torch.no_grad():  # views made under no_grad do not require grad; the caller's w does
         api.matmul(x, w.T)
         api.matmul(x, w.T)
