@@ -1,7 +1,7 @@
 """Rung `sm90_flash`: FlashAttention-3's forward pass with Hopper's TMA and warpgroup MMA.
 
 A CTA owns 128 query rows of one (batch, head) and is three warpgroups (`hopper.warp_roles`;
-with `consumer_warpgroups=3`, 192 rows and four):
+with `consumer_warpgroups=3`, `config_for`'s choice up to D = 64, 192 rows and four):
 
     producer   warpgroup 0 gives registers back (setmaxnreg.dec); one warp TMA-loads Q once and
                K and V blocks (descending, masked blocks first, as `block_info` orders them)
@@ -10,8 +10,9 @@ with `consumer_warpgroups=3`, 192 rows and four):
                before V of block n + 1
     consumers  warpgroups 1 and 2 grow their registers (setmaxnreg.inc); each owns 64 rows:
                S = Q K^T by wgmma SS, mask, online softmax in registers (`sm90_softmax`: base 2,
-               scale folded in, fp32 statistics), P converted to 16 bits in registers and
-               O += P V by wgmma RS (P re-viewed as the A operand, `sm90_layouts.p_as_a_layout`)
+               scale folded in, fp32 statistics), P converted to 16 bits in registers (two
+               values per instruction, `sm90_softmax.to_16bit`) and O += P V by wgmma RS (P
+               re-viewed as the A operand, `sm90_layouts.p_as_a_layout`)
 
 The consumer loop overlaps within a warpgroup: block n's S = Q K_n is issued together with
 block n+1's O += P V (the previous block, visited before it), softmax of S_n runs while the
@@ -23,15 +24,31 @@ Epilogue: O /= l, converted, written with stmatrix into Q's buffer (each warpgro
 own rows, which only it read), then one TMA store of the tile (rows past the sequence end are
 clipped by the tensor map); LSE (natural log) by one thread of each row quad.
 
-Causal work is balanced by launching the longest Q tiles first: with `lpt` (`config_for` sets it
-for causal problems) the grid is one dimension mapped by `block_info.lpt_tile` (groups of heads
-whose K/V fit L2, last Q block first within a group); otherwise m_block is reversed along grid x.
+Masks (`mask`, `block_info`): with `causal` the upper diagonal j <= i + causal_offset, with
+`local` (a sliding window's left bound) also j >= i + offset_lo; both offsets are runtime
+Int32s (`problem_checks.launch_scalars` / `window_scalars`), so one kernel serves every
+alignment, window and length. A Q block visits K/V blocks [n_block_min, n_block_max), highest
+first; without `local` n_block_min = 0 and only the blocks from n_unmasked_end up are masked,
+with it every visited block is. An empty range (rows that see no key) writes O = 0, LSE = -inf.
 
-Measured on an H200 (bf16, N(0,1), same run, beside cuDNN SDPA; ms before -> after the K-first
-load order, the longest-first causal grid and D=256's 80-key blocks): B4 H32 S2048 D128
-0.500 -> 0.460, causal 0.294 -> 0.281; B2 H16 S8192 D128 1.908 -> 1.720, causal 0.995 -> 0.953;
-B8 H16 S2048 D64 0.338 -> 0.340, causal 0.202 -> 0.201; B2 H16 S4096 D256 1.009 -> 0.820,
-causal 0.561 -> 0.470 (cuDNN 0.452, 0.283, 1.749, 1.006, 0.304, 0.185, 0.860, 0.502).
+Causal work is balanced by launching the longest Q tiles first: with `lpt` (`config_for` sets it
+for causal problems without a left window bound) the grid is one dimension mapped by
+`block_info.lpt_tile` (groups of heads whose K/V fit L2, last Q block first within a group);
+otherwise m_block is reversed along grid x.
+
+Measured on an H200 (bf16, N(0,1), do_bench medians, FlashAttention-4 4.0.0b36 and cuDNN SDPA
+in the same process; ms ours / FA4 / cuDNN): B4 H32 S2048 D128 0.447 / 0.434 / 0.448, causal
+0.274 / 0.263 / 0.284; B2 H16 S8192 D128 1.671 / 1.611 / 1.766, causal 0.905 / 0.887 / 1.042;
+B8 H16 S2048 D64 0.300 / 0.281 / 0.305, causal 0.197 / 0.182 / 0.184; B2 H16 S4096 D256
+0.754 / 0.765 / 0.873, causal 0.438 / 0.444 / 0.533: geomean 0.97x FA4 and 1.07x cuDNN (a
+second run of the same code: 0.95x and 1.06x; S8192 D128 drifts most, 0.90x to 0.96x). The
+previous state was 0.90x and 0.95x: converting P two values per instruction took D = 256 from
+0.85x to 1.01x FA4 (its 80-column rows went one value at a time plus a byte permute), and the
+192 x 128 tile with three consumers took D = 64 from 0.82x to 0.94x (causal 0.88x to 0.92x,
+same run). Measured slower on these cases and left off by `config_for`: rescale_threshold 8
+(3-6%), rescale_early (up to 7%, neutral at D = 64), exp2_poly 1 (10%: the consumers are
+issue-bound, not MUFU-bound), 3 K/V stages, block_n 176 up to D = 128 and 64 at D = 256, and
+no ping-pong at D = 256.
 
 Layouts come from `cute_kernels.layouts` (GMMA smem atoms via `hopper.smem_layouts`, the
 register views via `sm90_layouts`) and are converted with `runtime.to_cute` while tracing.
@@ -53,10 +70,10 @@ from cute_kernels.hopper import pipeline as hpipe
 from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP, WarpRoles
 
 from . import block_info
-from .problem_checks import common_reason, launch_scalars
+from .problem_checks import common_reason, launch_scalars, mask_flags, window_scalars
 from .softmax import LOG2_E
 from .sm90_layouts import FlashSm90Config, config_for
-from .sm90_softmax import Sm90Softmax, acc_as_a, acc_mn_view, mask_scores
+from .sm90_softmax import Sm90Softmax, acc_as_a, acc_mn_view, mask_scores, to_16bit
 
 __all__ = ["FlashAttentionSm90", "FlashSm90Config", "config_for", "RUNG", "build_variant"]
 
@@ -95,9 +112,10 @@ class FlashAttentionSm90:
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, qhead_per_kvhead: cutlass.Int32,
-                 stream):
-        """Launch over (q tiles, heads, batch)."""
+                 softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
+                 qhead_per_kvhead: cutlass.Int32, stream):
+        """Launch over (q tiles, heads, batch). Row i sees keys j <= i + causal_offset (with
+        `causal`) and j >= i + offset_lo (with `local`; ignored otherwise)."""
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
         # (B, H, S, D) -> (S, D, H, B): a TMA box is a (rows, D) slab of one (head, batch), and the
@@ -135,7 +153,7 @@ class FlashAttentionSm90:
         if cutlass.const_expr(c.lpt):
             grid = (cute.ceil_div(mQ.shape[0], bm) * mQ.shape[2] * mQ.shape[3], 1, 1)
         self.kernel(tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, mLSE, softmax_scale * LOG2_E, causal_offset,
-                    qhead_per_kvhead, smem_q_layout, smem_kv_layout, tiled_mma_qk, tiled_mma_qk0, tiled_mma_pv,
+                    offset_lo, qhead_per_kvhead, smem_q_layout, smem_kv_layout, tiled_mma_qk, tiled_mma_qk0, tiled_mma_pv,
                     SharedStorage).launch(grid=grid, block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # ---- device side ---------------------------------------------------------------------------
@@ -143,8 +161,8 @@ class FlashAttentionSm90:
     @cute.kernel
     def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
                tma_v: cute.CopyAtom, mV: cute.Tensor, tma_o: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor,
-               scale_log2: cutlass.Float32, causal_offset: cutlass.Int32, qhead_per_kvhead: cutlass.Int32,
-               smem_q_layout: cute.ComposedLayout, smem_kv_layout: cute.ComposedLayout,
+               scale_log2: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
+               qhead_per_kvhead: cutlass.Int32, smem_q_layout: cute.ComposedLayout, smem_kv_layout: cute.ComposedLayout,
                tiled_mma_qk: cute.TiledMma, tiled_mma_qk0: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                SharedStorage: cutlass.Constexpr):
         c = self.config
@@ -184,6 +202,12 @@ class FlashAttentionSm90:
         n_block_max, n_unmasked_end = block_info.n_block_range(
             m_block, seqlen_q, seqlen_k, causal_offset, block_m=bm, block_n=bn, causal=c.causal,
             minimum=cutlass.min, maximum=cutlass.max)
+        # With a left window bound the blocks below the first row's first key are skipped and
+        # every visited one is masked: [n_block_min, n_block_max), possibly empty.
+        n_block_min = block_info.n_block_min(m_block, offset_lo, block_m=bm, block_n=bn, local=c.local,
+                                             maximum=cutlass.max)
+        if cutlass.const_expr(c.local):
+            n_unmasked_end = n_block_min
         cute.arch.sync_threads()  # the mbarrier inits are visible to every warp
 
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
@@ -193,27 +217,31 @@ class FlashAttentionSm90:
                 gQ = cute.local_tile(mQ[None, None, head, batch], (bm, d), (m_block, 0))
                 gK = cute.local_tile(mK[None, None, kv_head, batch], (bn, d), (None, 0))
                 gV = cute.local_tile(mV[None, None, kv_head, batch], (bn, d), (None, 0))
-                self.produce(tma_q, gQ, sQ, tma_k, gK, sK, tma_v, gV, sV, pipe_q, pipe_k, pipe_v, n_block_max)
+                self.produce(tma_q, gQ, sQ, tma_k, gK, sK, tma_v, gV, sV, pipe_q, pipe_k, pipe_v, n_block_min,
+                             n_block_max)
         else:
             self.roles.become_consumer()
             wg = warpgroup_idx - 1
             gO = cute.local_tile(mO[None, None, head, batch], (bm, d), (m_block, 0))
             self.consume(tiled_mma_qk, tiled_mma_qk0, tiled_mma_pv, sQ, sK, sV, pipe_q, pipe_k, pipe_v, tma_o, gO,
-                         mLSE[None, head, batch], scale_log2, causal_offset, m_block, seqlen_q, seqlen_k,
-                         n_block_max, n_unmasked_end, tidx - THREADS_PER_WARPGROUP, warp_idx, wg)
+                         mLSE[None, head, batch], scale_log2, causal_offset, offset_lo, m_block, seqlen_q,
+                         seqlen_k, n_block_min, n_block_max, n_unmasked_end, tidx - THREADS_PER_WARPGROUP, warp_idx,
+                         wg)
 
     @cute.jit
     def produce(self, tma_q, gQ, sQ, tma_k, gK, sK, tma_v, gV, sV, pipe_q, pipe_k, pipe_v,
-                n_block_max: cutlass.Int32):
-        """Producer warp: Q once, then K[n], V[n] for n = n_block_max - 1 down to 0; with `k_lead`
-        in the consumers' order of use: K[n_block_max - 1], Q, then K[n - 1] before V[n]."""
+                n_block_min: cutlass.Int32, n_block_max: cutlass.Int32):
+        """Producer warp: Q once, then K[n], V[n] for n = n_block_max - 1 down to n_block_min; with
+        `k_lead` in the consumers' order of use: K[n_block_max - 1], Q, then K[n - 1] before V[n].
+        Nothing when the range is empty (the consumers then skip their main loop)."""
         tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
                                            cute.group_modes(gQ, 0, 2))
         tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                                            cute.group_modes(gV, 0, 2))
-        if n_block_max > 0 and cutlass.const_expr(self.config.k_lead):
+        n_blocks = n_block_max - n_block_min
+        if n_blocks > 0 and cutlass.const_expr(self.config.k_lead):
             k_state = hpipe.producer_state(self.config.stages)
             v_state = hpipe.producer_state(self.config.stages)
             pipe_k.producer_acquire(k_state)
@@ -223,7 +251,7 @@ class FlashAttentionSm90:
             q_state = hpipe.producer_state(1)
             pipe_q.producer_acquire(q_state)
             cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-            for i in cutlass.range(n_block_max - 1, unroll=1):
+            for i in cutlass.range(n_blocks - 1, unroll=1):
                 n = n_block_max - 2 - i
                 pipe_k.producer_acquire(k_state)
                 cute.copy(tma_k, tKgK[None, n], tKsK[None, k_state.index],
@@ -234,17 +262,18 @@ class FlashAttentionSm90:
                           tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
                 v_state.advance()
             pipe_v.producer_acquire(v_state)
-            cute.copy(tma_v, tVgV[None, 0], tVsV[None, v_state.index], tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
+            cute.copy(tma_v, tVgV[None, n_block_min], tVsV[None, v_state.index],
+                      tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
             v_state.advance()
             pipe_k.producer_tail(k_state)
             pipe_v.producer_tail(v_state)
-        if n_block_max > 0 and cutlass.const_expr(not self.config.k_lead):
+        if n_blocks > 0 and cutlass.const_expr(not self.config.k_lead):
             q_state = hpipe.producer_state(1)
             pipe_q.producer_acquire(q_state)
             cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
             k_state = hpipe.producer_state(self.config.stages)
             v_state = hpipe.producer_state(self.config.stages)
-            for i in cutlass.range(n_block_max, unroll=1):
+            for i in cutlass.range(n_blocks, unroll=1):
                 n = n_block_max - 1 - i
                 pipe_k.producer_acquire(k_state)
                 cute.copy(tma_k, tKgK[None, n], tKsK[None, k_state.index],
@@ -260,7 +289,8 @@ class FlashAttentionSm90:
     @cute.jit
     def consume(self, tiled_mma_qk: cute.TiledMma, tiled_mma_qk0: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                 sQ, sK, sV, pipe_q, pipe_k, pipe_v, tma_o, gO, gLSE, scale_log2: cutlass.Float32,
-                causal_offset: cutlass.Int32, m_block: cutlass.Int32, seqlen_q: cutlass.Int32, seqlen_k: cutlass.Int32,
+                causal_offset: cutlass.Int32, offset_lo: cutlass.Int32, m_block: cutlass.Int32,
+                seqlen_q: cutlass.Int32, seqlen_k: cutlass.Int32, n_block_min: cutlass.Int32,
                 n_block_max: cutlass.Int32, n_unmasked_end: cutlass.Int32, ctidx: cutlass.Int32,
                 warp_idx: cutlass.Int32, wg: cutlass.Int32):
         """Consumer warpgroup `wg` (0 .. consumer_warpgroups - 1, rows 64 wg .. 64 wg + 63 of the tile)."""
@@ -289,7 +319,7 @@ class FlashAttentionSm90:
         acc_s_mn, acc_o_mn = acc_mn_view(acc_s), acc_mn_view(acc_o)
         # Tile-local (row, col) of each score this thread holds, for the mask and the LSE rows.
         coord_s = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((bm, bn))))
-        softmax = Sm90Softmax(2, scale_log2)
+        softmax = Sm90Softmax(2, scale_log2, c.rescale_threshold, c.exp2_poly)
         row_scale = cute.make_rmem_tensor((2,), cutlass.Float32)
         turn = [pipeline.NamedBarrier(barrier_id=_TURN_BARRIER + i, num_threads=_TURN_THREADS)
                 for i in range(c.consumer_warpgroups)]
@@ -298,10 +328,10 @@ class FlashAttentionSm90:
         stmatrix = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         thr_r2s = cute.make_tiled_copy_C(stmatrix, tiled_mma_pv).get_slice(ctidx)
 
-        if n_block_max > 0:
+        if n_block_max > n_block_min:
             self.mainloop((tiled_mma_qk0, tiled_mma_qk), tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_s, acc_o, r_p, t_p,
                           acc_s_mn, acc_o_mn, coord_s, softmax, row_scale, pipe_q, pipe_k, pipe_v, turn, wg, row_base,
-                          seqlen_k, causal_offset, n_block_max, n_unmasked_end)
+                          seqlen_k, causal_offset, offset_lo, n_block_min, n_block_max, n_unmasked_end)
 
         # ---- epilogue
         lse = cute.make_rmem_tensor((2,), cutlass.Float32)
@@ -317,9 +347,10 @@ class FlashAttentionSm90:
     def mainloop(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_s, acc_o, r_p, t_p, acc_s_mn, acc_o_mn,
                  coord_s, softmax: Sm90Softmax, row_scale, pipe_q, pipe_k, pipe_v, turn, wg: cutlass.Int32,
                  row_base: cutlass.Int32, seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32,
-                 n_block_max: cutlass.Int32, n_unmasked_end: cutlass.Int32):
-        """Every K/V block of this tile (n_block_max > 0): the first alone, then the overlapped steps,
-        then the last block's P V."""
+                 offset_lo: cutlass.Int32, n_block_min: cutlass.Int32, n_block_max: cutlass.Int32,
+                 n_unmasked_end: cutlass.Int32):
+        """Every K/V block of this tile (n_block_max > n_block_min): the first alone, then the
+        overlapped steps, then the last block's P V."""
         c = self.config
         bn = c.block_n
         k_state = hpipe.consumer_state(c.stages)
@@ -335,25 +366,29 @@ class FlashAttentionSm90:
         self.wait_turn(turn, wg)
         pipe_k.consumer_wait(k_state)
         self.gemm_qk(tiled_mma_qk, acc_s, tSrQ, tSrK, k_state.index)
-        self.pass_turn(turn, wg, n_block_max > 1)
+        self.pass_turn(turn, wg, n_block_max - n_block_min > 1)
         wgmma.wait_group(0)
         pipe_k.consumer_release(k_state)
         k_state.advance()
-        mask_scores(acc_s_mn, coord_s, row_base, n_first * bn, seqlen_k, causal_offset, c.causal)
-        softmax.update(acc_s_mn, row_scale)
-        r_p.store(acc_s.load().to(self.dtype))
+        mask_scores(acc_s_mn, coord_s, row_base, n_first * bn, seqlen_k, causal_offset, c.causal, offset_lo, c.local)
+        softmax.update(acc_s_mn, row_scale)  # O is still 0: nothing to rescale
+        if cutlass.const_expr(c.rescale_early):
+            row_scale.fill(1.0)  # what the first step applies to O (still 0)
+        to_16bit(acc_s, r_p)
 
         # ---- the rest, descending: one loop, the mask applied while n is past n_unmasked_end (one
         # loop body, not a masked and an unmasked copy: with two, ptxas kept more accumulator
         # copies live than setmaxnreg's 240 registers allow and serialized the wgmma)
-        for i in cutlass.range(n_first, unroll=1):
+        for i in cutlass.range(n_first - n_block_min, unroll=1):
             n = n_first - 1 - i
-            k_state, v_state = self.step(n, n >= n_unmasked_end, n > 0, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK,
-                                         tOrVt, acc_s, acc_o, r_p, t_p, acc_s_mn, acc_o_mn, coord_s, softmax,
+            k_state, v_state = self.step(n, n >= n_unmasked_end, n > n_block_min, tiled_mma_qk, tiled_mma_pv, tSrQ,
+                                         tSrK, tOrVt, acc_s, acc_o, r_p, t_p, acc_s_mn, acc_o_mn, coord_s, softmax,
                                          row_scale, pipe_k, pipe_v, k_state, v_state, turn, wg, row_base, seqlen_k,
-                                         causal_offset)
+                                         causal_offset, offset_lo)
 
         # ---- the last block's O += P V
+        if cutlass.const_expr(c.rescale_early):
+            softmax.rescale(acc_o_mn, row_scale)
         pipe_v.consumer_wait(v_state)
         self.gemm_pv(tiled_mma_pv, acc_o, t_p, tOrVt, v_state.index)
         wgmma.wait_group(0)
@@ -364,15 +399,19 @@ class FlashAttentionSm90:
     def step(self, n: cutlass.Int32, masked: cutlass.Boolean, more: cutlass.Boolean, tiled_mma_qk, tiled_mma_pv,
              tSrQ, tSrK, tOrVt, acc_s, acc_o, r_p, t_p, acc_s_mn, acc_o_mn, coord_s, softmax: Sm90Softmax,
              row_scale, pipe_k, pipe_v, k_state, v_state, turn, wg: cutlass.Int32, row_base: cutlass.Int32,
-             seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32):
+             seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32):
         """Block n: issue S = Q K_n and O += P V of the previous block together; softmax of S_n
-        under the P V GEMM; O rescaled and P overwritten once that GEMM retired. `more`: a block
-        follows (the ping-pong turn is passed only to a warpgroup that will take it). Returns the
-        advanced pipeline states (loop-carried by the caller)."""
+        under the P V GEMM; O rescaled and P overwritten once that GEMM retired (with
+        `rescale_early`, O is rescaled by the previous block's factors between issuing the two
+        GEMMs instead, under S's). `more`: a block follows (the ping-pong turn is passed only to
+        a warpgroup that will take it). Returns the advanced pipeline states (loop-carried by
+        the caller)."""
         c = self.config
         self.wait_turn(turn, wg)
         pipe_k.consumer_wait(k_state)
         self.gemm_qk(tiled_mma_qk, acc_s, tSrQ, tSrK, k_state.index)
+        if cutlass.const_expr(c.rescale_early):
+            softmax.rescale(acc_o_mn, row_scale)  # the previous block's factors, under S's GEMM
         pipe_v.consumer_wait(v_state)
         self.gemm_pv(tiled_mma_pv, acc_o, t_p, tOrVt, v_state.index)
         self.pass_turn(turn, wg, more)
@@ -380,13 +419,15 @@ class FlashAttentionSm90:
         pipe_k.consumer_release(k_state)
         k_state.advance()
         if masked:
-            mask_scores(acc_s_mn, coord_s, row_base, n * c.block_n, seqlen_k, causal_offset, c.causal)
+            mask_scores(acc_s_mn, coord_s, row_base, n * c.block_n, seqlen_k, causal_offset, c.causal, offset_lo,
+                        c.local)
         softmax.update(acc_s_mn, row_scale)
         wgmma.wait_group(0)  # P V retired: O and P are free
         pipe_v.consumer_release(v_state)
         v_state.advance()
-        softmax.rescale(acc_o_mn, row_scale)
-        r_p.store(acc_s.load().to(self.dtype))
+        if cutlass.const_expr(not c.rescale_early):
+            softmax.rescale(acc_o_mn, row_scale)
+        to_16bit(acc_s, r_p)
         return k_state, v_state
 
     @cute.jit
@@ -433,7 +474,7 @@ class FlashAttentionSm90:
         """O (normalized) -> 16 bits -> stmatrix into sO (Q's buffer: each warpgroup writes only
         the rows it alone read) -> one TMA store of the tile."""
         r_o = cute.make_rmem_tensor(acc_o.layout, self.dtype)
-        r_o.store(acc_o.load().to(self.dtype))
+        to_16bit(acc_o, r_o)
         cute.copy(stmatrix, thr_r2s.retile(r_o), thr_r2s.partition_D(sO))
         cute.arch.fence_proxy("async.shared", space="cta")
         pipeline.NamedBarrier(barrier_id=_EPILOGUE_BARRIER,
@@ -449,19 +490,20 @@ class FlashAttentionSm90:
 # ---- compile-only variants ------------------------------------------------------------------------
 
 
-def build_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False, **tile):
+def build_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False, local: bool = False, **tile):
     """A CompileJob for `sm90_flash` over fake (B, H, S, D) tensors with symbolic sizes; `tile`
-    (block_n, stages, pingpong, producer_regs, consumer_regs) overrides `config_for`."""
+    (block_n, stages, pingpong, producer_regs, consumer_regs, ...) overrides `config_for`."""
     from dataclasses import replace
 
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
-    config = replace(config_for(head_dim, dtype, causal), **tile).validate()
+    config = replace(config_for(head_dim, dtype, causal, local), **tile).validate()
     t = _CUTLASS[dtype]
     # TMA needs 16-byte aligned strides: the rung checks it, the fake tensors state it.
     qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16, stride_divisibility=8) for _ in range(4)]
     lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
-    args = (*qkvo, lse, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(0), cutlass.Int32(1), fake_stream())
+    args = (*qkvo, lse, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1),
+            fake_stream())
     return CompileJob(FlashAttentionSm90(config), args, ("attention.sm90_flash", config))
 
 
@@ -480,7 +522,12 @@ VARIANT_CONFIGS["d128_bfloat16_causal_no_pingpong"] = {"head_dim": 128, "dtype":
 # batch): the baseline `k_lead` and `lpt` were measured against.
 VARIANT_CONFIGS["d128_bfloat16_causal_kv_pairs"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True,
                                                      "k_lead": False, "lpt": False}
-# Three consumer warpgroups (192-row tiles, FA3's shape for D = 64) within 160 registers each.
+# Sliding windows: the left bound tested too (every visited block masked), with and without causality.
+VARIANT_CONFIGS["d128_bfloat16_local"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True, "local": True}
+VARIANT_CONFIGS["d64_float16_local_left_only"] = {"head_dim": 64, "dtype": "float16", "local": True}
+VARIANT_CONFIGS["d256_bfloat16_causal_local"] = {"head_dim": 256, "dtype": "bfloat16", "causal": True, "local": True}
+# Three consumer warpgroups (192-row tiles) within 160 registers each, on 80-key blocks (`config_for`'s
+# D = 64 tile is 192 x 128).
 VARIANT_CONFIGS["d64_bfloat16_causal_3wg"] = {"head_dim": 64, "dtype": "bfloat16", "causal": True,
                                               "consumer_warpgroups": 3, "producer_regs": 32, "consumer_regs": 160,
                                               "block_n": 80}
@@ -525,8 +572,6 @@ class Sm90FlashRung:
         why = common_reason(problem, self.dtypes)
         if why is not None:
             return why
-        if getattr(problem, "window_left", None) is not None:
-            return "sliding windows are not implemented in sm90_flash yet"
         for name, t in (("q", q), ("k", k), ("v", v)):
             if t.data_ptr() % 16:
                 return f"{name}'s data pointer is not 16-byte aligned (TMA); call .contiguous() on it"
@@ -549,7 +594,8 @@ class Sm90FlashRung:
         if fn is None:
             fn = _compile_tvm_ffi(config)
         scale, offset, group = launch_scalars(problem)
-        return lambda q, k, v, out, lse: fn(q, k, v, out, lse, scale, offset, group)
+        offset_lo, _ = window_scalars(problem)
+        return lambda q, k, v, out, lse: fn(q, k, v, out, lse, scale, offset, offset_lo, group)
 
     def __call__(self, q, k, v, out, lse, problem):
         """Write out (B, Hq, Sq, D) and lse (B, Hq, Sq) fp32 on torch's current stream.
@@ -571,10 +617,11 @@ class Sm90FlashRung:
 
         config = _config_for_problem(problem)
         scale, offset, group = launch_scalars(problem)
+        offset_lo, _ = window_scalars(problem)
         kernel = _kernel_for(config)
         tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in (q, k, v, out)]
         tensors.append(from_torch(lse, assumed_align=4, leading_dim=2))
-        args = (*tensors, cutlass.Float32(scale), cutlass.Int32(offset), cutlass.Int32(group))
+        args = (*tensors, cutlass.Float32(scale), cutlass.Int32(offset), cutlass.Int32(offset_lo), cutlass.Int32(group))
         stream = current_stream()
         compiled = compile_kernel(kernel, *args, stream, key=("attention.sm90_flash", config))
         compiled(*args, stream)
@@ -596,11 +643,13 @@ def _kernel_for(config: FlashSm90Config) -> FlashAttentionSm90:
 
 
 def _config_for_problem(problem) -> FlashSm90Config:
-    """`config_for` the problem's head dim, dtype and causality, built once per combination."""
-    key = (problem.head_dim, problem.dtype, problem.causal is not None)
+    """`config_for` the problem's head dim, dtype and mask bounds (`mask_flags`: the upper
+    diagonal, the window's lower one), built once per combination."""
+    upper, local = mask_flags(problem)
+    key = (problem.head_dim, problem.dtype, upper, local)
     config = _CONFIGS.get(key)
     if config is None:
-        config = _CONFIGS[key] = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), key[2])
+        config = _CONFIGS[key] = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), upper, local)
     return config
 
 
@@ -614,7 +663,8 @@ def _compile_tvm_ffi(config: FlashSm90Config):
     t = _CUTLASS[config.dtype]
     qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(4)]
     lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
-    fn = compile_kernel(_kernel_for(config), *qkvo, lse, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(1),
+    fn = compile_kernel(_kernel_for(config), *qkvo, lse, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0),
+                        cutlass.Int32(1),
                         fake_stream(tvm_ffi_env_stream=True), key=("attention.sm90_flash", "tvm_ffi", config),
                         options=TVM_FFI_OPTION)
     _COMPILED[config] = fn

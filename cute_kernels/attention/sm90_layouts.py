@@ -53,8 +53,21 @@ class FlashSm90Config:
     walked longest-first (`block_info.lpt_tile`: groups of heads whose K/V fit L2, last Q block
     first) rather than (Q blocks, heads, batch); consumer_warpgroups: 2 or 3 consumers of 64
     rows each (block_m = 128 or 192), taking turns in a ring when `pingpong`. Three need the
-    budgets cut to 160 (+ 32 for the producer): at D = 64 that holds block_n = 80 without
-    spills (96 and up spill), and `config_for` keeps two until a 192 x 80 tile is measured.
+    budgets cut to 160 (+ 32 for the producer): at D = 64 that holds block_n up to 128 without
+    spills since P is converted in register pairs (`sm90_softmax.to_16bit`).
+    local: a sliding window's left bound is tested too (j >= i + offset_lo, a runtime value):
+    K/V blocks below the first row's first key are skipped and every visited block is masked.
+    rescale_threshold: 0 rescales O by each block's exact max change; t > 0 keeps a row's
+    running max until a block raises it by more than t (log2 units of the scaled scores, so P
+    stays below 2^t) and skips O's rescale whenever no row of the warp moved (FA4's
+    conditional rescale: the same softmax, P merely runs against a stale max).
+    rescale_early: O is rescaled by block n + 1's factors after S_n's GEMM is issued and before
+    O += P_{n+1} V (under the tensor cores' work on S), rather than after that GEMM retired.
+    exp2_poly: of every 4 register pairs of a score row, how many (0 to 3) take their
+    exponential from a degree-3 polynomial on the FMA units (`sm90_softmax.exp2_poly`) instead
+    of the MUFU (16 results per clock and SM).
+    The last three are off in `config_for`: each measured slower on the suite's cases (the
+    `sm90_flash` docstring has the figures); they stay as tested options for other shapes.
     """
 
     head_dim: int = 128
@@ -68,6 +81,10 @@ class FlashSm90Config:
     k_lead: bool = True
     lpt: bool = False
     consumer_warpgroups: int = 2
+    local: bool = False
+    rescale_threshold: float = 0.0
+    rescale_early: bool = False
+    exp2_poly: int = 0
 
     def validate(self) -> "FlashSm90Config":
         d = self.head_dim
@@ -75,11 +92,17 @@ class FlashSm90Config:
             raise ValueError(f"FlashSm90Config.head_dim must be a multiple of 16 in [16, 256], got {d!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"FlashSm90Config.dtype must be one of {_DTYPES}, got {self.dtype!r}")
-        for name in ("causal", "pingpong", "k_lead", "lpt"):
+        for name in ("causal", "pingpong", "k_lead", "lpt", "local", "rescale_early"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FlashSm90Config.{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.block_n, int) or self.block_n % 16 or not 16 <= self.block_n <= 256:
             raise ValueError(f"FlashSm90Config.block_n must be a multiple of 16 in [16, 256], got {self.block_n!r}")
+        t = self.rescale_threshold
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t <= 15.0:
+            # P <= 2^t is converted to 16 bits: fp16's largest finite value is 65504 < 2^16.
+            raise ValueError(f"FlashSm90Config.rescale_threshold must be a number in [0, 15], got {t!r}")
+        if isinstance(self.exp2_poly, bool) or self.exp2_poly not in (0, 1, 2, 3):
+            raise ValueError(f"FlashSm90Config.exp2_poly must be 0, 1, 2 or 3 (pairs of every 4), got {self.exp2_poly!r}")
         if self.stages not in (1, 2, 3, 4):
             raise ValueError(f"FlashSm90Config.stages must be 1 to 4, got {self.stages!r}")
         if self.consumer_warpgroups not in (2, 3):
@@ -131,18 +154,27 @@ class FlashSm90Config:
         return 2 * self.block_n * self.head_dim
 
 
-def config_for(head_dim: int, dtype: str, causal: bool) -> FlashSm90Config:
-    """The tile for a head dim: 128 x 128 up to D = 128 (FA3's causal tile), 128 x 96 for D up to
-    192 and 128 x 80 above (shared memory: Q plus two slots of K and V must fit 227 KiB, and the
-    registers S + O + P must leave room in the consumers' 240). Causal problems launch
-    longest-first (`lpt`)."""
-    if head_dim <= 128:
+def config_for(head_dim: int, dtype: str, causal: bool, local: bool = False) -> FlashSm90Config:
+    """The tile for a head dim: 192 x 128 with three consumer warpgroups of 160 registers up to
+    D = 64 (FA3's tile; measured 0.94x FA4 against 0.81x for 128 x 128 at B8 H16 S2048), 128 x
+    128 up to D = 128, 128 x 96 up to 192 and 128 x 80 above (shared memory: Q plus two slots of
+    K and V must fit 227 KiB, and the registers S + O + P must leave room in the consumers'
+    240). `causal`: the upper diagonal is
+    tested (`problem_checks.mask_flags`); `local`: the window's lower one too. Causal problems
+    without a left bound launch longest-first (`lpt`); with one, every Q block's work is about
+    the window's width, so the plain grid serves."""
+    roles = {}
+    if head_dim <= 64:
+        block_n = 128
+        roles = {"consumer_warpgroups": 3, "producer_regs": 32, "consumer_regs": 160}
+    elif head_dim <= 128:
         block_n = 128
     elif head_dim <= 192:
         block_n = 96
     else:
         block_n = 80
-    return FlashSm90Config(head_dim=head_dim, dtype=dtype, causal=causal, block_n=block_n, lpt=causal).validate()
+    return FlashSm90Config(head_dim=head_dim, dtype=dtype, causal=causal, block_n=block_n, lpt=causal and not local,
+                           local=local, **roles).validate()
 
 
 def num_m_blocks(seqlen_q: int, block_m: int = BLOCK_M) -> int:

@@ -16,7 +16,8 @@ def _variants():
     return list(VARIANT_CONFIGS)
 
 
-@pytest.mark.parametrize("config", ["d64_float16_causal", "d128_bfloat16_causal", "d256_bfloat16_causal"])
+@pytest.mark.parametrize("config", ["d64_float16_causal", "d128_bfloat16_causal", "d256_bfloat16_causal",
+                                    "d128_bfloat16_local", "d256_bfloat16_causal_local"])
 def test_variant_uses_wgmma_tma_setmaxnreg_without_spills(config):
     from cute_kernels.runtime import check_variant, compile_variant, get_variant
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cute_kernels.attention.sm90_layouts import (BLOCK_M, HEAD_DIMS, SMEM_LIMIT, FlashSm90Config,
+from cute_kernels.attention.sm90_layouts import (HEAD_DIMS, SMEM_LIMIT, FlashSm90Config,
                                                  accumulator_value_layout, config_for, derive_p_as_a,
                                                  mn_view_layout, num_m_blocks, p_as_a_layout)
 from cute_kernels.layouts import Layout
@@ -68,11 +68,14 @@ def test_mn_view_orders_rows_and_columns_of_the_accumulator(n):
 def test_tuned_configs_fit_shared_memory_and_registers(d):
     for causal in (False, True):
         c = config_for(d, "bfloat16", causal)
+        wgs = c.consumer_warpgroups
         assert c.smem_bytes <= SMEM_LIMIT
-        assert c.accumulator_regs <= c.consumer_regs - 48
-        assert 128 * (c.producer_regs + 2 * c.consumer_regs) <= 65536
-        assert c.block_m == BLOCK_M == 128 and c.threads == 384
-        assert c.tx_bytes_kv == 2 * c.block_n * d and c.tx_bytes_q == 2 * 128 * d
+        assert c.accumulator_regs <= c.consumer_regs - 32
+        assert 128 * (c.producer_regs + wgs * c.consumer_regs) <= 65536
+        # three 64-row consumers (192 x 128, FA3's tile) up to D = 64, two (128 rows) above
+        assert wgs == (3 if d <= 64 else 2)
+        assert c.block_m == 64 * wgs and c.threads == 128 * (wgs + 1)
+        assert c.tx_bytes_kv == 2 * c.block_n * d and c.tx_bytes_q == 2 * c.block_m * d
 
 
 def test_config_validation_names_the_problem():
@@ -90,11 +93,15 @@ def test_config_validation_names_the_problem():
         FlashSm90Config(head_dim=256, block_n=256, stages=1).validate()
     with pytest.raises(ValueError, match="pingpong"):
         FlashSm90Config(pingpong=1).validate()
-    for name in ("k_lead", "lpt"):
+    for name in ("k_lead", "lpt", "local", "rescale_early"):
         with pytest.raises(ValueError, match=name):
             FlashSm90Config(**{name: "yes"}).validate()
     with pytest.raises(ValueError, match="consumer_warpgroups must be 2 or 3"):
         FlashSm90Config(consumer_warpgroups=4).validate()
+    with pytest.raises(ValueError, match="rescale_threshold"):
+        FlashSm90Config(rescale_threshold=16.0).validate()  # P up to 2^16 overflows fp16
+    with pytest.raises(ValueError, match="rescale_threshold"):
+        FlashSm90Config(rescale_threshold=-1.0).validate()
     # three consumers need the budgets cut: 24 + 3 x 240 registers do not fit an SM
     with pytest.raises(ValueError, match="3 x 240 per thread exceed"):
         FlashSm90Config(consumer_warpgroups=3).validate()
@@ -110,7 +117,10 @@ def test_tuned_configs_lead_with_k_and_launch_causal_work_longest_first():
     for d in HEAD_DIMS:
         for causal in (False, True):
             c = config_for(d, "bfloat16", causal)
-            assert c.k_lead and c.lpt == causal
+            assert c.k_lead and c.lpt == causal and not c.local
+            # a left window bound makes every Q block's work about the window's width: plain grid
+            w = config_for(d, "bfloat16", causal, local=True)
+            assert w.local and w.causal == causal and not w.lpt
     assert config_for(256, "bfloat16", False).block_n == 80
 
 
