@@ -3,8 +3,9 @@
 A packed batch of n sequences has `cu_seqlens` = [0, l0, l0 + l1, ..., total] (n + 1 int32
 values, FlashAttention's convention): sequence b occupies rows [cu_seqlens[b], cu_seqlens[b+1])
 of a (total, H, D) tensor. `SeqlenInfo` is what one CTA needs to know about its sequence.
-`varlen.attention_varlen_forward` is the entry point; `sm80_flash` reads each CTA's sequence
-with `varlen_seqlens` (the same arithmetic on the DSL's Int32 as on Python ints).
+`varlen.attention_varlen_forward` / `attention_varlen_backward` are the entry points;
+`sm80_flash` and its backward kernels (`sm80_flash_bwd`) read each CTA's sequence with
+`varlen_seqlens` (the same arithmetic on the DSL's Int32 as on Python ints).
 """
 
 from __future__ import annotations

@@ -95,30 +95,39 @@ def smem_operand(tiled_mma: cute.TiledMma, smem: cute.Tensor, operand: str, dtyp
 
 
 @cute.jit
-def gemm_ss(tiled_mma: cute.TiledMma, acc: cute.Tensor, a, b):
+def gemm_ss(tiled_mma: cute.TiledMma, acc: cute.Tensor, a, b, prefetch: cutlass.Constexpr = True):
     """acc += A B^T with both operands in shared memory. a, b: (tiled ldmatrix copy, smem
-    partition, register view, register fragment) of each operand."""
+    partition, register view, register fragment) of each operand. prefetch: load k step k + 1
+    under the MMAs of step k (else each step's operands just before its MMAs, as `gemm_rs`)."""
     copy_a, a_smem, a_view, a_regs = a
     copy_b, b_smem, b_view, b_regs = b
     steps = cute.size(a_smem.shape[2])
     cute.copy(copy_a, a_smem[None, None, 0], a_view[None, None, 0])
     cute.copy(copy_b, b_smem[None, None, 0], b_view[None, None, 0])
     for k in cutlass.range_constexpr(steps):
-        if cutlass.const_expr(k + 1 < steps):
+        if cutlass.const_expr(k + 1 < steps and prefetch):
             cute.copy(copy_a, a_smem[None, None, k + 1], a_view[None, None, k + 1])
             cute.copy(copy_b, b_smem[None, None, k + 1], b_view[None, None, k + 1])
+        if cutlass.const_expr(k > 0 and not prefetch):
+            cute.copy(copy_a, a_smem[None, None, k], a_view[None, None, k])
+            cute.copy(copy_b, b_smem[None, None, k], b_view[None, None, k])
         cute.gemm(tiled_mma, acc, a_regs[None, None, k], b_regs[None, None, k], acc)
 
 
 @cute.jit
-def gemm_rs(tiled_mma: cute.TiledMma, acc: cute.Tensor, a_regs: cute.Tensor, b):
-    """acc += A B^T with A already in registers (an A-shaped fragment) and B in shared memory."""
+def gemm_rs(tiled_mma: cute.TiledMma, acc: cute.Tensor, a_regs: cute.Tensor, b,
+            prefetch: cutlass.Constexpr = True):
+    """acc += A B^T with A already in registers (an A-shaped fragment) and B in shared memory.
+    prefetch=False loads each k step's B just before its MMAs: half the live B registers (for a
+    wide N, whose B fragment per k step is large), less latency hidden."""
     copy_b, b_smem, b_view, b_regs = b
     steps = cute.size(a_regs.shape[2])
     cute.copy(copy_b, b_smem[None, None, 0], b_view[None, None, 0])
     for k in cutlass.range_constexpr(steps):
-        if cutlass.const_expr(k + 1 < steps):
+        if cutlass.const_expr(k + 1 < steps and prefetch):
             cute.copy(copy_b, b_smem[None, None, k + 1], b_view[None, None, k + 1])
+        if cutlass.const_expr(k > 0 and not prefetch):
+            cute.copy(copy_b, b_smem[None, None, k], b_view[None, None, k])
         cute.gemm(tiled_mma, acc, a_regs[None, None, k], b_regs[None, None, k], acc)
 
 

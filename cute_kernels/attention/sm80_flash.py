@@ -2,7 +2,8 @@
 
 One CTA of `num_warps` warps owns a block of `block_m` query rows of one (batch, head); each
 warp owns 16 * (block_m / 16 / num_warps) of those rows, so softmax statistics never leave the
-warp. The CTA walks the K/V blocks its rows can see (`block_info`), masked blocks first:
+warp. The CTA walks the K/V blocks its rows can see (`block_info`: [n_block_min,
+n_block_max)), masked blocks first (with a sliding window's left bound, `local`, every block):
 
     prologue   cp.async Q and the first K block to shared memory (rows past the ends zeroed)
     per block  wait K; cp.async V            S = Q K^T      (ldmatrix + mma.sync m16n8k16)
@@ -15,6 +16,11 @@ V copy runs under the S GEMM, the next K copy under softmax and the P V GEMM. Sh
 swizzled (`Swizzle(B, 3, 3)` over 16-byte chunks, from `cute_kernels.layouts.smem_atoms`) so
 both the row-wise cp.async writes and the column-wise ldmatrix reads are conflict-free; V is
 read transposed (`ldmatrix.trans`) through a transposed view of the same buffer.
+
+Masks (`mask`): the sequence end; with `causal` the upper diagonal j <= i + causal_offset
+(causality or a window's right bound); with `local` the lower one j >= i + offset_lo. Rows
+that see no key give out 0 and lse -inf. The packed (varlen) launch reads each sequence's
+offsets on the device (`seqlen_info`) and aligns both diagonals per sequence.
 
 Layouts are computed with `cute_kernels.layouts` in `FlashSm80Layouts` (printable from the
 workbench) and converted with `runtime.to_cute` while tracing.
@@ -33,7 +39,8 @@ from cute_kernels.layouts import Layout
 from cute_kernels.runtime import compile_kernel, to_cute, tvm_ffi_available
 
 from . import block_info, seqlen_info
-from .problem_checks import common_reason, launch_scalars
+from .problem_checks import (bottom_right_flag, common_reason, launch_scalars, mask_flags, varlen_window_scalars,
+                             window_scalars)
 from .sm80_blocks import (assume_aligned_rows, copy_layouts, gemm_rs, gemm_ss, load_rows, smem_atom_width,
                           smem_operand, smem_tile_layout, store_tile, transposed)
 from .fragments import accumulator_as_a, mn_view
@@ -54,8 +61,9 @@ class FlashSm80Config:
 
     head_dim: D of Q, K and V (a multiple of 16, at most 256); dtype: "float16" | "bfloat16";
     causal: whether the causal diagonal is tested (its alignment is a runtime offset);
-    block_m x block_n: the Q rows of a CTA x the K/V rows of one step; num_warps: warps per CTA,
-    splitting the Q rows (each warp needs a multiple of 16 rows).
+    local: whether a sliding window's lower bound is tested (its offset is a runtime value too);
+    then every visited block is masked. block_m x block_n: the Q rows of a CTA x the K/V rows of
+    one step; num_warps: warps per CTA, splitting the Q rows (each warp needs a multiple of 16 rows).
     """
 
     head_dim: int = 128
@@ -64,6 +72,7 @@ class FlashSm80Config:
     block_m: int = 128
     block_n: int = 64
     num_warps: int = 4
+    local: bool = False
 
     def validate(self) -> "FlashSm80Config":
         d = self.head_dim
@@ -71,8 +80,9 @@ class FlashSm80Config:
             raise ValueError(f"FlashSm80Config.head_dim must be a multiple of 16 in [16, 256], got {d!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"FlashSm80Config.dtype must be one of {_DTYPES}, got {self.dtype!r}")
-        if not isinstance(self.causal, bool):
-            raise ValueError(f"FlashSm80Config.causal must be a bool, got {self.causal!r}")
+        for name in ("causal", "local"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"FlashSm80Config.{name} must be a bool, got {getattr(self, name)!r}")
         if self.num_warps not in (1, 2, 4, 8):
             raise ValueError(f"FlashSm80Config.num_warps must be 1, 2, 4 or 8, got {self.num_warps!r}")
         if self.block_m % (16 * self.num_warps):
@@ -106,19 +116,28 @@ class FlashSm80Config:
         return 2 * self.head_dim * (self.block_m + 2 * self.block_n)
 
 
-def config_for(head_dim: int, dtype: str, causal: bool) -> FlashSm80Config:
+def config_for(head_dim: int, dtype: str, causal: bool, local: bool = False) -> FlashSm80Config:
     """The tile for a head dim, chosen so the SASS has no spills (checked by the variants):
     128 x 64 with 4 warps up to D = 64; 128 x 64 with 8 warps (16 Q rows per warp) up to
-    D = 128; 64 x 64 with 4 warps above. The fp32 accumulators alone take
-    (rows per warp / 8) * (D + block_n) / 2 registers per thread."""
+    D = 128 and for multiples of 32 above (at D = 256: 1.05x SDPA's FA2 backend on an H200,
+    against 1.01x for 64 x 64 with 4 warps); 64 x 64 with 4 warps for the other head dims
+    above 128 (whose 32-byte swizzle rows would need 128 K/V rows per copy pass with 8 warps).
+    Per thread, the fp32 accumulators take (rows per warp) * (D + block_n) / 32 registers.
+
+    Measured but not taken: at D = 128, 128 x 64 with 4 warps runs 1.02x FA2 (8 warps: 0.87x;
+    each warp reads all of K and V from shared memory, so fewer warps with more rows each
+    halve that traffic), but its SASS spills 156-180 bytes."""
     if head_dim <= 64:
         block_m, num_warps = 128, 4
-    elif head_dim <= 128:
+    elif head_dim <= 128 or head_dim % 32 == 0:
         block_m, num_warps = 128, 8
     else:
         block_m, num_warps = 64, 4
-    return FlashSm80Config(head_dim=head_dim, dtype=dtype, causal=causal, block_m=block_m, block_n=64,
-                           num_warps=num_warps).validate()
+    # ... with at least the K/V rows one copy pass moves (128 at D = 80 or 112 with 8 warps,
+    # whose 32-byte swizzle rows take 2 threads each).
+    block_n = max(64, 32 * num_warps // (smem_atom_width(head_dim) // 8))
+    return FlashSm80Config(head_dim=head_dim, dtype=dtype, causal=causal, block_m=block_m, block_n=block_n,
+                           num_warps=num_warps, local=local).validate()
 
 
 @dataclass(frozen=True)
@@ -170,13 +189,16 @@ class FlashAttentionSm80:
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, qhead_per_kvhead: cutlass.Int32,
-                 stream, mCuSeqlensQ: cute.Tensor | None = None, mCuSeqlensK: cute.Tensor | None = None,
-                 num_sequences: cutlass.Int32 | None = None, max_seqlen_q: cutlass.Int32 | None = None):
-        """Launch over (q tiles, heads, batch). Varlen (the cu_seqlens given): q/k/v/o are the
-        packed (T, H, D) tensors viewed (1, H, T, D), lse (H, T) viewed (1, H, T); the grid is
-        (q tiles of max_seqlen_q, heads, num_sequences), and `causal_offset` is then a 0/1 flag
-        multiplying each sequence's own Sk - Sq (1: bottom-right, 0: top-left)."""
+                 softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
+                 qhead_per_kvhead: cutlass.Int32, stream, mCuSeqlensQ: cute.Tensor | None = None,
+                 mCuSeqlensK: cute.Tensor | None = None, num_sequences: cutlass.Int32 | None = None,
+                 max_seqlen_q: cutlass.Int32 | None = None, bottom_right: cutlass.Int32 | None = None):
+        """Launch over (q tiles, heads, batch). Row i sees keys j <= i + causal_offset (when
+        `causal`) and j >= i + offset_lo (when `local`). Varlen (the cu_seqlens given): q/k/v/o
+        are the packed (T, H, D) tensors viewed (1, H, T, D), lse (H, T) viewed (1, H, T); the
+        grid is (q tiles of max_seqlen_q, heads, num_sequences), and both offsets are then
+        relative to each sequence's base, bottom_right * (Sk_b - Sq_b) (bottom_right: 0 or 1),
+        i.e. causal_offset = window_right and offset_lo = -window_left."""
         c = self.config
         # The host checked every non-unit stride is a multiple of 8 elements (16 bytes), so each
         # row of every tile starts 16-byte aligned: tell the compiler, or no 128-bit access.
@@ -206,18 +228,18 @@ class FlashAttentionSm80:
             grid = (cute.ceil_div(mQ.shape[2], c.block_m), mQ.shape[1], mQ.shape[0])
         else:
             grid = (cute.ceil_div(max_seqlen_q, c.block_m), mQ.shape[1], num_sequences)
-        self.kernel(mQ, mK, mV, mO, mLSE, softmax_scale * LOG2_E, causal_offset, qhead_per_kvhead,
-                    gmem_load, gmem_store, tiled_mma, SharedStorage, mCuSeqlensQ, mCuSeqlensK).launch(
+        self.kernel(mQ, mK, mV, mO, mLSE, softmax_scale * LOG2_E, causal_offset, offset_lo, qhead_per_kvhead,
+                    gmem_load, gmem_store, tiled_mma, SharedStorage, mCuSeqlensQ, mCuSeqlensK, bottom_right).launch(
             grid=grid, block=[c.threads, 1, 1], stream=stream)
 
     # ---- device side ---------------------------------------------------------------------------
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-               scale_log2: cutlass.Float32, causal_offset: cutlass.Int32, qhead_per_kvhead: cutlass.Int32,
-               gmem_load: cute.TiledCopy, gmem_store: cute.TiledCopy, tiled_mma: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr, mCuSeqlensQ: cute.Tensor | None,
-               mCuSeqlensK: cute.Tensor | None):
+               scale_log2: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
+               qhead_per_kvhead: cutlass.Int32, gmem_load: cute.TiledCopy, gmem_store: cute.TiledCopy,
+               tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr, mCuSeqlensQ: cute.Tensor | None,
+               mCuSeqlensK: cute.Tensor | None, bottom_right: cutlass.Int32 | None):
         c = self.config
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
@@ -230,7 +252,8 @@ class FlashAttentionSm80:
         else:
             info = seqlen_info.varlen_seqlens(mCuSeqlensQ, mCuSeqlensK, batch)
             seqlen_q, seqlen_k = info.seqlen_q, info.seqlen_k
-            causal_offset = causal_offset * (seqlen_k - seqlen_q)
+            base = bottom_right * (seqlen_k - seqlen_q)
+            causal_offset, offset_lo = causal_offset + base, offset_lo + base
             mQ_s = cute.domain_offset((info.offset_q, 0), mQ[0, head, None, None])
             mO_s = cute.domain_offset((info.offset_q, 0), mO[0, head, None, None])
             mLSE_s = cute.domain_offset((info.offset_q,), mLSE[0, head, None])
@@ -243,6 +266,12 @@ class FlashAttentionSm80:
             # The grid covers the longest sequence: a tile past this one's end visits no block.
             live = cutlass.min(cutlass.max(seqlen_q - m_block * c.block_m, 0), 1)
             n_block_max, n_unmasked_end = n_block_max * live, n_unmasked_end * live
+        # Visited: [n_block_min, n_block_max), all masked with a left window bound.
+        n_block_min = block_info.n_block_min(m_block, offset_lo, block_m=c.block_m, block_n=c.block_n,
+                                             local=c.local, maximum=cutlass.max)
+        n_masked = n_block_max - n_unmasked_end
+        if cutlass.const_expr(c.local):
+            n_masked = cutlass.max(n_block_max - n_block_min, 0)
 
         # ---- partition ----
         smem = cutlass.memory.SmemAllocator()
@@ -278,21 +307,23 @@ class FlashAttentionSm80:
         softmax = OnlineSoftmax(cute.size(t_coord_s.shape[0]), scale_log2)
 
         # ---- prologue: Q and the first (highest) K block ----
-        if n_block_max > 0:
+        if n_block_max > n_block_min:
             load_rows(gmem_load, tQgQ, tQsQ, tQcQ, seqlen_q - m_block * c.block_m)
             load_rows(gmem_load, tKgK[None, None, None, n_block_max - 1], tKsK, tKVcKV,
                       seqlen_k - (n_block_max - 1) * c.block_n)
         cute.arch.cp_async_commit_group()
 
         # ---- main loop: masked blocks (descending), then the unmasked ones ----
-        for i in cutlass.range(n_block_max - n_unmasked_end, unroll=1):
-            self.compute_block(n_block_max - 1 - i, True, m_block, seqlen_k, causal_offset, gmem_load,
+        offsets = (causal_offset, offset_lo, n_block_min)
+        for i in cutlass.range(n_masked, unroll=1):
+            self.compute_block(n_block_max - 1 - i, True, m_block, seqlen_k, offsets, gmem_load,
                                tKgK, tKsK, tVgV, tVsV, tKVcKV, tiled_mma, thr_mma, frags,
                                acc_o, t_coord_s, softmax)
-        for i in cutlass.range(n_unmasked_end, unroll=1):
-            self.compute_block(n_unmasked_end - 1 - i, False, m_block, seqlen_k, causal_offset, gmem_load,
-                               tKgK, tKsK, tVgV, tVsV, tKVcKV, tiled_mma, thr_mma, frags,
-                               acc_o, t_coord_s, softmax)
+        if cutlass.const_expr(not c.local):
+            for i in cutlass.range(n_unmasked_end, unroll=1):
+                self.compute_block(n_unmasked_end - 1 - i, False, m_block, seqlen_k, offsets, gmem_load,
+                                   tKgK, tKsK, tVgV, tVsV, tKVcKV, tiled_mma, thr_mma, frags,
+                                   acc_o, t_coord_s, softmax)
 
         # ---- epilogue ----
         lse = cute.make_rmem_tensor((softmax.num_rows,), cutlass.Float32)
@@ -305,12 +336,14 @@ class FlashAttentionSm80:
 
     @cute.jit
     def compute_block(self, n_block: cutlass.Int32, masked: cutlass.Constexpr, m_block: cutlass.Int32,
-                      seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32, gmem_load: cute.TiledCopy,
+                      seqlen_k: cutlass.Int32, offsets, gmem_load: cute.TiledCopy,
                       tKgK: cute.Tensor, tKsK: cute.Tensor, tVgV: cute.Tensor, tVsV: cute.Tensor,
                       tKVcKV: cute.Tensor, tiled_mma: cute.TiledMma, thr_mma, frags, acc_o: cute.Tensor,
                       t_coord_s: cute.Tensor, softmax: OnlineSoftmax):
-        """One K/V block: S = Q K^T, mask, online softmax, O += P V^T, with the copies overlapped."""
+        """One K/V block: S = Q K^T, mask, online softmax, O += P V^T, with the copies overlapped.
+        offsets: (causal_offset, offset_lo, n_block_min), the mask's diagonals and the last block."""
         c = self.config
+        causal_offset, offset_lo, n_block_min = offsets
         q_frag, k_frag, vt_frag = frags
         acc_s = cute.make_rmem_tensor(thr_mma.partition_shape_C((c.block_m, c.block_n)), cutlass.Float32)
         acc_s.fill(0.0)
@@ -329,7 +362,7 @@ class FlashAttentionSm80:
         # V[n] landed, and every warp is done reading K[n]: prefetch K[n - 1] under softmax and P V.
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
-        if n_block > 0:
+        if n_block > n_block_min:
             load_rows(gmem_load, tKgK[None, None, None, n_block - 1], tKsK, tKVcKV,
                       seqlen_k - (n_block - 1) * c.block_n)
         cute.arch.cp_async_commit_group()
@@ -337,7 +370,7 @@ class FlashAttentionSm80:
         acc_s_mn = mn_view(acc_s)
         if cutlass.const_expr(masked):
             apply_mask(acc_s_mn, t_coord_s, m_block * c.block_m, n_block * c.block_n, seqlen_k, causal_offset,
-                       c.causal)
+                       c.causal, offset_lo, c.local)
         softmax.step(acc_s_mn, mn_view(acc_o))
 
         # O += P V^T, P converted to the input type in registers and used as the A operand.
@@ -359,43 +392,47 @@ class FlashAttentionSm80:
 # ---- compile-only variants ------------------------------------------------------------------------
 
 
-def build_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False, **tile):
+def build_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False, local: bool = False, **tile):
     """A CompileJob for `sm80_flash` over fake (B, H, S, D) tensors with symbolic sizes; `tile`
     (block_m, block_n, num_warps) overrides the tuned tile of `config_for`."""
     from dataclasses import replace
 
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
-    config = replace(config_for(head_dim, dtype, causal), **tile).validate()
+    config = replace(config_for(head_dim, dtype, causal, local), **tile).validate()
     t = _CUTLASS[dtype]
     # Strides without divisibility, as `from_torch` gives them: the kernel asserts it itself.
     qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(4)]
     lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
-    args = (*qkvo, lse, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(0), cutlass.Int32(1), fake_stream())
+    args = (*qkvo, lse, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(0), cutlass.Int32(0),
+            cutlass.Int32(1), fake_stream())
     return CompileJob(FlashAttentionSm80(config), args, ("attention.sm80_flash", config))
 
 
-def build_varlen_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False, **tile):
+def build_varlen_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False, local: bool = False,
+                         **tile):
     """A CompileJob for the packed (varlen) `sm80_flash` launch: (1, H, T, D) views with symbolic
-    sizes and strides, int32 cu_seqlens, the sequence count and max_seqlen_q."""
+    sizes and strides, int32 cu_seqlens, the sequence count, max_seqlen_q and the alignment flag."""
     from dataclasses import replace
 
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
-    config = replace(config_for(head_dim, dtype, causal), **tile).validate()
+    config = replace(config_for(head_dim, dtype, causal, local), **tile).validate()
     t = _CUTLASS[dtype]
     qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(4)]
     lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
     cu = [fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4) for _ in range(2)]
-    args = (*qkvo, lse, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(1), cutlass.Int32(1), fake_stream(),
-            *cu, cutlass.Int32(1), cutlass.Int32(1))
+    args = (*qkvo, lse, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(0), cutlass.Int32(0),
+            cutlass.Int32(1), fake_stream(), *cu, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1))
     return CompileJob(FlashAttentionSm80(config), args, ("attention.sm80_flash.varlen", config))
 
 
 VARIANT_CONFIGS = {
-    f"d{d}_{dt}{'_causal' if causal else ''}": {"head_dim": d, "dtype": dt, "causal": causal}
-    for d, dt, causal in (
-        (64, "float16", True), (128, "bfloat16", False), (128, "bfloat16", True), (256, "bfloat16", True),
+    f"d{d}_{dt}{'_causal' if causal else ''}{'_local' if local else ''}": {
+        "head_dim": d, "dtype": dt, "causal": causal, "local": local}
+    for d, dt, causal, local in (
+        (64, "float16", True, False), (128, "bfloat16", False, False), (128, "bfloat16", True, False),
+        (256, "bfloat16", True, False), (128, "bfloat16", True, True), (256, "bfloat16", True, True),
     )
 }
 
@@ -406,7 +443,9 @@ def _register() -> None:
     register_variant("attention.sm80_flash", build_variant, configs=VARIANT_CONFIGS,
                      requires={"HMMA", "LDSM", "LDGSTS"})
     register_variant("attention.sm80_flash_varlen", build_varlen_variant,
-                     configs={"d128_bfloat16_causal": {"head_dim": 128, "dtype": "bfloat16", "causal": True}},
+                     configs={"d128_bfloat16_causal": {"head_dim": 128, "dtype": "bfloat16", "causal": True},
+                              "d128_bfloat16_causal_local": {"head_dim": 128, "dtype": "bfloat16", "causal": True,
+                                                             "local": True}},
                      requires={"HMMA", "LDSM", "LDGSTS"})
 
 
@@ -453,19 +492,30 @@ class Sm80FlashRung:
         if fn is None:
             fn = _compile_tvm_ffi(config)
         scale, offset, group = launch_scalars(problem)
-        # The varlen parameters (cu_seqlens, counts) are part of the signature, None here.
-        return lambda q, k, v, out, lse: fn(q, k, v, out, lse, scale, offset, group, None, None, None, None)
+        offset_lo, _ = window_scalars(problem)
+        # The varlen parameters (cu_seqlens, counts, alignment) are part of the signature, None here.
+        return lambda q, k, v, out, lse: fn(q, k, v, out, lse, scale, offset, offset_lo, group,
+                                            None, None, None, None, None)
 
     def supports_backward(self, problem) -> str | None:
-        from .sm80_flash_bwd import supports_backward
+        from .sm80_flash_bwd_launch import supports_backward
 
         return supports_backward(problem)
 
     def backward(self, dout, q, k, v, out, lse, problem):
-        """(dq, dk, dv); see `sm80_flash_bwd.backward`."""
-        from .sm80_flash_bwd import backward
+        """(dq, dk, dv); see `sm80_flash_bwd_launch.backward`."""
+        from .sm80_flash_bwd_launch import backward
 
         return backward(dout, q, k, v, out, lse, problem)
+
+    def varlen_backward(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                        max_seqlen_k: int, problem):
+        """(dq, dk, dv) of the packed forward (`varlen`): dout, out (Tq, Hq, D), lse (Hq, Tq) as
+        `varlen` wrote them; see `sm80_flash_bwd_launch.varlen_backward`."""
+        from .sm80_flash_bwd_launch import varlen_backward
+
+        return varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               problem)
 
     def __call__(self, q, k, v, out, lse, problem):
         """Write out (B, Hq, Sq, D) and lse (B, Hq, Sq) fp32 on torch's current stream.
@@ -484,10 +534,12 @@ class Sm80FlashRung:
 
         config = _config_for_problem(problem)
         scale, offset, group = launch_scalars(problem)
+        offset_lo, _ = window_scalars(problem)
         kernel = _kernel_for(config)
         tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in (q, k, v, out)]
         tensors.append(from_torch(lse, assumed_align=4, leading_dim=2))
-        args = (*tensors, cutlass.Float32(scale), cutlass.Int32(offset), cutlass.Int32(group))
+        args = (*tensors, cutlass.Float32(scale), cutlass.Int32(offset), cutlass.Int32(offset_lo),
+                cutlass.Int32(group))
         stream = current_stream()
         compiled = compile_kernel(kernel, *args, stream, key=("attention.sm80_flash", config))
         compiled(*args, stream)
@@ -496,7 +548,7 @@ class Sm80FlashRung:
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, out, lse, problem):
         """The packed (varlen) forward: q (Tq, Hq, D), k/v (Tk, Hkv, D), out (Tq, Hq, D),
         lse (Hq, Tq) fp32, int32 cu_seqlens (B + 1,) already validated by the caller
-        (`varlen.attention_varlen_forward`); causal alignment per sequence."""
+        (`varlen.attention_varlen_forward`); causal alignment and window per sequence."""
         from cute_kernels.runtime import current_stream, from_torch
 
         config = _config_for_problem(problem)
@@ -506,10 +558,11 @@ class Sm80FlashRung:
         tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in views]
         tensors.append(from_torch(lse.unsqueeze(0), assumed_align=4, leading_dim=2))
         cu = [from_torch(t, assumed_align=4, leading_dim=0) for t in (cu_seqlens_q, cu_seqlens_k)]
-        bottom_right = 1 if problem.causal == "bottom_right" else 0
-        args = (*tensors, cutlass.Float32(problem.scale), cutlass.Int32(bottom_right),
+        window_left, window_right = varlen_window_scalars(problem)
+        args = (*tensors, cutlass.Float32(problem.scale), cutlass.Int32(window_right), cutlass.Int32(-window_left),
                 cutlass.Int32(problem.heads_q // problem.heads_kv))
-        tail = (*cu, cutlass.Int32(problem.batch), cutlass.Int32(max_seqlen_q))
+        tail = (*cu, cutlass.Int32(problem.batch), cutlass.Int32(max_seqlen_q),
+                cutlass.Int32(bottom_right_flag(problem)))
         stream = current_stream()
         compiled = compile_kernel(kernel, *args, stream, *tail, key=("attention.sm80_flash.varlen", config))
         compiled(*args, stream, *tail)
@@ -532,11 +585,13 @@ def _kernel_for(config: FlashSm80Config) -> FlashAttentionSm80:
 
 
 def _config_for_problem(problem) -> FlashSm80Config:
-    """`config_for` the problem's head dim, dtype and causality, built once per combination."""
-    key = (problem.head_dim, problem.dtype, problem.causal is not None)
+    """`config_for` the problem's head dim, dtype and mask flags (`mask_flags`: the upper diagonal
+    for causality or a right window bound, the lower one for a left bound), built once each."""
+    upper, local = mask_flags(problem)
+    key = (problem.head_dim, problem.dtype, upper, local)
     config = _CONFIGS.get(key)
     if config is None:
-        config = _CONFIGS[key] = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), key[2])
+        config = _CONFIGS[key] = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), upper, local)
     return config
 
 
@@ -546,14 +601,15 @@ def _compile_tvm_ffi(config: FlashSm80Config):
     The fake tensors fix what `from_torch` would: dtype, rank, the unit-stride mode (head dim;
     lse's last mode) and the assumed alignment; sizes and other strides are runtime values,
     which the compiled function reads from the torch tensors (and checks against the build).
-    So the config (dtype, head dim, causal, tile) is the whole compile key."""
+    So the config (dtype, head dim, causal, local, tile) is the whole compile key."""
     from cute_kernels.runtime import TVM_FFI_OPTION, fake_stream, fake_tensor
 
     t = _CUTLASS[config.dtype]
     qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(4)]
     lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
-    fn = compile_kernel(_kernel_for(config), *qkvo, lse, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(1),
-                        fake_stream(tvm_ffi_env_stream=True), key=("attention.sm80_flash", "tvm_ffi", config),
+    fn = compile_kernel(_kernel_for(config), *qkvo, lse, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0),
+                        cutlass.Int32(1), fake_stream(tvm_ffi_env_stream=True),
+                        key=("attention.sm80_flash", "tvm_ffi", config),
                         options=TVM_FFI_OPTION)
     _COMPILED[config] = fn
     return fn

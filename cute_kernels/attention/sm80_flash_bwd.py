@@ -9,21 +9,29 @@ Two kernels, each a forward-shaped loop built from the same blocks (`sm80_blocks
 
 - `FlashAttentionSm80BwdDKDV`: one CTA per (K/V block, KV head, batch) holds K and V in shared
   memory and dK, dV in fp32 registers, and walks the Q blocks (of every query head of its GQA
-  group) that see its keys: S^T = K Q^T and dP^T = V dO^T (ldmatrix from smem), then P^T and
-  dS^T in registers feed dV += P^T dO and dK += dS^T Q as A operands (dO^T and Q^T read with
-  ldmatrix.trans). lse and D are per column here, loaded per Q block.
+  group) that see its keys (`block_info.m_block_range`): S^T = K Q^T and dP^T = V dO^T
+  (ldmatrix from smem), then P^T and dS^T in registers feed dV += P^T dO and dK += dS^T Q as A
+  operands (dO^T and Q^T read with ldmatrix.trans). lse and D are per column here, loaded per
+  Q block.
 - `FlashAttentionSm80BwdDQ`: one CTA per (Q block, head, batch), like the forward: S and dP
-  again, dS in registers, dQ += dS K (K^T by ldmatrix.trans).
+  again, dS in registers, dQ += dS K (K^T by ldmatrix.trans), over the K/V blocks
+  [n_block_min, n_block_max) the forward visits.
+
+Masks are the forward's (`mask`): the upper diagonal (`causal`: causality or a right window
+bound) and, with a left window bound (`local`), the lower one, on every visited block. Above
+D = 128 the gradient GEMMs are split over the head dim by a second group of warps
+(`FlashSm80BwdConfig.col_warps`). Both kernels also take packed variable-length batches
+(cu_seqlens read on the device, `seqlen_info`), as the forward does.
 
 dQ is computed by its own pass instead of fp32 atomics from the dK/dV pass: deterministic, at
 the price of recomputing S and dP once more. D is computed on the host side (one fused torch
 reduction), and rows the forward left empty (lse = -inf) enter with lse = +inf, so their P is 0.
 Loads are not overlapped with compute here (one K/V or Q/dO tile in flight at a time).
+The host side (supports_backward, backward, varlen_backward) is `sm80_flash_bwd_launch`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import cutlass
@@ -32,25 +40,31 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 from cute_kernels.runtime import to_cute
 
-from . import block_info
+from . import block_info, seqlen_info
 from .fragments import accumulator_as_a, mn_view
-from .mask import apply_causal_mask_kq, apply_mask
+from .mask import apply_causal_mask_kq, apply_mask, apply_window_mask_kq
 from .sm80_blocks import (assume_aligned_rows, copy_layouts, gemm_rs, gemm_ss, load_rows, smem_atom_width,
                           smem_operand, smem_tile_layout, store_tile, transposed)
-from .problem_checks import launch_scalars
 from .softmax import LOG2_E
 
-__all__ = ["FlashSm80BwdConfig", "bwd_config_for", "FlashAttentionSm80BwdDQ", "FlashAttentionSm80BwdDKDV"]
+__all__ = ["FlashSm80BwdConfig", "bwd_config_for", "FlashAttentionSm80BwdDQ", "FlashAttentionSm80BwdDKDV",
+           "supports_backward", "backward", "varlen_backward"]
 
 _CUTLASS = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 
 
 @dataclass(frozen=True)
 class FlashSm80BwdConfig:
-    """The static shape of the backward kernels: head_dim (multiple of 16, at most 128), dtype,
-    causal. The dQ pass owns block_m Q rows per CTA and steps over block_n K/V rows; the dK/dV
-    pass owns block_n K/V rows per CTA and steps over dkdv_block_m Q rows. num_warps splits the
-    rows a CTA owns, 16 per warp."""
+    """The static shape of the backward kernels: head_dim (multiple of 16, at most 256), dtype,
+    causal (the upper diagonal is tested: causality or a right window bound), local (a window's
+    lower bound is tested). The dQ pass owns block_m Q rows per CTA and steps over block_n K/V
+    rows; the dK/dV pass owns block_n K/V rows per CTA and steps over dkdv_block_m Q rows.
+
+    num_warps splits the rows a CTA owns, 16 per warp, in the score GEMMs (S, dP: no warp splits
+    a score row, so a score fragment is the next GEMM's A operand in place). col_warps > 1 adds
+    warps that split the head dim of the gradient GEMMs (dQ += dS K, dV += P^T dO, dK += dS^T Q):
+    each fp32 accumulator then takes 1/col_warps of the registers, at the price of every score
+    tile being computed col_warps times (once per column group of warps)."""
 
     head_dim: int = 128
     dtype: str = "bfloat16"
@@ -59,17 +73,25 @@ class FlashSm80BwdConfig:
     block_n: int = 64
     dkdv_block_m: int = 64
     num_warps: int = 4
+    local: bool = False
+    col_warps: int = 1
 
     def validate(self) -> "FlashSm80BwdConfig":
         d = self.head_dim
-        if not isinstance(d, int) or d < 16 or d > 128 or d % 16:
-            raise ValueError(f"FlashSm80BwdConfig.head_dim must be a multiple of 16 in [16, 128], got {d!r}")
+        if not isinstance(d, int) or d < 16 or d > 256 or d % 16:
+            raise ValueError(f"FlashSm80BwdConfig.head_dim must be a multiple of 16 in [16, 256], got {d!r}")
         if self.dtype not in _CUTLASS:
             raise ValueError(f"FlashSm80BwdConfig.dtype must be one of {tuple(_CUTLASS)}, got {self.dtype!r}")
-        if not isinstance(self.causal, bool):
-            raise ValueError(f"FlashSm80BwdConfig.causal must be a bool, got {self.causal!r}")
+        for name in ("causal", "local"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"FlashSm80BwdConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.num_warps not in (1, 2, 4, 8):
             raise ValueError(f"FlashSm80BwdConfig.num_warps must be 1, 2, 4 or 8, got {self.num_warps!r}")
+        if self.col_warps not in (1, 2):
+            raise ValueError(f"FlashSm80BwdConfig.col_warps must be 1 or 2, got {self.col_warps!r}")
+        if d % (16 * self.col_warps):
+            raise ValueError(f"FlashSm80BwdConfig.head_dim = {d} must be a multiple of 16 * col_warps = "
+                             f"{16 * self.col_warps}")
         for name in ("block_m", "block_n"):
             v = getattr(self, name)
             if v % (16 * self.num_warps):
@@ -84,23 +106,54 @@ class FlashSm80BwdConfig:
 
     @property
     def threads(self) -> int:
+        return 32 * self.num_warps * self.col_warps
+
+    @property
+    def score_threads(self) -> int:
+        """The threads of one score GEMM (one column group of warps)."""
         return 32 * self.num_warps
 
 
-def bwd_config_for(head_dim: int, dtype: str, causal: bool) -> FlashSm80BwdConfig:
-    """64 x 64 tiles with 4 warps (each warp: 16 rows of the tile it owns). At D > 64 dK and dV
-    take 2 x D/2 fp32 registers per thread, so the dK/dV pass steps over fewer Q rows (32, and
-    16 with the causal mask's extra live values) to stay free of spills (checked by the variants)."""
-    dkdv_block_m = 64 if head_dim <= 64 else (16 if causal else 32)
-    # ... but at least the rows one copy pass moves (64 at D = 80 or 112, whose 32-byte
-    # swizzle rows take 2 threads each).
-    dkdv_block_m = max(dkdv_block_m, 128 // (smem_atom_width(head_dim) // 8))
-    return FlashSm80BwdConfig(head_dim=head_dim, dtype=dtype, causal=causal, dkdv_block_m=dkdv_block_m).validate()
+def bwd_config_for(head_dim: int, dtype: str, causal: bool, local: bool = False) -> FlashSm80BwdConfig:
+    """Tiles chosen so the SASS has no spills (checked by the variants). Up to D = 128: 64 x 64
+    tiles with 4 warps (each warp: 16 rows of the tile it owns); at D > 64 dK and dV take
+    2 x D/2 fp32 registers per thread, so the dK/dV pass steps over fewer Q rows (32, and 16 with
+    a mask's extra live values). Above D = 128 the accumulators alone would pass the 255
+    registers a thread has, so 4 more warps split the head dim (col_warps = 2, 256 threads; as
+    FlashAttention-2's 8 warps at D = 256): each accumulator takes D/4 registers per thread."""
+    masked = causal or local
+    if head_dim <= 128:
+        dkdv_block_m = 64 if head_dim <= 64 else (16 if masked else 32)
+        # ... but at least the rows one copy pass moves (64 at D = 80 or 112, whose 32-byte
+        # swizzle rows take 2 threads each).
+        dkdv_block_m = max(dkdv_block_m, 128 // (smem_atom_width(head_dim) // 8))
+        return FlashSm80BwdConfig(head_dim=head_dim, dtype=dtype, causal=causal, local=local,
+                                  dkdv_block_m=dkdv_block_m).validate()
+    # D = 160 and 224 (a 32-column tile, interleaved between the two warp groups) keep 8 to 16
+    # bytes of spills in some mask variants, outside the inner loop; 192 and 256 have none.
+    col_warps = 2 if head_dim % 32 == 0 else 1
+    dkdv_block_m = max(32, 32 * 4 * col_warps // (smem_atom_width(head_dim) // 8))
+    return FlashSm80BwdConfig(head_dim=head_dim, dtype=dtype, causal=causal, local=local, block_m=64, block_n=64,
+                              dkdv_block_m=dkdv_block_m, col_warps=col_warps).validate()
 
 
-def _tiled_mma(dtype, num_warps: int):
-    return cute.make_tiled_mma(warp.MmaF16BF16Op(dtype, cutlass.Float32, (16, 8, 16)), (num_warps, 1, 1),
-                               permutation_mnk=(16 * num_warps, 16, 16))
+def _permute_width(head_dim: int) -> int:
+    """The column tile of the head-dim split gradient GEMMs: the whole head dim at D = 256 (each
+    warp's columns contiguous, so its ldmatrix addresses differ by immediates and take fewer
+    registers), else 64 (D = 192: a 192-wide tile does not compile) or 32."""
+    return head_dim if head_dim == 256 else (64 if head_dim % 64 == 0 else 32)
+
+
+def _tiled_mma(dtype, num_warps: int, col_warps: int = 1, width: int = 0):
+    """num_warps x col_warps warps over (M, N) of m16n8k16 atoms, each warp 16 x 16 per tile;
+    with col_warps > 1, over N = width, warp w of a row owning columns [w, w + 1) * width /
+    col_warps (contiguous columns share ldmatrix addresses up to immediate offsets)."""
+    atom = warp.MmaF16BF16Op(dtype, cutlass.Float32, (16, 8, 16))
+    if col_warps == 1:
+        return cute.make_tiled_mma(atom, (num_warps, 1, 1), permutation_mnk=(16 * num_warps, 16, 16))
+    # tile column (a, w, r) of atom column a, warp w, repeat r -> a + w * width / col_warps + 8 r.
+    cols = cute.make_layout((8, col_warps, width // (8 * col_warps)), stride=(1, width // col_warps, 8))
+    return cute.make_tiled_mma(atom, (num_warps, col_warps, 1), permutation_mnk=(16 * num_warps, cols, 16))
 
 
 def _copies(dtype, threads: int, head_dim: int):
@@ -125,10 +178,56 @@ def _dsoftmax(s_mn: cute.Tensor, dp_mn: cute.Tensor, lse2, d_vals, scale_log2: c
             dp_mn[r, c] = p * (dp_mn[r, c] - d_vals[i])
 
 
+@cute.jit
+def _dsoftmax_cols(s_mn: cute.Tensor, dp_mn: cute.Tensor, coord_mn: cute.Tensor, s_lse2: cute.Tensor,
+                   s_d: cute.Tensor, scale_log2: cutlass.Float32):
+    """`_dsoftmax` of a transposed tile (columns = query rows), lse2 and D read per column from
+    shared memory (s_lse2, s_d indexed by the tile-local column `coord_mn` gives)."""
+    for c in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
+        col = coord_mn[0, c][1]
+        lse2, d_val = s_lse2[col], s_d[col]
+        for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
+            p = cute.math.exp2(s_mn[r, c] * scale_log2 - lse2, fastmath=True)
+            s_mn[r, c] = p
+            dp_mn[r, c] = p * (dp_mn[r, c] - d_val)
+
+
 def _to(t: cute.Tensor, dtype) -> cute.Tensor:
     r = cute.make_fragment_like(t, dtype)
     r.store(t.load().to(dtype))
     return r
+
+
+def _sequence(mCuSeqlensQ, mCuSeqlensK, batch, seqlen_q, seqlen_k, causal_offset, offset_lo, bottom_right):
+    """(seqlen_q, seqlen_k, causal_offset, offset_lo, offset_q, offset_k) of this CTA's sequence:
+    the tensors' own lengths for a dense launch, else read from cu_seqlens, with both offsets
+    moved by the sequence's base bottom_right * (Sk_b - Sq_b)."""
+    if cutlass.const_expr(mCuSeqlensQ is None):
+        return seqlen_q, seqlen_k, causal_offset, offset_lo, 0, 0
+    info = seqlen_info.varlen_seqlens(mCuSeqlensQ, mCuSeqlensK, batch)
+    base = bottom_right * (info.seqlen_k - info.seqlen_q)
+    return info.seqlen_q, info.seqlen_k, causal_offset + base, offset_lo + base, info.offset_q, info.offset_k
+
+
+def _rows(t: cute.Tensor, batch, head, offset, varlen: bool) -> cute.Tensor:
+    """The (S, D) or (S,) view of (batch, head) of a (B, H, S, D) / (B, H, S) tensor; varlen:
+    of the packed (1, H, T, ...) tensor, starting at row `offset`."""
+    if cute.rank(t) == 4:
+        if varlen:
+            return cute.domain_offset((offset, 0), t[0, head, None, None])
+        return t[batch, head, None, None]
+    if varlen:
+        return cute.domain_offset((offset,), t[0, head, None])
+    return t[batch, head, None]
+
+
+def _launch_shape(mQ, mK, block, which: str, num_sequences, max_seqlen):
+    """The grid's first and third modes: (tiles of S, batch) or, varlen, (tiles of the longest
+    sequence, sequences)."""
+    src = mQ if which == "q" else mK
+    if max_seqlen is None:
+        return cute.ceil_div(src.shape[2], block), src.shape[0]
+    return cute.ceil_div(max_seqlen, block), num_sequences
 
 
 class FlashAttentionSm80BwdDQ:
@@ -145,7 +244,13 @@ class FlashAttentionSm80BwdDQ:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor,
                  mD: cute.Tensor, mdQ: cute.Tensor, softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32,
-                 qhead_per_kvhead: cutlass.Int32, stream):
+                 offset_lo: cutlass.Int32, qhead_per_kvhead: cutlass.Int32, stream,
+                 mCuSeqlensQ: cute.Tensor | None = None, mCuSeqlensK: cute.Tensor | None = None,
+                 num_sequences: cutlass.Int32 | None = None, max_seqlen_q: cutlass.Int32 | None = None,
+                 bottom_right: cutlass.Int32 | None = None):
+        """Launch over (Q blocks, query heads, batch). Varlen (cu_seqlens given): the tensors
+        are packed (1, H, T, ...) views and the offsets relative to each sequence's base, as in
+        `FlashAttentionSm80`."""
         c = self.config
         mQ, mK, mV, mdO, mdQ = [assume_aligned_rows(t) for t in (mQ, mK, mV, mdO, mdQ)]
         q_layout, kv_layout = to_cute(self.smem_q_layout), to_cute(self.smem_kv_layout)
@@ -158,24 +263,38 @@ class FlashAttentionSm80BwdDQ:
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(kv_layout)], 1024]
 
         gmem_load, gmem_store = _copies(self.dtype, c.threads, c.head_dim)
-        grid = (cute.ceil_div(mQ.shape[2], c.block_m), mQ.shape[1], mQ.shape[0])
-        self.kernel(mQ, mK, mV, mdO, mLSE, mD, mdQ, softmax_scale, causal_offset, qhead_per_kvhead, gmem_load,
-                    gmem_store, _tiled_mma(self.dtype, c.num_warps), SharedStorage).launch(
-            grid=grid, block=[c.threads, 1, 1], stream=stream)
+        tiles, batches = _launch_shape(mQ, mK, c.block_m, "q", num_sequences, max_seqlen_q)
+        self.kernel(mQ, mK, mV, mdO, mLSE, mD, mdQ, softmax_scale, causal_offset, offset_lo, qhead_per_kvhead,
+                    gmem_load, gmem_store, _tiled_mma(self.dtype, c.num_warps),
+                    _tiled_mma(self.dtype, c.num_warps, c.col_warps, _permute_width(c.head_dim)), SharedStorage,
+                    mCuSeqlensQ, mCuSeqlensK, bottom_right).launch(grid=(tiles, mQ.shape[1], batches), block=[c.threads, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor,
                mD: cute.Tensor, mdQ: cute.Tensor, softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32,
-               qhead_per_kvhead: cutlass.Int32, gmem_load: cute.TiledCopy, gmem_store: cute.TiledCopy,
-               tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+               offset_lo: cutlass.Int32, qhead_per_kvhead: cutlass.Int32, gmem_load: cute.TiledCopy,
+               gmem_store: cute.TiledCopy, mma_s: cute.TiledMma, mma_acc: cute.TiledMma,
+               SharedStorage: cutlass.Constexpr, mCuSeqlensQ: cute.Tensor | None, mCuSeqlensK: cute.Tensor | None,
+               bottom_right: cutlass.Int32 | None):
         c = self.config
+        varlen = mCuSeqlensQ is not None
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         kv_head = head // qhead_per_kvhead
-        seqlen_q, seqlen_k = mQ.shape[2], mK.shape[2]
+        seqlen_q, seqlen_k, causal_offset, offset_lo, offset_q, offset_k = _sequence(
+            mCuSeqlensQ, mCuSeqlensK, batch, mQ.shape[2], mK.shape[2], causal_offset, offset_lo, bottom_right)
         n_block_max, n_unmasked_end = block_info.n_block_range(
             m_block, seqlen_q, seqlen_k, causal_offset, block_m=c.block_m, block_n=c.block_n, causal=c.causal,
             minimum=cutlass.min, maximum=cutlass.max)
+        if cutlass.const_expr(varlen):
+            # The grid covers the longest sequence: a tile past this one's end visits no block.
+            live = cutlass.min(cutlass.max(seqlen_q - m_block * c.block_m, 0), 1)
+            n_block_max, n_unmasked_end = n_block_max * live, n_unmasked_end * live
+        n_block_min = block_info.n_block_min(m_block, offset_lo, block_m=c.block_m, block_n=c.block_n,
+                                             local=c.local, maximum=cutlass.max)
+        n_masked = n_block_max - n_unmasked_end
+        if cutlass.const_expr(c.local):
+            n_masked = cutlass.max(n_block_max - n_block_min, 0)
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(to_cute(self.smem_q_layout))
@@ -188,63 +307,72 @@ class FlashAttentionSm80BwdDQ:
         thr_load = gmem_load.get_slice(tidx)
         tQcQ = thr_load.partition_S(cute.make_identity_tensor(tile_q))
         tKVcKV = thr_load.partition_S(cute.make_identity_tensor(tile_kv))
-        gK = cute.local_tile(mK[batch, kv_head, None, None], tile_kv, (None, 0))
-        gV = cute.local_tile(mV[batch, kv_head, None, None], tile_kv, (None, 0))
+        gK = cute.local_tile(_rows(mK, batch, kv_head, offset_k, varlen), tile_kv, (None, 0))
+        gV = cute.local_tile(_rows(mV, batch, kv_head, offset_k, varlen), tile_kv, (None, 0))
         tKgK, tKsK = thr_load.partition_S(gK), thr_load.partition_D(sK)
         tVgV, tVsV = thr_load.partition_S(gV), thr_load.partition_D(sV)
 
         rows_left = seqlen_q - m_block * c.block_m
-        load_rows(gmem_load, thr_load.partition_S(cute.local_tile(mQ[batch, head, None, None], tile_q, (m_block, 0))),
-                  thr_load.partition_D(sQ), tQcQ, rows_left)
-        load_rows(gmem_load, thr_load.partition_S(cute.local_tile(mdO[batch, head, None, None], tile_q, (m_block, 0))),
-                  thr_load.partition_D(sdO), tQcQ, rows_left)
+        gQ = cute.local_tile(_rows(mQ, batch, head, offset_q, varlen), tile_q, (m_block, 0))
+        gdO = cute.local_tile(_rows(mdO, batch, head, offset_q, varlen), tile_q, (m_block, 0))
+        load_rows(gmem_load, thr_load.partition_S(gQ), thr_load.partition_D(sQ), tQcQ, rows_left)
+        load_rows(gmem_load, thr_load.partition_S(gdO), thr_load.partition_D(sdO), tQcQ, rows_left)
         cute.arch.cp_async_commit_group()
 
-        thr_mma = tiled_mma.get_slice(tidx)
+        # The score GEMMs run on one column group of warps (each group computes the same S, dP).
+        tidx_s = tidx % c.score_threads
+        thr_mma_s = mma_s.get_slice(tidx_s)
+        thr_mma_acc = mma_acc.get_slice(tidx)
         frags = (
-            smem_operand(tiled_mma, sQ, "A", self.dtype, tidx, transpose=False),
-            smem_operand(tiled_mma, sK, "B", self.dtype, tidx, transpose=False),
-            smem_operand(tiled_mma, sdO, "A", self.dtype, tidx, transpose=False),
-            smem_operand(tiled_mma, sV, "B", self.dtype, tidx, transpose=False),
-            smem_operand(tiled_mma, sKt, "B", self.dtype, tidx, transpose=True),
+            smem_operand(mma_s, sQ, "A", self.dtype, tidx_s, transpose=False),
+            smem_operand(mma_s, sK, "B", self.dtype, tidx_s, transpose=False),
+            smem_operand(mma_s, sdO, "A", self.dtype, tidx_s, transpose=False),
+            smem_operand(mma_s, sV, "B", self.dtype, tidx_s, transpose=False),
+            smem_operand(mma_acc, sKt, "B", self.dtype, tidx, transpose=True),
         )
-        acc_dq = cute.make_rmem_tensor(thr_mma.partition_shape_C(tile_q), cutlass.Float32)
+        acc_dq = cute.make_rmem_tensor(thr_mma_acc.partition_shape_C(tile_q), cutlass.Float32)
         acc_dq.fill(0.0)
 
         # Per-row lse (log2 domain) and D of this thread's rows; rows past the end get P = 0.
-        t_coord_s = mn_view(thr_mma.partition_C(cute.make_identity_tensor((c.block_m, c.block_n))))
+        t_coord_s = mn_view(thr_mma_s.partition_C(cute.make_identity_tensor((c.block_m, c.block_n))))
         num_rows = cute.size(t_coord_s.shape[0])
         lse2 = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
         d_rows = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
+        g_lse, g_d = _rows(mLSE, batch, head, offset_q, varlen), _rows(mD, batch, head, offset_q, varlen)
         for r in cutlass.range_constexpr(num_rows):
             row = m_block * c.block_m + t_coord_s[r, 0][0]
             lse2[r] = cutlass.Float32.inf
             d_rows[r] = 0.0
             if row < seqlen_q:
-                lse2[r] = mLSE[batch, head, row] * LOG2_E
-                d_rows[r] = mD[batch, head, row]
+                lse2[r] = g_lse[row] * LOG2_E
+                d_rows[r] = g_d[row]
 
         scale_log2 = softmax_scale * LOG2_E
-        for i in cutlass.range(n_block_max - n_unmasked_end, unroll=1):
-            self.dq_block(n_block_max - 1 - i, True, m_block, seqlen_k, causal_offset, gmem_load, tKgK, tKsK,
-                          tVgV, tVsV, tKVcKV, tiled_mma, thr_mma, frags, acc_dq, t_coord_s, lse2, d_rows, scale_log2)
-        for i in cutlass.range(n_unmasked_end, unroll=1):
-            self.dq_block(n_unmasked_end - 1 - i, False, m_block, seqlen_k, causal_offset, gmem_load, tKgK, tKsK,
-                          tVgV, tVsV, tKVcKV, tiled_mma, thr_mma, frags, acc_dq, t_coord_s, lse2, d_rows, scale_log2)
+        offsets = (causal_offset, offset_lo)
+        for i in cutlass.range(n_masked, unroll=1):
+            self.dq_block(n_block_max - 1 - i, True, m_block, seqlen_k, offsets, gmem_load, tKgK, tKsK,
+                          tVgV, tVsV, tKVcKV, mma_s, thr_mma_s, mma_acc, frags, acc_dq, t_coord_s, lse2, d_rows,
+                          scale_log2)
+        if cutlass.const_expr(not c.local):
+            for i in cutlass.range(n_unmasked_end, unroll=1):
+                self.dq_block(n_unmasked_end - 1 - i, False, m_block, seqlen_k, offsets, gmem_load, tKgK, tKsK,
+                              tVgV, tVsV, tKVcKV, mma_s, thr_mma_s, mma_acc, frags, acc_dq, t_coord_s, lse2, d_rows,
+                              scale_log2)
 
-        for e in cutlass.range_constexpr(cute.size(acc_dq)):
-            acc_dq[e] = acc_dq[e] * softmax_scale
-        g_dq = cute.local_tile(mdQ[batch, head, None, None], tile_q, (m_block, 0))
-        store_tile(acc_dq, self.dtype, sQ, gmem_store, tiled_mma, g_dq, tile_q, rows_left, tidx)
+        acc_dq.store(acc_dq.load() * softmax_scale)
+        g_dq = cute.local_tile(_rows(mdQ, batch, head, offset_q, varlen), tile_q, (m_block, 0))
+        store_tile(acc_dq, self.dtype, sQ, gmem_store, mma_acc, g_dq, tile_q, rows_left, tidx)
 
     @cute.jit
     def dq_block(self, n_block: cutlass.Int32, masked: cutlass.Constexpr, m_block: cutlass.Int32,
-                 seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32, gmem_load: cute.TiledCopy,
+                 seqlen_k: cutlass.Int32, offsets, gmem_load: cute.TiledCopy,
                  tKgK: cute.Tensor, tKsK: cute.Tensor, tVgV: cute.Tensor, tVsV: cute.Tensor, tKVcKV: cute.Tensor,
-                 tiled_mma: cute.TiledMma, thr_mma, frags, acc_dq: cute.Tensor, t_coord_s: cute.Tensor,
-                 lse2: cute.Tensor, d_rows: cute.Tensor, scale_log2: cutlass.Float32):
-        """dQ += dS K for K/V block n_block (S, P, dP, dS recomputed)."""
+                 mma_s: cute.TiledMma, thr_mma_s, mma_acc: cute.TiledMma, frags, acc_dq: cute.Tensor,
+                 t_coord_s: cute.Tensor, lse2: cute.Tensor, d_rows: cute.Tensor, scale_log2: cutlass.Float32):
+        """dQ += dS K for K/V block n_block (S, P, dP, dS recomputed). offsets: the mask's
+        (causal_offset, offset_lo)."""
         c = self.config
+        causal_offset, offset_lo = offsets
         q_frag, k_frag, do_frag, v_frag, kt_frag = frags
         # Every warp is done with the previous block's K and V.
         cute.arch.barrier()
@@ -255,18 +383,19 @@ class FlashAttentionSm80BwdDQ:
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
 
-        acc_s = cute.make_rmem_tensor(thr_mma.partition_shape_C((c.block_m, c.block_n)), cutlass.Float32)
+        acc_s = cute.make_rmem_tensor(thr_mma_s.partition_shape_C((c.block_m, c.block_n)), cutlass.Float32)
         acc_s.fill(0.0)
-        gemm_ss(tiled_mma, acc_s, q_frag, k_frag)
-        acc_dp = cute.make_rmem_tensor(thr_mma.partition_shape_C((c.block_m, c.block_n)), cutlass.Float32)
+        gemm_ss(mma_s, acc_s, q_frag, k_frag)
+        acc_dp = cute.make_rmem_tensor(thr_mma_s.partition_shape_C((c.block_m, c.block_n)), cutlass.Float32)
         acc_dp.fill(0.0)
-        gemm_ss(tiled_mma, acc_dp, do_frag, v_frag)
+        gemm_ss(mma_s, acc_dp, do_frag, v_frag)
 
         s_mn = mn_view(acc_s)
         if cutlass.const_expr(masked):
-            apply_mask(s_mn, t_coord_s, m_block * c.block_m, n_block * c.block_n, seqlen_k, causal_offset, c.causal)
+            apply_mask(s_mn, t_coord_s, m_block * c.block_m, n_block * c.block_n, seqlen_k, causal_offset, c.causal,
+                       offset_lo, c.local)
         _dsoftmax(s_mn, mn_view(acc_dp), lse2, d_rows, scale_log2, True)
-        gemm_rs(tiled_mma, acc_dq, accumulator_as_a(_to(acc_dp, self.dtype)), kt_frag)
+        gemm_rs(mma_acc, acc_dq, accumulator_as_a(_to(acc_dp, self.dtype)), kt_frag)
 
 
 class FlashAttentionSm80BwdDKDV:
@@ -284,7 +413,12 @@ class FlashAttentionSm80BwdDKDV:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor,
                  mD: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, softmax_scale: cutlass.Float32,
-                 causal_offset: cutlass.Int32, qhead_per_kvhead: cutlass.Int32, stream):
+                 causal_offset: cutlass.Int32, offset_lo: cutlass.Int32, qhead_per_kvhead: cutlass.Int32, stream,
+                 mCuSeqlensQ: cute.Tensor | None = None, mCuSeqlensK: cute.Tensor | None = None,
+                 num_sequences: cutlass.Int32 | None = None, max_seqlen_k: cutlass.Int32 | None = None,
+                 bottom_right: cutlass.Int32 | None = None):
+        """Launch over (K/V blocks, KV heads, batch); varlen as `FlashAttentionSm80BwdDQ`, the
+        grid then covering the longest key sequence."""
         c = self.config
         mQ, mK, mV, mdO, mdK, mdV = [assume_aligned_rows(t) for t in (mQ, mK, mV, mdO, mdK, mdV)]
         q_layout, kv_layout = to_cute(self.smem_q_layout), to_cute(self.smem_kv_layout)
@@ -295,25 +429,37 @@ class FlashAttentionSm80BwdDKDV:
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(kv_layout)], 1024]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_layout)], 1024]
+            # lse (log2 domain) and D of the current Q block's rows.
+            sLSE: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, c.dkdv_block_m], 16]
+            sDrow: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, c.dkdv_block_m], 16]
 
         gmem_load, gmem_store = _copies(self.dtype, c.threads, c.head_dim)
-        grid = (cute.ceil_div(mK.shape[2], c.block_n), mK.shape[1], mK.shape[0])
-        self.kernel(mQ, mK, mV, mdO, mLSE, mD, mdK, mdV, softmax_scale, causal_offset, qhead_per_kvhead,
-                    gmem_load, gmem_store, _tiled_mma(self.dtype, c.num_warps), SharedStorage).launch(
-            grid=grid, block=[c.threads, 1, 1], stream=stream)
+        tiles, batches = _launch_shape(mQ, mK, c.block_n, "k", num_sequences, max_seqlen_k)
+        self.kernel(mQ, mK, mV, mdO, mLSE, mD, mdK, mdV, softmax_scale, causal_offset, offset_lo, qhead_per_kvhead,
+                    gmem_load, gmem_store, _tiled_mma(self.dtype, c.num_warps),
+                    _tiled_mma(self.dtype, c.num_warps, c.col_warps, _permute_width(c.head_dim)), SharedStorage,
+                    mCuSeqlensQ, mCuSeqlensK, bottom_right).launch(grid=(tiles, mK.shape[1], batches), block=[c.threads, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor,
                mD: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, softmax_scale: cutlass.Float32,
-               causal_offset: cutlass.Int32, qhead_per_kvhead: cutlass.Int32, gmem_load: cute.TiledCopy,
-               gmem_store: cute.TiledCopy, tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+               causal_offset: cutlass.Int32, offset_lo: cutlass.Int32, qhead_per_kvhead: cutlass.Int32,
+               gmem_load: cute.TiledCopy, gmem_store: cute.TiledCopy, mma_s: cute.TiledMma, mma_acc: cute.TiledMma,
+               SharedStorage: cutlass.Constexpr, mCuSeqlensQ: cute.Tensor | None, mCuSeqlensK: cute.Tensor | None,
+               bottom_right: cutlass.Int32 | None):
         c = self.config
+        varlen = mCuSeqlensQ is not None
         tidx, _, _ = cute.arch.thread_idx()
         n_block, kv_head, batch = cute.arch.block_idx()
-        seqlen_q, seqlen_k = mQ.shape[2], mK.shape[2]
+        seqlen_q, seqlen_k, causal_offset, offset_lo, offset_q, offset_k = _sequence(
+            mCuSeqlensQ, mCuSeqlensK, batch, mQ.shape[2], mK.shape[2], causal_offset, offset_lo, bottom_right)
         m_block_min, m_block_max = block_info.m_block_range(
             n_block, seqlen_q, causal_offset, block_m=c.dkdv_block_m, block_n=c.block_n, causal=c.causal,
-            maximum=cutlass.max)
+            maximum=cutlass.max, offset_lo=offset_lo, local=c.local, minimum=cutlass.min)
+        if cutlass.const_expr(varlen):
+            # The grid covers the longest key sequence: a block past this one's end visits nothing.
+            live = cutlass.min(cutlass.max(seqlen_k - n_block * c.block_n, 0), 1)
+            m_block_max = m_block_min + cutlass.max(m_block_max - m_block_min, 0) * live
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sK = storage.sK.get_tensor(to_cute(self.smem_kv_layout))
@@ -322,63 +468,71 @@ class FlashAttentionSm80BwdDKDV:
         sdO = storage.sdO.get_tensor(to_cute(self.smem_q_layout))
         sQt = cute.make_tensor(sQ.iterator, to_cute(self.smem_qt_layout))
         sdOt = cute.make_tensor(sdO.iterator, to_cute(self.smem_qt_layout))
+        s_rows = (storage.sLSE.get_tensor(cute.make_layout(c.dkdv_block_m)),
+                  storage.sDrow.get_tensor(cute.make_layout(c.dkdv_block_m)))
 
         tile_q, tile_kv = (c.dkdv_block_m, c.head_dim), (c.block_n, c.head_dim)
         thr_load = gmem_load.get_slice(tidx)
         tQcQ = thr_load.partition_S(cute.make_identity_tensor(tile_q))
         tKVcKV = thr_load.partition_S(cute.make_identity_tensor(tile_kv))
         rows_left = seqlen_k - n_block * c.block_n
-        load_rows(gmem_load, thr_load.partition_S(cute.local_tile(mK[batch, kv_head, None, None], tile_kv,
-                                                                  (n_block, 0))),
-                  thr_load.partition_D(sK), tKVcKV, rows_left)
-        load_rows(gmem_load, thr_load.partition_S(cute.local_tile(mV[batch, kv_head, None, None], tile_kv,
-                                                                  (n_block, 0))),
-                  thr_load.partition_D(sV), tKVcKV, rows_left)
+        gK = cute.local_tile(_rows(mK, batch, kv_head, offset_k, varlen), tile_kv, (n_block, 0))
+        gV = cute.local_tile(_rows(mV, batch, kv_head, offset_k, varlen), tile_kv, (n_block, 0))
+        load_rows(gmem_load, thr_load.partition_S(gK), thr_load.partition_D(sK), tKVcKV, rows_left)
+        load_rows(gmem_load, thr_load.partition_S(gV), thr_load.partition_D(sV), tKVcKV, rows_left)
         cute.arch.cp_async_commit_group()
 
-        thr_mma = tiled_mma.get_slice(tidx)
+        # The score GEMMs run on one column group of warps (each group computes the same S^T, dP^T).
+        tidx_s = tidx % c.score_threads
+        thr_mma_s = mma_s.get_slice(tidx_s)
+        thr_mma_acc = mma_acc.get_slice(tidx)
         frags = (
-            smem_operand(tiled_mma, sK, "A", self.dtype, tidx, transpose=False),
-            smem_operand(tiled_mma, sQ, "B", self.dtype, tidx, transpose=False),
-            smem_operand(tiled_mma, sV, "A", self.dtype, tidx, transpose=False),
-            smem_operand(tiled_mma, sdO, "B", self.dtype, tidx, transpose=False),
-            smem_operand(tiled_mma, sdOt, "B", self.dtype, tidx, transpose=True),
-            smem_operand(tiled_mma, sQt, "B", self.dtype, tidx, transpose=True),
+            smem_operand(mma_s, sK, "A", self.dtype, tidx_s, transpose=False),
+            smem_operand(mma_s, sQ, "B", self.dtype, tidx_s, transpose=False),
+            smem_operand(mma_s, sV, "A", self.dtype, tidx_s, transpose=False),
+            smem_operand(mma_s, sdO, "B", self.dtype, tidx_s, transpose=False),
+            smem_operand(mma_acc, sdOt, "B", self.dtype, tidx, transpose=True),
+            smem_operand(mma_acc, sQt, "B", self.dtype, tidx, transpose=True),
         )
-        acc_dk = cute.make_rmem_tensor(thr_mma.partition_shape_C(tile_kv), cutlass.Float32)
-        acc_dv = cute.make_rmem_tensor(thr_mma.partition_shape_C(tile_kv), cutlass.Float32)
+        acc_dk = cute.make_rmem_tensor(thr_mma_acc.partition_shape_C(tile_kv), cutlass.Float32)
+        acc_dv = cute.make_rmem_tensor(thr_mma_acc.partition_shape_C(tile_kv), cutlass.Float32)
         acc_dk.fill(0.0)
         acc_dv.fill(0.0)
         # (key row, query column) of each S^T element this thread holds.
-        t_coord_st = mn_view(thr_mma.partition_C(cute.make_identity_tensor((c.block_n, c.dkdv_block_m))))
+        t_coord_st = mn_view(thr_mma_s.partition_C(cute.make_identity_tensor((c.block_n, c.dkdv_block_m))))
 
         scale_log2 = softmax_scale * LOG2_E
-        for g in cutlass.range(qhead_per_kvhead, unroll=1):
+        # One flat loop over (query head of the group, Q block): per-head addresses are
+        # recomputed per step instead of held in registers across an inner loop.
+        m_blocks = cutlass.max(m_block_max - m_block_min, 0)
+        for step in cutlass.range(qhead_per_kvhead * m_blocks, unroll=1):
+            g = step // m_blocks
+            m_block = m_block_min + step - g * m_blocks
             head = kv_head * qhead_per_kvhead + g
-            gQ = cute.local_tile(mQ[batch, head, None, None], tile_q, (None, 0))
-            gdO = cute.local_tile(mdO[batch, head, None, None], tile_q, (None, 0))
-            tQgQ, tdOgdO = thr_load.partition_S(gQ), thr_load.partition_S(gdO)
-            for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
-                self.dkdv_block(m_block, n_block, batch, head, seqlen_q, causal_offset, gmem_load,
-                                tQgQ[None, None, None, m_block], thr_load.partition_D(sQ),
-                                tdOgdO[None, None, None, m_block], thr_load.partition_D(sdO), tQcQ, mLSE, mD,
-                                tiled_mma, thr_mma, frags, acc_dk, acc_dv, t_coord_st, scale_log2)
+            gQ = cute.local_tile(_rows(mQ, batch, head, offset_q, varlen), tile_q, (m_block, 0))
+            gdO = cute.local_tile(_rows(mdO, batch, head, offset_q, varlen), tile_q, (m_block, 0))
+            g_lse, g_d = _rows(mLSE, batch, head, offset_q, varlen), _rows(mD, batch, head, offset_q, varlen)
+            self.dkdv_block(m_block, n_block, seqlen_q, (causal_offset, offset_lo), gmem_load,
+                            thr_load.partition_S(gQ), thr_load.partition_D(sQ), thr_load.partition_S(gdO),
+                            thr_load.partition_D(sdO), tQcQ, g_lse, g_d, s_rows, tidx, mma_s, thr_mma_s, mma_acc,
+                            frags, acc_dk, acc_dv, t_coord_st, scale_log2)
 
-        for e in cutlass.range_constexpr(cute.size(acc_dk)):
-            acc_dk[e] = acc_dk[e] * softmax_scale
-        store_tile(acc_dk, self.dtype, sK, gmem_store, tiled_mma,
-                   cute.local_tile(mdK[batch, kv_head, None, None], tile_kv, (n_block, 0)), tile_kv, rows_left, tidx)
-        store_tile(acc_dv, self.dtype, sV, gmem_store, tiled_mma,
-                   cute.local_tile(mdV[batch, kv_head, None, None], tile_kv, (n_block, 0)), tile_kv, rows_left, tidx)
+        acc_dk.store(acc_dk.load() * softmax_scale)
+        g_dk = cute.local_tile(_rows(mdK, batch, kv_head, offset_k, varlen), tile_kv, (n_block, 0))
+        g_dv = cute.local_tile(_rows(mdV, batch, kv_head, offset_k, varlen), tile_kv, (n_block, 0))
+        store_tile(acc_dk, self.dtype, sK, gmem_store, mma_acc, g_dk, tile_kv, rows_left, tidx)
+        store_tile(acc_dv, self.dtype, sV, gmem_store, mma_acc, g_dv, tile_kv, rows_left, tidx)
 
     @cute.jit
-    def dkdv_block(self, m_block: cutlass.Int32, n_block: cutlass.Int32, batch, head, seqlen_q: cutlass.Int32,
-                   causal_offset: cutlass.Int32, gmem_load: cute.TiledCopy, tQgQ: cute.Tensor, tQsQ: cute.Tensor,
-                   tdOgdO: cute.Tensor, tdOsdO: cute.Tensor, tQcQ: cute.Tensor, mLSE: cute.Tensor,
-                   mD: cute.Tensor, tiled_mma: cute.TiledMma, thr_mma, frags, acc_dk: cute.Tensor,
-                   acc_dv: cute.Tensor, t_coord_st: cute.Tensor, scale_log2: cutlass.Float32):
-        """dV += P^T dO and dK += dS^T Q for Q block m_block of query head `head`."""
+    def dkdv_block(self, m_block: cutlass.Int32, n_block: cutlass.Int32, seqlen_q: cutlass.Int32, offsets,
+                   gmem_load: cute.TiledCopy, tQgQ: cute.Tensor, tQsQ: cute.Tensor, tdOgdO: cute.Tensor,
+                   tdOsdO: cute.Tensor, tQcQ: cute.Tensor, g_lse: cute.Tensor, g_d: cute.Tensor, s_rows,
+                   tidx: cutlass.Int32, mma_s: cute.TiledMma, thr_mma_s, mma_acc: cute.TiledMma, frags,
+                   acc_dk: cute.Tensor, acc_dv: cute.Tensor, t_coord_st: cute.Tensor, scale_log2: cutlass.Float32):
+        """dV += P^T dO and dK += dS^T Q for Q block m_block of one query head (g_lse, g_d: its
+        (Sq,) lse and D, staged per Q block in s_rows). offsets: the mask's (causal_offset, offset_lo)."""
         c = self.config
+        causal_offset, offset_lo = offsets
         k_frag, q_frag, v_frag, do_frag, dot_frag, qt_frag = frags
         # Every warp is done with the previous Q and dO tiles.
         cute.arch.barrier()
@@ -387,134 +541,57 @@ class FlashAttentionSm80BwdDKDV:
         load_rows(gmem_load, tdOgdO, tdOsdO, tQcQ, rows_left)
         cute.arch.cp_async_commit_group()
 
-        # lse (log2 domain) and D of this thread's query columns, under the copies.
-        num_cols = cute.size(t_coord_st.shape[1])
-        lse2 = cute.make_rmem_tensor((num_cols,), cutlass.Float32)
-        d_cols = cute.make_rmem_tensor((num_cols,), cutlass.Float32)
-        for j in cutlass.range_constexpr(num_cols):
-            row = m_block * c.dkdv_block_m + t_coord_st[0, j][1]
-            lse2[j] = cutlass.Float32.inf
-            d_cols[j] = 0.0
+        # lse (log2 domain) and D of the Q block's rows to shared memory, under the copies: held
+        # in registers through the GEMMs they would take 2 per column of every thread.
+        s_lse2, s_d = s_rows
+        if tidx < c.dkdv_block_m:
+            row = m_block * c.dkdv_block_m + tidx
+            lse_row, d_row = cutlass.Float32.inf, cutlass.Float32(0.0)
             if row < seqlen_q:
-                lse2[j] = mLSE[batch, head, row] * LOG2_E
-                d_cols[j] = mD[batch, head, row]
+                lse_row, d_row = g_lse[row] * LOG2_E, g_d[row]
+            s_lse2[tidx] = lse_row
+            s_d[tidx] = d_row
 
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
 
-        acc_st = cute.make_rmem_tensor(thr_mma.partition_shape_C((c.block_n, c.dkdv_block_m)), cutlass.Float32)
+        # A warp's B fragment of one k step of the gradient GEMMs spans its whole head-dim share:
+        # past 64 columns, operands in flight one step ahead would push dK, dV out of registers.
+        prefetch = c.head_dim // c.col_warps <= 64
+        acc_st = cute.make_rmem_tensor(thr_mma_s.partition_shape_C((c.block_n, c.dkdv_block_m)), cutlass.Float32)
         acc_st.fill(0.0)
-        gemm_ss(tiled_mma, acc_st, k_frag, q_frag)       # S^T = K Q^T
-        acc_dpt = cute.make_rmem_tensor(thr_mma.partition_shape_C((c.block_n, c.dkdv_block_m)), cutlass.Float32)
+        gemm_ss(mma_s, acc_st, k_frag, q_frag, prefetch)       # S^T = K Q^T
+        acc_dpt = cute.make_rmem_tensor(thr_mma_s.partition_shape_C((c.block_n, c.dkdv_block_m)), cutlass.Float32)
         acc_dpt.fill(0.0)
-        gemm_ss(tiled_mma, acc_dpt, v_frag, do_frag)     # dP^T = V dO^T
+        gemm_ss(mma_s, acc_dpt, v_frag, do_frag, prefetch)     # dP^T = V dO^T
 
         st_mn = mn_view(acc_st)
+        key_base, query_base = n_block * c.block_n, m_block * c.dkdv_block_m
         if cutlass.const_expr(c.causal):
-            apply_causal_mask_kq(st_mn, t_coord_st, n_block * c.block_n, m_block * c.dkdv_block_m, causal_offset)
-        _dsoftmax(st_mn, mn_view(acc_dpt), lse2, d_cols, scale_log2, False)
-        gemm_rs(tiled_mma, acc_dv, accumulator_as_a(_to(acc_st, self.dtype)), dot_frag)
-        gemm_rs(tiled_mma, acc_dk, accumulator_as_a(_to(acc_dpt, self.dtype)), qt_frag)
-
-
-# ---- compile-only variants ------------------------------------------------------------------------
-
-
-def build_dq_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False):
-    from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
-
-    config = bwd_config_for(head_dim, dtype, causal)
-    t = _CUTLASS[dtype]
-    q, k, v, do, dq = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(5)]
-    lse, d = [fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4) for _ in range(2)]
-    args = (q, k, v, do, lse, d, dq, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(0),
-            cutlass.Int32(1), fake_stream())
-    return CompileJob(FlashAttentionSm80BwdDQ(config), args, ("attention.sm80_flash_bwd_dq", config))
-
-
-def build_dkdv_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False):
-    from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
-
-    config = bwd_config_for(head_dim, dtype, causal)
-    t = _CUTLASS[dtype]
-    q, k, v, do, dk, dv = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(6)]
-    lse, d = [fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4) for _ in range(2)]
-    args = (q, k, v, do, lse, d, dk, dv, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(0),
-            cutlass.Int32(1), fake_stream())
-    return CompileJob(FlashAttentionSm80BwdDKDV(config), args, ("attention.sm80_flash_bwd_dkdv", config))
-
-
-BWD_VARIANT_CONFIGS = {
-    f"d{d}_{dt}{'_causal' if causal else ''}": {"head_dim": d, "dtype": dt, "causal": causal}
-    for d, dt, causal in ((64, "float16", True), (128, "bfloat16", True))
-}
-
-
-def _register() -> None:
-    from cute_kernels.runtime import register_variant
-
-    register_variant("attention.sm80_flash_bwd_dq", build_dq_variant, configs=BWD_VARIANT_CONFIGS,
-                     requires={"HMMA", "LDSM", "LDGSTS"})
-    register_variant("attention.sm80_flash_bwd_dkdv", build_dkdv_variant, configs=BWD_VARIANT_CONFIGS,
-                     requires={"HMMA", "LDSM", "LDGSTS"})
-
-
-_register()
-
-
-# ---- host side ------------------------------------------------------------------------------------
+            apply_causal_mask_kq(st_mn, t_coord_st, key_base, query_base, causal_offset)
+        if cutlass.const_expr(c.local):
+            apply_window_mask_kq(st_mn, t_coord_st, key_base, query_base, offset_lo)
+        _dsoftmax_cols(st_mn, mn_view(acc_dpt), t_coord_st, s_lse2, s_d, scale_log2)
+        gemm_rs(mma_acc, acc_dv, accumulator_as_a(_to(acc_st, self.dtype)), dot_frag, prefetch)
+        gemm_rs(mma_acc, acc_dk, accumulator_as_a(_to(acc_dpt, self.dtype)), qt_frag, prefetch)
 
 
 def supports_backward(problem) -> str | None:
-    """None when the backward kernels take `problem` (an `api.AttentionProblem`), else why not."""
-    d = problem.head_dim
-    if d % 16 or not 16 <= d <= 128:
-        return f"the sm80_flash backward takes head dims that are multiples of 16 up to 128, not {d}"
-    if problem.head_dim_v != d:
-        return f"the sm80_flash backward needs the value head dim ({problem.head_dim_v}) equal to D ({d})"
-    return None
+    """None when the backward kernels take `problem`; see `sm80_flash_bwd_launch`."""
+    from .sm80_flash_bwd_launch import supports_backward as supports
 
-
-_KERNELS: dict = {}
-
-
-def _kernel(cls, config):
-    key = (cls, config)
-    if key not in _KERNELS:
-        _KERNELS[key] = cls(config)
-    return _KERNELS[key]
+    return supports(problem)
 
 
 def backward(dout, q, k, v, out, lse, problem):
-    """(dq, dk, dv) for 4-D q (B, Hq, Sq, D), k, v (B, Hkv, Sk, D), the forward's out and lse
-    (natural log, -inf for rows that saw no key) and the output gradient dout, on torch's
-    current stream. dq, dk, dv are new contiguous tensors of q's dtype."""
-    import torch
+    """(dq, dk, dv) of the dense launch; see `sm80_flash_bwd_launch.backward`."""
+    from .sm80_flash_bwd_launch import backward as run
 
-    from cute_kernels.runtime import compile_kernel, current_stream, from_torch
+    return run(dout, q, k, v, out, lse, problem)
 
-    dtype_name = str(problem.dtype).removeprefix("torch.")
-    config = bwd_config_for(problem.head_dim, dtype_name, problem.causal is not None)
-    if any(s % 8 for s, n in zip(dout.stride()[:-1], dout.shape[:-1]) if n > 1) or dout.stride(-1) != 1 \
-            or dout.data_ptr() % 16:
-        dout = dout.contiguous()
-    # D_i = dO_i . O_i, and rows that saw no key enter with lse = +inf (so P = 0 there).
-    d_rows = (dout.float() * out.float()).sum(-1).contiguous()
-    lse_b = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse).contiguous()
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    t4 = lambda t: from_torch(t, assumed_align=16, leading_dim=3)  # noqa: E731
-    t3 = lambda t: from_torch(t, assumed_align=4, leading_dim=2)  # noqa: E731
-    scale, offset, group = launch_scalars(problem)
-    scalars = (cutlass.Float32(scale), cutlass.Int32(offset), cutlass.Int32(group))
-    stream = current_stream()
-    args = (t4(q), t4(k), t4(v), t4(dout), t3(lse_b), t3(d_rows), t4(dq), *scalars)
-    fn = compile_kernel(_kernel(FlashAttentionSm80BwdDQ, config), *args, stream,
-                        key=("attention.sm80_flash_bwd_dq", config))
-    fn(*args, stream)
-    args = (t4(q), t4(k), t4(v), t4(dout), t3(lse_b), t3(d_rows), t4(dk), t4(dv), *scalars)
-    fn = compile_kernel(_kernel(FlashAttentionSm80BwdDKDV, config), *args, stream,
-                        key=("attention.sm80_flash_bwd_dkdv", config))
-    fn(*args, stream)
-    return dq, dk, dv
+
+def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, problem):
+    """(dq, dk, dv) of the packed launch; see `sm80_flash_bwd_launch.varlen_backward`."""
+    from .sm80_flash_bwd_launch import varlen_backward as run
+
+    return run(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, problem)

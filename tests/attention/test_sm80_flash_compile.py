@@ -12,15 +12,41 @@ def test_configs_validate_and_tile_each_head_dim():
     pytest.importorskip("cutlass")
     from cute_kernels.attention.sm80_flash import FlashSm80Config, config_for
 
-    for d in (16, 32, 64, 96, 128, 160, 192, 256):
-        c = config_for(d, "bfloat16", True)
+    for d in range(16, 257, 16):
+        c = config_for(d, "bfloat16", True, local=d % 32 == 0)
         assert c.smem_bytes <= 227 * 1024 and c.block_m % (16 * c.num_warps) == 0
+        assert c.local == (d % 32 == 0)
     with pytest.raises(ValueError, match="multiple of 16"):
         FlashSm80Config(head_dim=72).validate()
     with pytest.raises(ValueError, match=r"block_m = 48 must be a multiple of 16 \* num_warps = 64"):
         FlashSm80Config(block_m=48, num_warps=4).validate()
     with pytest.raises(ValueError, match="dtype"):
         FlashSm80Config(dtype="float32").validate()
+    with pytest.raises(ValueError, match="local must be a bool"):
+        FlashSm80Config(local=1).validate()
+
+
+def test_backward_configs_cover_every_head_dim_they_claim():
+    """bwd_config_for serves every multiple of 16 up to 128 and of 32 up to 256 (what
+    `supports_backward` admits); above 128 a second group of warps splits the head dim."""
+    pytest.importorskip("cutlass")
+    from cute_kernels.attention.api import AttentionProblem
+    from cute_kernels.attention.sm80_flash_bwd import FlashSm80BwdConfig, bwd_config_for
+    from cute_kernels.attention.sm80_flash_bwd_launch import supports_backward
+
+    import torch
+
+    for d in range(16, 257, 16):
+        problem = AttentionProblem(1, 1, 1, 8, 8, d, d, torch.bfloat16, None, 0.1, 4, None)
+        why = supports_backward(problem)
+        assert (why is None) == (d <= 128 or d % 32 == 0), (d, why)
+        if why is None:
+            c = bwd_config_for(d, "bfloat16", False, True)
+            assert c.local and c.col_warps == (1 if d <= 128 else 2) and c.threads == 128 * c.col_warps
+    with pytest.raises(ValueError, match="multiple of 16 \\* col_warps = 32"):
+        FlashSm80BwdConfig(head_dim=144, col_warps=2).validate()
+    with pytest.raises(ValueError, match="col_warps must be 1 or 2"):
+        FlashSm80BwdConfig(col_warps=4).validate()
 
 
 @pytest.mark.parametrize("d", [64, 96, 128])
@@ -76,3 +102,31 @@ def test_variant_uses_tensor_cores_ldmatrix_cp_async_without_spills():
     assert check_variant(report, get_variant("attention.sm80_flash")) == []
     assert report.spill_store_bytes == 0 and report.local_memory == 0
     assert report.dynamic_smem >= 2 * 64 * (128 + 2 * 64)
+
+
+# (variant, config, threads per CTA): the windowed forward (dense and packed), and the backward's
+# windowed, head-dim-split (D 192, 256) and packed kernels.
+NEW_VARIANTS = [
+    ("attention.sm80_flash", "d128_bfloat16_causal_local", 256),
+    ("attention.sm80_flash_varlen", "d128_bfloat16_causal_local", 256),
+    ("attention.sm80_flash_bwd_dq", "d128_bfloat16_causal_local", 128),
+    ("attention.sm80_flash_bwd_dkdv", "d128_bfloat16_causal_local", 128),
+    ("attention.sm80_flash_bwd_dq", "d256_bfloat16_causal_local", 256),
+    ("attention.sm80_flash_bwd_dkdv", "d256_bfloat16_causal_local", 256),
+    ("attention.sm80_flash_bwd_dkdv", "d192_float16_causal", 256),
+    ("attention.sm80_flash_bwd_dkdv_varlen", "d256_bfloat16_causal", 256),
+]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("variant, config, threads", NEW_VARIANTS)
+def test_window_varlen_and_wide_backward_variants_run_on_tensor_cores_without_spills(variant, config, threads):
+    from cute_kernels.runtime import check_variant, compile_variant, get_variant
+
+    report = compile_variant(variant, config)
+    assert check_variant(report, get_variant(variant)) == []  # HMMA, LDSM, LDGSTS present; no LDL/STL
+    (kernel,) = report.kernels
+    ops = kernel.sass.histogram
+    assert ops["HMMA"] > 0 and ops["LDSM"] > 0 and ops["LDL"] == 0 and ops["STL"] == 0
+    assert report.spill_store_bytes == 0 and report.local_memory == 0
+    assert kernel.block_dim == (threads, 1, 1)
