@@ -1,19 +1,23 @@
 """Attention on the CuTe DSL: PyTorch's SDPA interface over a ladder of kernels.
 
 - `scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
-  scale=None, enable_gqa=False, *, kernel="auto")`: PyTorch's signature, (B, H, S, D).
-- `attention_forward(q, k, v, *, causal=None, scale=None, enable_gqa=False, kernel="auto")`
-  -> (out, lse): the internal entry, with the log-sum-exp for a backward;
+  scale=None, enable_gqa=False, *, window_size=None, kernel="auto")`: PyTorch's signature,
+  (B, H, S, D), plus FlashAttention's sliding window `window_size=(left, right)` (-1 unbounded).
+- `attention_forward(q, k, v, *, causal=None, scale=None, enable_gqa=False, window_size=None,
+  kernel="auto")` -> (out, lse): the internal entry, with the log-sum-exp for a backward;
   `attention_backward(dout, q, k, v, out, lse, ...)` -> (dq, dk, dv).
 - `attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-  causal, scale, kernel)` -> (out (Tq, Hq, Dv), lse (Hq, Tq)): packed variable-length batches.
+  causal, scale, window_size, kernel)` -> (out (Tq, Hq, Dv), lse (Hq, Tq)): packed
+  variable-length batches; `attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q,
+  cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, ...)` -> (dq, dk, dv).
 - `paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, scale, kernel)` -> out (B, Hq, Dv):
   one query token per sequence over a paged KV cache (split-KV, the `decode` rung).
 - `KERNELS`: the ladder (`sm80_flash`, `decode`; `sm90_flash` to come).
 
 The kernel composes small modules, as flash-attention's CuTe kernels do: `mask` (causal
-alignments, sequence ends), `softmax` (online softmax in base 2), `block_info` (which K/V blocks
-a Q block visits), `seqlen_info` (varlen offsets), `fragments` (register views).
+alignments, sliding windows, sequence ends; the rule itself is in the DSL-free `mask_rule`),
+`softmax` (online softmax in base 2), `block_info` (which K/V blocks a Q block visits),
+`seqlen_info` (varlen offsets), `fragments` (register views).
 Names are imported lazily: importing the package loads neither torch nor the DSL.
 """
 
@@ -27,6 +31,7 @@ _EXPORTS = {
     "attention_backward": "api",
     "AttentionProblem": "api",
     "attention_varlen_forward": "varlen",
+    "attention_varlen_backward": "varlen",
     "paged_decode": "paged",
     "PagedProblem": "paged",
     "KERNELS": "registry",

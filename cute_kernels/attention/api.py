@@ -10,6 +10,12 @@ alignment comes as PyTorch spells it, `attn_mask=torch.nn.attention.bias.causal_
 Sq, Sk)` (also accepted: `causal_upper_left`). An arbitrary dense `attn_mask` and `dropout_p > 0`
 are not implemented and say so.
 
+Sliding windows: `window_size=(left, right)` (FlashAttention's convention: ints, -1 for an
+unbounded side, None for no window) limits row i to keys i + base - left <= j <= i + base +
+right, where base aligns the diagonal (bottom-right for a window without causality; see
+`mask_rule`). It is checked and made canonical (`mask_rule.canonical_window`) with the other
+arguments; a rung that does not implement it says so in its `supports` reason.
+
 Gradients: when grad mode is on and q, k or v requires grad, `scaled_dot_product_attention` runs
 through an autograd function whose backward is `attention_backward` (the rung's `backward`:
 dQ, dK, dV recomputing P from the saved lse). Whether the rung can differentiate the problem is
@@ -23,6 +29,8 @@ import numbers
 from dataclasses import dataclass
 
 from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_signature
+
+from .mask_rule import canonical_window
 
 __all__ = ["AttentionProblem", "scaled_dot_product_attention", "attention_forward", "attention_backward",
            "check_inputs"]
@@ -99,10 +107,11 @@ def _check_tensor(t, name: str) -> None:
         raise TypeError(f"scaled_dot_product_attention: {name} has dtype {t.dtype}; a floating dtype is needed")
 
 
-def check_inputs(q, k, v, *, causal: str | None, scale, enable_gqa: bool) -> AttentionProblem:
+def check_inputs(q, k, v, *, causal: str | None, scale, enable_gqa: bool, window_size=None) -> AttentionProblem:
     """Validate q, k, v (4-D, or all 3-D) and options; return the problem. Raises TypeError or
     ValueError naming the offending argument. Device placement is checked last, so every shape
-    and dtype error is reported the same on CPU tensors."""
+    and dtype error is reported the same on CPU tensors. The window is stored in canonical form
+    (`mask_rule.canonical_window`: None for an unbounded side; causality bounds the right)."""
     for name, t in (("query", q), ("key", k), ("value", v)):
         _check_tensor(t, name)
     if not (q.dim() == k.dim() == v.dim()):
@@ -146,10 +155,11 @@ def check_inputs(q, k, v, *, causal: str | None, scale, enable_gqa: bool) -> Att
         scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
     elif not isinstance(scale, numbers.Real) or isinstance(scale, bool):
         raise TypeError(f"scaled_dot_product_attention: scale must be a real number or None, got {type(scale).__name__}")
+    causal, left, right = canonical_window(window_size, causal, "scaled_dot_product_attention")
     why = _device_reason(q, k, v)
     if why is not None:
         raise ValueError(f"scaled_dot_product_attention: {why}")
-    return AttentionProblem(b, hq, hk, sq, sk, d, dv, q.dtype, causal, float(scale))
+    return AttentionProblem(b, hq, hk, sq, sk, d, dv, q.dtype, causal, float(scale), left, right)
 
 
 def _device_reason(q, k, v) -> str | None:
@@ -180,13 +190,15 @@ def _result(t, name: str, shape: tuple, dtype, device, unbatched: bool):
 
 
 def attention_forward(q, k, v, *, causal: str | None = None, scale=None, enable_gqa: bool = False,
-                      kernel: str = "auto", out=None, lse=None):
+                      window_size=None, kernel: str = "auto", out=None, lse=None):
     """(out, lse): out = softmax(q k^T * scale + mask) v per head, lse = logsumexp over keys of
     the masked, scaled scores (fp32, natural log, shape q.shape[:-1]).
 
     causal: None, "top_left" (row i sees keys j <= i) or "bottom_right" (j <= i + Sk - Sq;
-    rows that see no key give out 0 and lse -inf). Query head h reads key/value head
-    h // (Hq / Hkv). The shape conventions and errors are those of `scaled_dot_product_attention`.
+    rows that see no key give out 0 and lse -inf). window_size: None or (left, right), -1 for an
+    unbounded side (`mask_rule`: FlashAttention's sliding window, aligned bottom-right without
+    causality). Query head h reads key/value head h // (Hq / Hkv). The shape conventions and
+    errors are those of `scaled_dot_product_attention`.
     out, lse: optional preallocated results (contiguous, shapes and dtypes as returned), which
     every launch overwrites entirely (tests pass NaN-poisoned ones to prove it).
     A call without out and lse whose signature was checked before replays its launch
@@ -194,7 +206,7 @@ def attention_forward(q, k, v, *, causal: str | None = None, scale=None, enable_
     """
     sig = None
     if out is None and lse is None:
-        sig = _plan_signature(q, k, v, causal, scale, enable_gqa, kernel)
+        sig = _plan_signature(q, k, v, causal, scale, enable_gqa, kernel, window_size)
         if sig is not None:
             try:
                 plan = _PLANS.get(sig)
@@ -202,20 +214,20 @@ def attention_forward(q, k, v, *, causal: str | None = None, scale=None, enable_
                 plan = sig = None
             if plan is not None:
                 return plan(q, k, v)
-    out, lse, launched = _forward(q, k, v, causal, scale, enable_gqa, kernel, out, lse)
+    out, lse, launched = _forward(q, k, v, causal, scale, enable_gqa, kernel, out, lse, window_size)
     if sig is not None and launched is not None:
         _keep_plan(sig, q, k, v, *launched)
     return out, lse
 
 
-def _forward(q, k, v, causal, scale, enable_gqa, kernel, out, lse):
+def _forward(q, k, v, causal, scale, enable_gqa, kernel, out, lse, window_size=None):
     """`attention_forward`'s checked path: (out, lse, (rung, problem) when a rung launched)."""
     import torch
 
     from .dispatch import resolve
 
     launched = None
-    problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa)
+    problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, window_size=window_size)
     unbatched = q.dim() == 3
     q4, k4, v4 = (t.unsqueeze(0) if unbatched else t for t in (q, k, v))
     p = problem
@@ -241,14 +253,15 @@ _PLANS = PlanCache("attention.forward")
 _SCALE_TYPES = (float, int, type(None))
 
 
-def _plan_signature(q, k, v, causal, scale, enable_gqa, kernel):
+def _plan_signature(q, k, v, causal, scale, enable_gqa, kernel, window_size=None):
     """The plan key of an `attention_forward` call (no out/lse given), or None when it cannot
-    have a plan (a non-tensor, a scale that is not a Python float/int/None). Not hashed here."""
+    have a plan (a non-tensor, a scale that is not a Python float/int/None). Not hashed here
+    (an unhashable window_size, a list, fails the lookup and so takes the checked path)."""
     if scale.__class__ not in _SCALE_TYPES:
         return None
     try:
         return (tensor_signature(q), tensor_signature(k), tensor_signature(v), causal, scale.__class__, scale,
-                enable_gqa, kernel)
+                enable_gqa, kernel, window_size)
     except (TypeError, RuntimeError):  # not plain tensors (FakeTensor, other subclasses, non-tensors)
         return None
 
@@ -317,9 +330,11 @@ def _backward_rung(kernel: str, q4, k4, v4, problem):
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal: str | None = None, scale=None, enable_gqa: bool = False,
-                       kernel: str = "auto", deterministic: bool | None = None):
+                       window_size=None, kernel: str = "auto", deterministic: bool | None = None):
     """(dq, dk, dv): gradients of `attention_forward`'s out for the output gradient `dout`,
-    given the forward's `out` and `lse` (same causal/scale/enable_gqa/kernel arguments). With
+    given the forward's `out` and `lse` (same causal/scale/enable_gqa/window_size/kernel
+    arguments). A rung whose backward does not take the problem (a window, a head dim) raises
+    NotImplementedError with its reason, before any launch. With
     GQA, dk and dv sum over the query heads sharing each key/value head.
 
     deterministic: True asks for bitwise-reproducible gradients (dQ through its own pass, not
@@ -329,7 +344,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal: str | None = None, sc
 
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa)
+    problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, window_size=window_size)
     unbatched = q.dim() == 3
     q4, k4, v4, out4, do4 = (t.unsqueeze(0) if unbatched else t for t in (q, k, v, out, dout))
     lse4 = lse.unsqueeze(0) if unbatched else lse
@@ -362,17 +377,19 @@ def _attention_function():
 
         class AttentionFunction(torch.autograd.Function):
             @staticmethod
-            def forward(ctx, q, k, v, causal, scale, enable_gqa, kernel):
-                out, lse = attention_forward(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, kernel=kernel)
+            def forward(ctx, q, k, v, causal, scale, enable_gqa, kernel, window_size):
+                out, lse = attention_forward(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa,
+                                             window_size=window_size, kernel=kernel)
                 ctx.save_for_backward(q, k, v, out, lse)
-                ctx.options = dict(causal=causal, scale=scale, enable_gqa=enable_gqa, kernel=kernel)
+                ctx.options = dict(causal=causal, scale=scale, enable_gqa=enable_gqa, window_size=window_size,
+                                   kernel=kernel)
                 return out
 
             @staticmethod
             def backward(ctx, dout):
                 q, k, v, out, lse = ctx.saved_tensors
                 dq, dk, dv = attention_backward(dout, q, k, v, out, lse, **ctx.options)
-                return dq, dk, dv, None, None, None, None
+                return dq, dk, dv, None, None, None, None, None
 
         _ATTENTION_FN = AttentionFunction
     return _ATTENTION_FN
@@ -382,19 +399,21 @@ _ATTENTION_FN = None
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
-                                 scale=None, enable_gqa: bool = False, *, kernel: str = "auto"):
+                                 scale=None, enable_gqa: bool = False, *, window_size=None, kernel: str = "auto"):
     """torch.nn.functional.scaled_dot_product_attention on the cute_kernels ladder.
 
     q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv) (or all without B), fp16/bf16 on
     one CUDA device, head dim contiguous (other strides free: (B, S, H, D) tensors transposed
     to (B, H, S, D) are used in place). Returns out (B, Hq, Sq, Dv). `kernel`: "auto" or a rung
-    name from `cute_kernels.attention.KERNELS`. Raises NotImplementedError for dropout and an
+    name from `cute_kernels.attention.KERNELS`. window_size: None or (left, right), a sliding
+    window in FlashAttention's convention (-1 for an unbounded side; with a causal mask right
+    must be -1 or 0; see the module docstring). Raises NotImplementedError for dropout and an
     arbitrary dense attn_mask, and ValueError/TypeError for bad inputs, before any launch.
     Differentiable in q, k and v (see the module docstring).
     """
     if attn_mask is None and dropout_p.__class__ is float and dropout_p == 0.0 and is_causal.__class__ is bool:
         # the warm path: a plan of `attention_forward` for this signature, if none requires grad
-        sig = _plan_signature(q, k, v, "top_left" if is_causal else None, scale, enable_gqa, kernel)
+        sig = _plan_signature(q, k, v, "top_left" if is_causal else None, scale, enable_gqa, kernel, window_size)
         if sig is not None and not (sig[0][-1] or sig[1][-1] or sig[2][-1]):
             try:
                 plan = _PLANS.get(sig)
@@ -422,10 +441,11 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p: float = 0.0
                              f"query and key have {want}")
     tensors = [t for t in (q, k, v) if isinstance(t, torch.Tensor)]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa)
+        problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, window_size=window_size)
         q4, k4, v4 = (t.unsqueeze(0) if t.dim() == 3 else t for t in (q, k, v))
         if problem.seqlen_k and problem.batch * problem.heads_q * problem.seqlen_q:
             _backward_rung(kernel, q4, k4, v4, problem)  # refuse before launching what cannot be differentiated
-        return _attention_function().apply(q, k, v, causal, scale, enable_gqa, kernel)
-    out, _ = attention_forward(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, kernel=kernel)
+        return _attention_function().apply(q, k, v, causal, scale, enable_gqa, kernel, window_size)
+    out, _ = attention_forward(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, window_size=window_size,
+                               kernel=kernel)
     return out

@@ -19,8 +19,9 @@ kernels receive as a runtime value: one compiled kernel serves both. A window ad
 to that offset: kernels see an upper offset (j <= i + offset) and a lower one (j >= i +
 offset_lo), both runtime values.
 
-`allowed` and `dense_mask` are the reference definitions (Python, torch); `apply_mask` is the
-kernel-side implementation on an accumulator tile viewed as (rows, columns).
+`allowed` and `dense_mask` are the reference definitions (Python, torch; defined in the DSL-free
+`mask_rule` and re-exported here); `apply_mask` is the kernel-side implementation on an
+accumulator tile viewed as (rows, columns).
 """
 
 from __future__ import annotations
@@ -28,67 +29,12 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
+# The rule itself is DSL-free (the PyTorch reference and the argument checks use it without the
+# DSL); it is re-exported here beside its kernel-side implementation.
+from .mask_rule import ALIGNMENTS, allowed, causal_offset, dense_mask, window_offsets
+
 __all__ = ["ALIGNMENTS", "causal_offset", "window_offsets", "allowed", "dense_mask", "apply_mask",
            "apply_causal_mask_kq", "apply_window_mask_kq"]
-
-ALIGNMENTS = ("top_left", "bottom_right")
-
-
-def causal_offset(seqlen_q: int, seqlen_k: int, align: str) -> int:
-    """The column shift of the causal diagonal: row i sees columns j <= i + offset."""
-    if align == "top_left":
-        return 0
-    if align == "bottom_right":
-        return seqlen_k - seqlen_q
-    raise ValueError(f"causal alignment must be one of {ALIGNMENTS}, got {align!r}")
-
-
-def window_offsets(seqlen_q: int, seqlen_k: int, *, causal: bool = False, align: str = "top_left",
-                   window_left: int | None = None, window_right: int | None = None):
-    """(upper, lower): row i may attend to j <= i + upper and j >= i + lower; None where that
-    side is unbounded. Windows without causality are aligned bottom-right."""
-    for name, w in (("window_left", window_left), ("window_right", window_right)):
-        if w is not None and (not isinstance(w, int) or w < 0):
-            raise ValueError(f"{name} must be None or an int >= 0, got {w!r}")
-    if causal:
-        if window_right not in (None, 0):
-            raise ValueError(f"a causal mask bounds the window on the right at 0; got window_right={window_right}")
-        base = causal_offset(seqlen_q, seqlen_k, align)
-        window_right = 0
-    else:
-        base = seqlen_k - seqlen_q
-    upper = None if window_right is None else base + window_right
-    lower = None if window_left is None else base - window_left
-    return upper, lower
-
-
-def allowed(i: int, j: int, seqlen_q: int, seqlen_k: int, *, causal: bool = False, align: str = "top_left",
-            window_left: int | None = None, window_right: int | None = None) -> bool:
-    """Whether query row i may attend to key column j (the module docstring's definition)."""
-    upper, lower = window_offsets(seqlen_q, seqlen_k, causal=causal, align=align, window_left=window_left,
-                                  window_right=window_right)
-    if not (0 <= i < seqlen_q and 0 <= j < seqlen_k):
-        return False
-    if upper is not None and j > i + upper:
-        return False
-    return lower is None or j >= i + lower
-
-
-def dense_mask(seqlen_q: int, seqlen_k: int, *, causal: bool = False, align: str = "top_left",
-               window_left: int | None = None, window_right: int | None = None, device=None):
-    """The boolean (seqlen_q, seqlen_k) torch tensor of `allowed` (True = attend)."""
-    import torch
-
-    upper, lower = window_offsets(seqlen_q, seqlen_k, causal=causal, align=align, window_left=window_left,
-                                  window_right=window_right)
-    i = torch.arange(seqlen_q, device=device)[:, None]
-    j = torch.arange(seqlen_k, device=device)[None, :]
-    keep = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
-    if upper is not None:
-        keep &= j <= i + upper
-    if lower is not None:
-        keep &= j >= i + lower
-    return keep
 
 
 @cute.jit

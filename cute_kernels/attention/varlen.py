@@ -1,4 +1,5 @@
-"""`attention_varlen_forward`: attention over a batch of sequences packed end to end.
+"""`attention_varlen_forward` / `attention_varlen_backward`: attention over a batch of sequences
+packed end to end, and its gradients.
 
 Sequence b holds rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q (Tq, Hq, D) and rows
 [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k (Tk, Hkv, D), v (Tk, Hkv, Dv) (FlashAttention's
@@ -9,7 +10,10 @@ from cu_seqlens on the device (`seqlen_info.varlen_seqlens`).
 
 Causal alignment is per sequence and named, as in `attention_forward`: "top_left" (row i sees
 keys j <= i) or "bottom_right" (j <= i + Sk_b - Sq_b, FlashAttention's varlen convention, where
-Sk_b, Sq_b are that sequence's lengths). Rows that see no key give out 0 and lse -inf.
+Sk_b, Sq_b are that sequence's lengths). Rows that see no key give out 0 and lse -inf. A
+sliding window (`window_size=(left, right)`, -1 unbounded) is also per sequence: row i of
+sequence b sees keys i + base_b - left <= j <= i + base_b + right, base_b = Sk_b - Sq_b unless
+the mask is top-left causal (`mask_rule`).
 
 The offsets are validated on the host before the launch (one small device-to-host copy): a
 max_seqlen_q below a real length would leave rows unwritten, so it is refused, never trusted.
@@ -20,79 +24,108 @@ from __future__ import annotations
 import math
 
 from .api import _CAUSAL, AttentionProblem
+from .mask_rule import canonical_window
 
-__all__ = ["attention_varlen_forward", "check_varlen_inputs"]
+__all__ = ["attention_varlen_forward", "attention_varlen_backward", "check_varlen_inputs"]
 
 _WHO = "attention_varlen_forward"
 
 
-def _check_cu(cu, name: str, total: int, max_seqlen: int, max_name: str) -> list[int]:
+def _check_cu(cu, name: str, total: int, max_seqlen: int, max_name: str, who: str = _WHO) -> list[int]:
     import torch
 
     from .seqlen_info import check_cu_seqlens
 
     if not isinstance(cu, torch.Tensor):
-        raise TypeError(f"{_WHO}: {name} must be a torch.Tensor, got {type(cu).__name__}")
+        raise TypeError(f"{who}: {name} must be a torch.Tensor, got {type(cu).__name__}")
     if cu.dtype != torch.int32 or cu.dim() != 1:
-        raise ValueError(f"{_WHO}: {name} must be a 1-D int32 tensor, got {cu.dim()}-D {cu.dtype}")
+        raise ValueError(f"{who}: {name} must be a 1-D int32 tensor, got {cu.dim()}-D {cu.dtype}")
     if not cu.is_contiguous():
-        raise ValueError(f"{_WHO}: {name} must be contiguous")
-    values = check_cu_seqlens(cu.cpu(), total, what=f"{_WHO}: {name}")
+        raise ValueError(f"{who}: {name} must be contiguous")
+    values = check_cu_seqlens(cu.cpu(), total, what=f"{who}: {name}")
     longest = max(b - a for a, b in zip(values, values[1:]))
     if longest > max_seqlen:
-        raise ValueError(f"{_WHO}: {max_name} = {max_seqlen} but {name} holds a sequence of length {longest}")
+        raise ValueError(f"{who}: {max_name} = {max_seqlen} but {name} holds a sequence of length {longest}")
     return values
 
 
-def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale
-                        ) -> AttentionProblem:
+def _check_given(given: dict, q, v, who: str) -> None:
+    """out and dout (Tq, Hq, Dv) in q's dtype, lse (Hq, Tq) fp32. Their strides are free (an
+    autograd output gradient may be expanded): rungs copy what their loads cannot read."""
+    import torch
+
+    want = {"out": ((q.shape[0], q.shape[1], v.shape[2]), q.dtype),
+            "dout": ((q.shape[0], q.shape[1], v.shape[2]), q.dtype),
+            "lse": ((q.shape[1], q.shape[0]), torch.float32)}
+    for name, t in given.items():
+        shape, dtype = want[name]
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{who}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise ValueError(f"{who}: {name} must be a {shape} {dtype} tensor (as attention_varlen_forward returns "
+                             f"it), got {tuple(t.shape)} {t.dtype}")
+
+
+def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale,
+                        window_size=None, who: str = _WHO, given=None) -> AttentionProblem:
     """Validate the packed inputs; return the problem (batch = number of sequences, seqlen_q/k
-    = max_seqlen_q/k). Raises TypeError/ValueError naming the offending argument."""
+    = max_seqlen_q/k, the window canonical as in `api.check_inputs`). Raises TypeError/ValueError
+    naming the offending argument; `who` names the entry point in the messages. `given`: the
+    backward's forward results and output gradient, {name: tensor} of "out", "dout", "lse",
+    checked against the shapes the forward returns. Devices are checked last, so every other
+    error is reported the same on CPU tensors."""
     import torch
 
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{_WHO}: {name} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"{who}: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 3:
-            raise ValueError(f"{_WHO}: {name} must be 3-D (total_tokens, heads, head_dim), got shape {tuple(t.shape)}")
+            raise ValueError(f"{who}: {name} must be 3-D (total_tokens, heads, head_dim), got shape {tuple(t.shape)}")
         if t.shape[-1] > 1 and t.stride(-1) != 1:
-            raise ValueError(f"{_WHO}: {name} must have a contiguous head dim (stride 1), got strides {t.stride()}")
+            raise ValueError(f"{who}: {name} must have a contiguous head dim (stride 1), got strides {t.stride()}")
     if not (q.dtype == k.dtype == v.dtype) or not q.dtype.is_floating_point:
-        raise TypeError(f"{_WHO}: q, k, v must share a floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        raise TypeError(f"{who}: q, k, v must share a floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     (tq, hq, d), (tk, hk, dk), (tv, hv, dv) = q.shape, k.shape, v.shape
     if dk != d:
-        raise ValueError(f"{_WHO}: q head dim {d} differs from k head dim {dk}")
+        raise ValueError(f"{who}: q head dim {d} differs from k head dim {dk}")
     if (tv, hv) != (tk, hk):
-        raise ValueError(f"{_WHO}: k {tuple(k.shape)} and v {tuple(v.shape)} differ in tokens or heads")
+        raise ValueError(f"{who}: k {tuple(k.shape)} and v {tuple(v.shape)} differ in tokens or heads")
     if hk == 0 or hq % hk:
-        raise ValueError(f"{_WHO}: query heads ({hq}) must be a multiple of key/value heads ({hk})")
+        raise ValueError(f"{who}: query heads ({hq}) must be a multiple of key/value heads ({hk})")
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError(f"{_WHO}: {name} must be a non-negative int, got {n!r}")
+            raise ValueError(f"{who}: {name} must be a non-negative int, got {n!r}")
     if causal not in _CAUSAL:
-        raise ValueError(f"{_WHO}: causal must be one of {_CAUSAL}, got {causal!r}")
+        raise ValueError(f"{who}: causal must be one of {_CAUSAL}, got {causal!r}")
     if scale is None:
         scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
     elif not isinstance(scale, (int, float)) or isinstance(scale, bool):
-        raise TypeError(f"{_WHO}: scale must be a real number or None, got {type(scale).__name__}")
-    devices = {t.device for t in (q, k, v, cu_seqlens_q, cu_seqlens_k) if isinstance(t, torch.Tensor)}
+        raise TypeError(f"{who}: scale must be a real number or None, got {type(scale).__name__}")
+    causal, left, right = canonical_window(window_size, causal, who)
+    given = given or {}
+    _check_given(given, q, v, who)
+    devices = {t.device for t in (q, k, v, cu_seqlens_q, cu_seqlens_k, *given.values()) if isinstance(t, torch.Tensor)}
     if len(devices) > 1:
-        raise ValueError(f"{_WHO}: inputs are on different devices {sorted(map(str, devices))}")
-    cu_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", tq, max_seqlen_q, "max_seqlen_q")
-    cu_k = _check_cu(cu_seqlens_k, "cu_seqlens_k", tk, max_seqlen_k, "max_seqlen_k")
+        raise ValueError(f"{who}: inputs are on different devices {sorted(map(str, devices))}")
+    cu_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", tq, max_seqlen_q, "max_seqlen_q", who)
+    cu_k = _check_cu(cu_seqlens_k, "cu_seqlens_k", tk, max_seqlen_k, "max_seqlen_k", who)
     if len(cu_q) != len(cu_k):
-        raise ValueError(f"{_WHO}: cu_seqlens_q has {len(cu_q) - 1} sequences but cu_seqlens_k has {len(cu_k) - 1}")
+        raise ValueError(f"{who}: cu_seqlens_q has {len(cu_q) - 1} sequences but cu_seqlens_k has {len(cu_k) - 1}")
     if q.device.type != "cuda":
-        raise ValueError(f"{_WHO}: tensors are on '{q.device}'; the cute_kernels attention kernels run on CUDA "
+        raise ValueError(f"{who}: tensors are on '{q.device}'; the cute_kernels attention kernels run on CUDA "
                          "devices only")
-    return AttentionProblem(len(cu_q) - 1, hq, hk, max_seqlen_q, max_seqlen_k, d, dv, q.dtype, causal, float(scale))
+    return AttentionProblem(len(cu_q) - 1, hq, hk, max_seqlen_q, max_seqlen_k, d, dv, q.dtype, causal, float(scale),
+                            left, right)
 
 
 def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
-                             causal: str | None = None, scale=None, kernel: str = "auto", out=None, lse=None):
+                             causal: str | None = None, scale=None, window_size=None, kernel: str = "auto",
+                             out=None, lse=None):
     """(out (Tq, Hq, Dv) in q's dtype, lse (Hq, Tq) fp32 natural log): per sequence b,
     attention_forward of its rows (module docstring), GQA when Hq > Hkv (query head h reads
-    key/value head h // (Hq / Hkv)). kernel: "auto" or "sm80_flash". Forward only.
+    key/value head h // (Hq / Hkv)). window_size: None or (left, right), -1 unbounded (module
+    docstring). kernel: "auto" or "sm80_flash". Forward only (`attention_varlen_backward` is
+    the gradient; `cute_kernels.ops.sdpa_varlen` is the differentiable op).
     out, lse: optional preallocated contiguous results, overwritten entirely."""
     import torch
 
@@ -101,7 +134,7 @@ def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
     from .registry import KERNELS
 
     problem = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                  causal=causal, scale=scale)
+                                  causal=causal, scale=scale, window_size=window_size)
     out = _result(out, "out", (q.shape[0], q.shape[1], v.shape[2]), q.dtype, q.device, False)
     lse = _result(lse, "lse", (q.shape[1], q.shape[0]), torch.float32, q.device, False)
     if lse.numel() == 0:
@@ -118,3 +151,64 @@ def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
         raise ValueError(f"attention kernel {kernel!r} has no varlen launch; varlen kernels: {list(with_varlen)}")
     rung = resolve(kernel, *views, problem, registry=with_varlen)
     return rung.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out, lse, problem)
+
+
+def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                              max_seqlen_k: int, *, causal: str | None = None, scale=None, window_size=None,
+                              kernel: str = "auto", deterministic: bool | None = None):
+    """(dq (Tq, Hq, D), dk (Tk, Hkv, D), dv (Tk, Hkv, Dv)), shaped and typed as q, k, v: the
+    gradients of `attention_varlen_forward`'s out for the output gradient `dout` (Tq, Hq, Dv),
+    given that forward's `out` and `lse` (Hq, Tq) and the same cu_seqlens, max_seqlen,
+    causal/scale/window_size/kernel arguments. With GQA, dk and dv sum over the query heads
+    sharing each key/value head. Every argument is checked, and the rung's backward is asked
+    whether it takes the problem, before any launch: NotImplementedError names the reason when
+    no rung has a varlen backward (`varlen_backward`) for it.
+
+    deterministic: True asks for bitwise-reproducible gradients (passed to rungs whose
+    `varlen_backward` takes the option); None follows `torch.are_deterministic_algorithms_enabled()`."""
+    import torch
+
+    who = "attention_varlen_backward"
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    problem = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                                  scale=scale, window_size=window_size, who=who,
+                                  given={"out": out, "dout": dout, "lse": lse})
+    if q.shape[0] * q.shape[1] == 0 or max_seqlen_k == 0:
+        # No query row or no key: out does not depend on q, k, v.
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    rung = _varlen_backward_rung(kernel, [t.permute(1, 0, 2).unsqueeze(0) for t in (q, k, v)], problem, who)
+    options = {"deterministic": True} if deterministic and _takes_deterministic(rung.varlen_backward) else {}
+    return tuple(rung.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                      max_seqlen_k, problem, **options))
+
+
+def _takes_deterministic(fn) -> bool:
+    import inspect
+
+    return "deterministic" in inspect.signature(fn).parameters
+
+
+def _varlen_backward_rung(kernel: str, views, problem, who: str):
+    """The rung whose `varlen_backward` runs: the named one, or for "auto" the highest rung
+    with a varlen backward that takes the problem (its `supports` and `supports_backward`).
+    NotImplementedError where no rung has one for it; ValueError for an unknown name or a
+    rung whose forward does not take the problem (`dispatch.resolve`)."""
+    from .dispatch import resolve
+    from .registry import KERNELS
+
+    with_bwd = {name: KERNELS[name] for name in KERNELS if hasattr(KERNELS[name], "varlen_backward")}
+    if kernel != "auto" and kernel in KERNELS and kernel not in with_bwd:
+        raise NotImplementedError(f"{who}: attention kernel {kernel!r} has no varlen backward (varlen_backward); "
+                                  f"kernels with one: {list(with_bwd)}")
+    if not with_bwd:
+        raise NotImplementedError(f"{who}: no attention kernel has a varlen backward (a rung's varlen_backward) yet")
+    reasons = {name: rung.supports_backward(problem) if hasattr(rung, "supports_backward") else None
+               for name, rung in with_bwd.items()}
+    able = {name: rung for name, rung in with_bwd.items() if reasons[name] is None}
+    if kernel in reasons and reasons[kernel] is not None:
+        raise NotImplementedError(f"{who}: the {kernel} backward does not take this problem: {reasons[kernel]}")
+    if kernel == "auto" and not able:
+        detail = "; ".join(f"{name}: {why}" for name, why in reasons.items())
+        raise NotImplementedError(f"{who}: no varlen backward takes this problem ({problem.describe()}): {detail}")
+    return resolve(kernel, *views, problem, registry=able if kernel == "auto" or kernel in able else KERNELS)

@@ -40,17 +40,21 @@ def _causal(attn_mask, is_causal: bool):
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
-                                 scale=None, enable_gqa: bool = False, *, kernel: str = "auto",
+                                 scale=None, enable_gqa: bool = False, *, window_size=None, kernel: str = "auto",
                                  fallback: str = "none"):
     """torch.nn.functional.scaled_dot_product_attention on the cute_kernels attention kernels.
 
     Masks: is_causal=True (top-left, as PyTorch) or attn_mask=torch.nn.attention.bias.
-    causal_lower_right(Sq, Sk) / causal_upper_left(Sq, Sk). A dense attn_mask tensor and
-    dropout_p > 0 are not supported by our kernels: NotImplementedError, or PyTorch's SDPA with
-    fallback="torch". Differentiable through `cute_kernels::sdpa`'s backward.
+    causal_lower_right(Sq, Sk) / causal_upper_left(Sq, Sk), and window_size=(left, right):
+    FlashAttention's sliding window (-1 for an unbounded side; aligned bottom-right without
+    causality; `cute_kernels.attention.mask_rule`). A dense attn_mask tensor and dropout_p > 0
+    are not supported by our kernels: NotImplementedError, or PyTorch's SDPA with
+    fallback="torch" (given the window as a boolean mask). Differentiable through
+    `cute_kernels::sdpa`'s backward.
     """
     check_fallback("scaled_dot_product_attention", fallback)
     causal = _causal(attn_mask, is_causal)
+    left, right = _window_ints(window_size, None if causal is NotImplemented else causal)
     if causal is NotImplemented or dropout_p != 0.0:
         what = "a dense attn_mask tensor" if causal is NotImplemented else f"dropout_p={dropout_p}"
         reason = (f"{what} is not supported by the cute_kernels attention kernels (they take is_causal=True or "
@@ -60,7 +64,38 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
                                       "torch.nn.functional.scaled_dot_product_attention for such calls")
         note_fallback("scaled_dot_product_attention", reason)
         extra = {"enable_gqa": True} if enable_gqa else {}
+        if window_size is not None:
+            attn_mask, is_causal = _with_window(query, key, attn_mask, is_causal, causal, window_size), False
         return torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **extra)
-    out, _ = ops.sdpa(query, key, value, causal, scale, enable_gqa, rung=kernel, fallback=fallback)
+    out, _ = ops.sdpa(query, key, value, causal, scale, enable_gqa, left, right, rung=kernel, fallback=fallback)
     return out
+
+
+def _window_ints(window_size, causal):
+    """The ops' (window_left, window_right) for `window_size` (None: (-1, -1)), checked."""
+    from cute_kernels.attention.mask_rule import canonical_window
+
+    if window_size is None:
+        return -1, -1
+    canonical_window(window_size, causal, "scaled_dot_product_attention")
+    return int(window_size[0]), int(window_size[1])
+
+
+def _with_window(query, key, attn_mask, is_causal: bool, causal, window_size):
+    """The attn_mask PyTorch's SDPA is given for a windowed call our kernels do not take: the
+    window (and the causal mask, whichever form it came in) as a boolean mask, combined with
+    a dense attn_mask tensor (boolean: and; additive: -inf outside the window)."""
+    from cute_kernels.attention.mask_rule import canonical_window, dense_mask
+
+    dense = isinstance(attn_mask, torch.Tensor)
+    causal, left, right = canonical_window(window_size, None if dense else causal, "scaled_dot_product_attention")
+    if dense and is_causal:
+        raise ValueError("scaled_dot_product_attention: pass either is_causal=True or attn_mask, not both")
+    keep = dense_mask(query.shape[-2], key.shape[-2], causal=causal is not None, align=causal or "top_left",
+                      window_left=left, window_right=right, device=query.device)
+    if not dense:
+        return keep
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & keep
+    return attn_mask.masked_fill(~keep, float("-inf"))

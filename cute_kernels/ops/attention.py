@@ -1,10 +1,16 @@
 """Attention operators: `cute_kernels::sdpa` (forward, with autograd), `cute_kernels::sdpa_backward`,
-`cute_kernels::sdpa_varlen`, `cute_kernels::paged_decode`.
+`cute_kernels::sdpa_varlen` (with autograd), `cute_kernels::sdpa_varlen_backward`,
+`cute_kernels::paged_decode`.
 
 Each calls a public entry point of `cute_kernels.attention` (`_ENTRIES`); an entry point that
 does not exist yet makes the op raise NotImplementedError naming the missing kernel (or, with
 fallback="torch", compute by definition in `attention_reference`). Never wrong data: the
 entry points' conventions are those stated in `attention_reference`, and the GPU tests compare.
+
+Sliding windows: the dense and varlen ops take `window_left: int = -1, window_right: int = -1`
+(a schema takes ints, not an optional pair), FlashAttention's `window_size` split in two: -1 is
+an unbounded side, and (-1, -1) is no window. The entry points receive
+`window_size=(window_left, window_right)`, or None for (-1, -1).
 """
 
 import importlib
@@ -13,24 +19,30 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from cute_kernels.attention.mask_rule import canonical_window
+
 from . import attention_reference as reference
 from .fallback import UNSUPPORTED, check_fallback, device_guard, note_fallback, on_cuda, raise_unsupported
 
-__all__ = ["sdpa", "sdpa_backward", "sdpa_varlen", "paged_decode", "CAUSAL"]
+__all__ = ["sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode", "CAUSAL"]
 
 CAUSAL = (None, "top_left", "bottom_right")
 
 # op -> (entry point in cute_kernels.attention, the kernel it stands for). Expected signatures
 # (each op's `rung` argument is the entry's `kernel`; tensors are handed down detached):
-#   attention_forward(q, k, v, *, causal, scale, enable_gqa, kernel) -> (out, lse)
-#   attention_backward(grad_out, q, k, v, out, lse, *, causal, scale, enable_gqa, kernel) -> (dq, dk, dv)
+#   attention_forward(q, k, v, *, causal, scale, enable_gqa, window_size, kernel) -> (out, lse)
+#   attention_backward(grad_out, q, k, v, out, lse, *, causal, scale, enable_gqa, window_size, kernel)
+#                      -> (dq, dk, dv)
 #   attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-#                            causal, scale, kernel) -> (out (Tq, Hq, Dv), lse (Hq, Tq))
+#                            causal, scale, window_size, kernel) -> (out (Tq, Hq, Dv), lse (Hq, Tq))
+#   attention_varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+#                             max_seqlen_k, *, causal, scale, window_size, kernel) -> (dq, dk, dv)
 #   paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, scale, kernel) -> out (B, Hq, Dv)
 _ENTRIES = {
     "sdpa": ("attention_forward", "the attention forward"),
     "sdpa_backward": ("attention_backward", "the attention backward (a FlashAttention-2 style dQ/dK/dV kernel)"),
     "sdpa_varlen": ("attention_varlen_forward", "the variable-length (packed sequences) attention forward"),
+    "sdpa_varlen_backward": ("attention_varlen_backward", "the variable-length (packed sequences) attention backward"),
     "paged_decode": ("paged_decode", "the paged-KV decode kernel (the 'decode' rung)"),
 }
 _found: dict = {}
@@ -61,29 +73,42 @@ def _check_causal(op: str, causal) -> None:
         raise ValueError(f"cute_kernels.{op}: causal must be one of {CAUSAL}, got {causal!r}")
 
 
+def _window(op: str, causal, window_left: int, window_right: int):
+    """The entry points' `window_size` for the schema's two ints: None for (-1, -1), else the
+    pair, checked (`mask_rule.canonical_window`) so that the fake and every path raise alike."""
+    if window_left == -1 and window_right == -1:
+        return None
+    window = (window_left, window_right)
+    canonical_window(window, causal, f"cute_kernels.{op}")
+    return window
+
+
 # ---- sdpa (forward) ----------------------------------------------------------------------------
 
 @torch.library.custom_op("cute_kernels::sdpa", mutates_args=())
 def sdpa(q: Tensor, k: Tensor, v: Tensor, causal: Optional[str] = None, scale: Optional[float] = None,
-         enable_gqa: bool = False, rung: str = "auto", fallback: str = "none") -> tuple[Tensor, Tensor]:
+         enable_gqa: bool = False, window_left: int = -1, window_right: int = -1, rung: str = "auto",
+         fallback: str = "none") -> tuple[Tensor, Tensor]:
     """(out, lse): attention of q (B, Hq, Sq, D) over k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv) (or
     all without B); out (B, Hq, Sq, Dv) in q's dtype, lse (B, Hq, Sq) fp32 (not differentiable).
-    causal: None, "top_left" or "bottom_right"; scale default 1/sqrt(D); rung: an attention rung
+    causal: None, "top_left" or "bottom_right"; scale default 1/sqrt(D); window_left/right: a
+    sliding window, -1 unbounded (module docstring); rung: an attention rung
     (`cute_kernels.attention.KERNELS`) or "auto"."""
     check_fallback("sdpa", fallback)
     _check_causal("sdpa", causal)
+    window = _window("sdpa", causal, window_left, window_right)
     if fallback == "torch" and not on_cuda(q, k, v):
         note_fallback("sdpa", f"inputs on {q.device}")
-        return reference.forward(q, k, v, causal, scale, enable_gqa)
+        return reference.forward(q, k, v, causal, scale, enable_gqa, window)
     try:
         with device_guard(q):
             return _entry("sdpa")(*_detached(q, k, v), causal=causal, scale=scale, enable_gqa=enable_gqa,
-                                  kernel=rung)
+                                  window_size=window, kernel=rung)
     except UNSUPPORTED as err:
         if fallback != "torch":
             raise_unsupported("sdpa", err)
         note_fallback("sdpa", str(err))
-        return reference.forward(q, k, v, causal, scale, enable_gqa)
+        return reference.forward(q, k, v, causal, scale, enable_gqa, window)
 
 
 def _check_ranks(op: str, *tensors) -> None:
@@ -94,26 +119,28 @@ def _check_ranks(op: str, *tensors) -> None:
 
 
 @sdpa.register_fake
-def _sdpa_fake(q, k, v, causal=None, scale=None, enable_gqa=False, rung="auto", fallback="none"):
+def _sdpa_fake(q, k, v, causal=None, scale=None, enable_gqa=False, window_left=-1, window_right=-1, rung="auto",
+               fallback="none"):
     _check_causal("sdpa", causal)
+    _window("sdpa", causal, window_left, window_right)
     _check_ranks("sdpa", q, k, v)
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     return out, q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 def _sdpa_setup(ctx, inputs, output):
-    q, k, v, causal, scale, enable_gqa, rung, fallback = inputs
+    q, k, v, causal, scale, enable_gqa, window_left, window_right, rung, fallback = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.scale, ctx.enable_gqa, ctx.rung, ctx.fallback = causal, scale, enable_gqa, rung, fallback
+    ctx.options = dict(causal=causal, scale=scale, enable_gqa=enable_gqa, window_left=window_left,
+                       window_right=window_right, rung=rung, fallback=fallback)
 
 
 def _sdpa_grad(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = sdpa_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale, ctx.enable_gqa, ctx.rung,
-                               ctx.fallback)
-    return dq, dk, dv, None, None, None, None, None
+    dq, dk, dv = sdpa_backward(grad_out, q, k, v, out, lse, **ctx.options)
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 sdpa.register_autograd(_sdpa_grad, setup_context=_sdpa_setup)
@@ -124,31 +151,34 @@ sdpa.register_autograd(_sdpa_grad, setup_context=_sdpa_setup)
 @torch.library.custom_op("cute_kernels::sdpa_backward", mutates_args=())
 def sdpa_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                   causal: Optional[str] = None, scale: Optional[float] = None, enable_gqa: bool = False,
-                  rung: str = "auto", fallback: str = "none") -> tuple[Tensor, Tensor, Tensor]:
+                  window_left: int = -1, window_right: int = -1, rung: str = "auto",
+                  fallback: str = "none") -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of `sdpa`'s out given its (out, lse); contiguous, shaped and typed as q, k, v.
     `rung` is the forward's (the backward of that rung runs). Raises NotImplementedError naming
     the missing kernel when no attention backward exists for the input."""
     check_fallback("sdpa_backward", fallback)
     _check_causal("sdpa_backward", causal)
+    window = _window("sdpa_backward", causal, window_left, window_right)
     if fallback == "torch" and not on_cuda(grad_out, q, k, v):
         note_fallback("sdpa_backward", f"inputs on {q.device}")
-        return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa)
+        return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa, window)
     try:
         with device_guard(q):
             grads = _entry("sdpa_backward")(*_detached(grad_out, q, k, v, out, lse), causal=causal, scale=scale,
-                                            enable_gqa=enable_gqa, kernel=rung)
+                                            enable_gqa=enable_gqa, window_size=window, kernel=rung)
     except UNSUPPORTED as err:
         if fallback != "torch":
             raise_unsupported("sdpa_backward", err)
         note_fallback("sdpa_backward", str(err))
-        return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa)
+        return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa, window)
     return tuple(g.contiguous() for g in grads)
 
 
 @sdpa_backward.register_fake
-def _sdpa_backward_fake(grad_out, q, k, v, out, lse, causal=None, scale=None, enable_gqa=False, rung="auto",
-                        fallback="none"):
+def _sdpa_backward_fake(grad_out, q, k, v, out, lse, causal=None, scale=None, enable_gqa=False, window_left=-1,
+                        window_right=-1, rung="auto", fallback="none"):
     _check_causal("sdpa_backward", causal)
+    _window("sdpa_backward", causal, window_left, window_right)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -156,36 +186,103 @@ def _sdpa_backward_fake(grad_out, q, k, v, out, lse, causal=None, scale=None, en
 
 @torch.library.custom_op("cute_kernels::sdpa_varlen", mutates_args=())
 def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
-                max_seqlen_k: int, causal: Optional[str] = None, scale: Optional[float] = None, rung: str = "auto",
+                max_seqlen_k: int, causal: Optional[str] = None, scale: Optional[float] = None,
+                window_left: int = -1, window_right: int = -1, rung: str = "auto",
                 fallback: str = "none") -> tuple[Tensor, Tensor]:
     """(out (Tq, Hq, Dv), lse (Hq, Tq) fp32) for sequences packed along dim 0 of q (Tq, Hq, D),
     k (Tk, Hkv, D), v (Tk, Hkv, Dv), delimited by int32 cu_seqlens_q/k (B + 1,) (see
-    `attention_reference.varlen_forward`); Hq a multiple of Hkv. Forward only."""
+    `attention_reference.varlen_forward`); Hq a multiple of Hkv. Differentiable in q, k, v
+    through `sdpa_varlen_backward` (lse is not differentiable)."""
     check_fallback("sdpa_varlen", fallback)
     _check_causal("sdpa_varlen", causal)
+    window = _window("sdpa_varlen", causal, window_left, window_right)
     if fallback == "torch" and not on_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k):
         note_fallback("sdpa_varlen", f"inputs on {q.device}")
-        return reference.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale)
+        return reference.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window)
     try:
         with device_guard(q):
             return _entry("sdpa_varlen")(*_detached(q, k, v, cu_seqlens_q, cu_seqlens_k), max_seqlen_q, max_seqlen_k,
-                                         causal=causal, scale=scale, kernel=rung)
+                                         causal=causal, scale=scale, window_size=window, kernel=rung)
     except UNSUPPORTED as err:
         if fallback != "torch":
             raise_unsupported("sdpa_varlen", err)
         note_fallback("sdpa_varlen", str(err))
-        return reference.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale)
+        return reference.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window)
+
+
+def _check_packed(op: str, q, k, v) -> None:
+    if not (q.dim() == k.dim() == v.dim() == 3):
+        raise ValueError(f"cute_kernels.{op}: q, k, v must be 3-D (total_tokens, heads, head_dim), got "
+                         f"{q.dim()}-D, {k.dim()}-D, {v.dim()}-D")
 
 
 @sdpa_varlen.register_fake
 def _sdpa_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=None, scale=None,
-                      rung="auto", fallback="none"):
+                      window_left=-1, window_right=-1, rung="auto", fallback="none"):
     _check_causal("sdpa_varlen", causal)
-    if not (q.dim() == k.dim() == v.dim() == 3):
-        raise ValueError(f"cute_kernels.sdpa_varlen: q, k, v must be 3-D (total_tokens, heads, head_dim), got "
-                         f"{q.dim()}-D, {k.dim()}-D, {v.dim()}-D")
+    _window("sdpa_varlen", causal, window_left, window_right)
+    _check_packed("sdpa_varlen", q, k, v)
     out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
     return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+def _sdpa_varlen_setup(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *options = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
+    ctx.options = dict(zip(("causal", "scale", "window_left", "window_right", "rung", "fallback"), options))
+
+
+def _sdpa_varlen_grad(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv = sdpa_varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens,
+                                      **ctx.options)
+    return dq, dk, dv, *([None] * 10)
+
+
+# ---- sdpa_varlen_backward ------------------------------------------------------------------------
+
+@torch.library.custom_op("cute_kernels::sdpa_varlen_backward", mutates_args=())
+def sdpa_varlen_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                         cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                         causal: Optional[str] = None, scale: Optional[float] = None, window_left: int = -1,
+                         window_right: int = -1, rung: str = "auto",
+                         fallback: str = "none") -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of `sdpa_varlen`'s out given its (out (Tq, Hq, Dv), lse (Hq, Tq)); contiguous,
+    shaped and typed as q, k, v (see `attention_reference.varlen_backward`). Raises
+    NotImplementedError naming the missing kernel when no varlen backward exists for the input."""
+    op = "sdpa_varlen_backward"
+    check_fallback(op, fallback)
+    _check_causal(op, causal)
+    window = _window(op, causal, window_left, window_right)
+    if fallback == "torch" and not on_cuda(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k):
+        note_fallback(op, f"inputs on {q.device}")
+        return reference.varlen_backward(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window)
+    try:
+        with device_guard(q):
+            grads = _entry(op)(*_detached(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k), max_seqlen_q,
+                               max_seqlen_k, causal=causal, scale=scale, window_size=window, kernel=rung)
+    except UNSUPPORTED as err:
+        if fallback != "torch":
+            raise_unsupported(op, err)
+        note_fallback(op, str(err))
+        return reference.varlen_backward(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window)
+    return tuple(g.contiguous() for g in grads)
+
+
+@sdpa_varlen_backward.register_fake
+def _sdpa_varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               causal=None, scale=None, window_left=-1, window_right=-1, rung="auto",
+                               fallback="none"):
+    _check_causal("sdpa_varlen_backward", causal)
+    _window("sdpa_varlen_backward", causal, window_left, window_right)
+    _check_packed("sdpa_varlen_backward", q, k, v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+sdpa_varlen.register_autograd(_sdpa_varlen_grad, setup_context=_sdpa_varlen_setup)
 
 
 # ---- paged_decode --------------------------------------------------------------------------------

@@ -225,3 +225,148 @@ def test_deterministic_reaches_rungs_that_take_it(monkeypatch):
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
     api.attention_backward(q, q, q, q, q, lse)
     assert seen == [False, True, True]
+
+
+# ---- sliding windows ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("window, kwargs, error, pattern", [
+    ("wide", {}, TypeError, "window_size must be None or a pair of ints"),
+    ((4,), {}, TypeError, "pair of ints"),
+    ((1, 2, 3), {}, TypeError, "pair of ints"),
+    ((1.0, 2), {}, TypeError, "pair of ints"),
+    ((True, 1), {}, TypeError, "pair of ints"),
+    ((-2, 0), {}, ValueError, r"values must be >= -1 .*\(-2, 0\)"),
+    ((0, -5), {}, ValueError, r"values must be >= -1"),
+    ((3, 2), {"is_causal": True}, ValueError, r"causal mask bounds the window on the right at 0.*\(3, 2\)"),
+])
+def test_bad_windows_are_named_before_the_device(window, kwargs, error, pattern):
+    """Window errors come before the device check, so they read the same on CPU tensors."""
+    with pytest.raises(error, match=pattern):
+        scaled_dot_product_attention(*qkv(), window_size=window, **kwargs)
+    causal = "top_left" if kwargs else None
+    with pytest.raises(error, match=pattern):
+        attention_forward(*qkv(), causal=causal, window_size=window)
+    from cute_kernels.attention import attention_backward
+
+    q, k, v = qkv()
+    with pytest.raises(error, match=pattern):
+        attention_backward(q, q, k, v, q, torch.zeros(2, 4, 8), causal=causal, window_size=window)
+
+
+def test_window_size_is_keyword_only_after_pytorchs_arguments():
+    import inspect
+
+    from cute_kernels.attention import attention_backward
+
+    for fn in (scaled_dot_product_attention, attention_forward, attention_backward):
+        param = inspect.signature(fn).parameters["window_size"]
+        assert param.kind is inspect.Parameter.KEYWORD_ONLY and param.default is None
+    names = list(inspect.signature(scaled_dot_product_attention).parameters)
+    assert names[:8] == ["q", "k", "v", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
+
+
+@pytest.mark.parametrize("causal, window, want", [
+    (None, None, (None, None, None)),
+    (None, (-1, -1), (None, None, None)),
+    (None, (4, -1), (None, 4, None)),
+    (None, (-1, 3), (None, None, 3)),
+    (None, (2, 5), (None, 2, 5)),
+    (None, (0, 0), ("bottom_right", 0, None)),     # right 0 without causality is bottom-right causality
+    (None, (-1, 0), ("bottom_right", None, None)),
+    ("top_left", (4, 0), ("top_left", 4, None)),   # causality bounds the right: stored as None
+    ("top_left", (4, -1), ("top_left", 4, None)),
+    ("bottom_right", (-1, -1), ("bottom_right", None, None)),
+    ("bottom_right", (0, 0), ("bottom_right", 0, None)),
+])
+def test_windows_are_stored_canonically(monkeypatch, causal, window, want):
+    from cute_kernels.attention import api
+
+    monkeypatch.setattr(api, "_device_reason", lambda q, k, v: None)
+    q, k, v = qkv()
+    p = check_inputs(q, k, v, causal=causal, scale=None, enable_gqa=False, window_size=window)
+    assert (p.causal, p.window_left, p.window_right) == want
+    assert p.windowed == (want[1] is not None or want[2] is not None)
+    if p.windowed:
+        assert "window (" in p.describe()
+
+
+def test_plan_keys_differ_by_window():
+    from cute_kernels.attention import api
+
+    q, k, v = qkv()
+    keys = {api._plan_signature(q, k, v, None, None, False, "auto", w) for w in (None, (2, 2), (2, -1), (-1, 2))}
+    assert len(keys) == 4 and None not in keys
+
+
+class RecordingRung:
+    """A rung on CPU tensors: writes a recognisable out/lse, records each problem it runs, has a
+    launch plan (so plans are kept) and a backward that refuses windows until told otherwise."""
+
+    name, dtypes, min_capability = "recording", (torch.bfloat16,), None
+
+    def __init__(self, backward_windows=False):
+        self.problems, self.backward_problems, self.backward_windows = [], [], backward_windows
+
+    def supports(self, q, k, v, problem):
+        return None
+
+    def __call__(self, q, k, v, out, lse, problem):
+        self.problems.append(problem)
+        out.fill_(1.0)
+        lse.fill_(0.0)
+
+    def launch_plan(self, problem):
+        return lambda q, k, v, out, lse: self(q, k, v, out, lse, problem)
+
+    def supports_backward(self, problem):
+        if problem.windowed and not self.backward_windows:
+            return "sliding windows are not implemented in the recording backward"
+        return None
+
+    def backward(self, dout, q, k, v, out, lse, problem):
+        self.backward_problems.append(problem)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+
+@pytest.fixture
+def recording(monkeypatch):
+    from cute_kernels.attention import api
+    from cute_kernels.runtime import plan_cache
+
+    rung = RecordingRung()
+    monkeypatch.setattr(api, "_device_reason", lambda q, k, v: None)
+    monkeypatch.setattr(dispatch, "resolve", lambda kernel, q, k, v, problem, **kw: rung)
+    monkeypatch.setattr(plan_cache, "PLAN_DEVICES", frozenset({"cpu"}))
+    monkeypatch.setattr(api, "_PLANS", plan_cache.PlanCache("test.attention"))
+    return rung
+
+
+def test_a_plan_is_never_replayed_for_another_window(recording):
+    q, k, v = qkv()
+    for window in (None, None, (3, 1), (3, 1), (-1, 2)):
+        attention_forward(q, k, v, window_size=window, kernel="recording")
+    windows = [(p.window_left, p.window_right) for p in recording.problems]
+    assert windows == [(None, None)] * 2 + [(3, 1)] * 2 + [(None, 2)]
+    from cute_kernels.attention import api
+
+    assert len(api._PLANS) == 3
+
+
+def test_windowed_gradients_are_refused_before_the_forward_launches(recording):
+    q, k, v = (t.requires_grad_() for t in qkv())
+    with pytest.raises(NotImplementedError, match="sliding windows are not implemented in the recording backward"):
+        scaled_dot_product_attention(q, k, v, window_size=(2, 0), kernel="recording")
+    assert recording.problems == []
+    out = scaled_dot_product_attention(q, k, v, kernel="recording")  # no window: differentiable
+    out.sum().backward()
+    assert len(recording.backward_problems) == 1
+
+
+def test_the_window_reaches_the_backward(recording):
+    recording.backward_windows = True
+    q, k, v = (t.requires_grad_() for t in qkv())
+    out = scaled_dot_product_attention(q, k, v, is_causal=True, window_size=(5, 0), kernel="recording")
+    out.sum().backward()
+    (fwd,), (bwd,) = recording.problems, recording.backward_problems
+    assert fwd == bwd and (bwd.causal, bwd.window_left, bwd.window_right) == ("top_left", 5, None)
+    assert q.grad is not None and torch.equal(q.grad, torch.zeros_like(q))

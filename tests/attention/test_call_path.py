@@ -38,9 +38,10 @@ FORBIDDEN = [
     (torch.cuda.Stream, "synchronize"), (torch.cuda.Event, "synchronize"),
 ]
 
-# (rung module, kernel argument, kernel class name, trailing launch arguments after the scalars)
+# (rung module, kernel argument, kernel class name, trailing launch arguments after the scalars
+# (scale, upper offset, lower offset, group))
 RUNGS = {
-    "sm80_flash": (sm80_flash, "sm80_flash", "FlashAttentionSm80", (None, None, None, None)),
+    "sm80_flash": (sm80_flash, "sm80_flash", "FlashAttentionSm80", (None, None, None, None, None)),
     "sm90_flash": (sm90_flash, "sm90_flash", "FlashAttentionSm90", ()),
 }
 
@@ -143,11 +144,11 @@ def test_warm_calls_hand_the_callers_tensors_to_one_build(rung, monkeypatch):
     assert counts == before, f"a warm call constructed {set(counts.items()) - set(before.items())}"
     assert len(compiler.launches) == 51
     for out, launch in zip([first, *outs], compiler.launches):
-        lq, lk, lv, lo, llse, scale, offset, group, *tail = launch
+        lq, lk, lv, lo, llse, scale, offset, offset_lo, group, *tail = launch
         assert lq is q and lk is k and lv is v and lo is out
         assert llse.shape == (1, 8, 256) and llse.dtype == torch.float32 and llse.is_contiguous()
         assert type(scale) is float and scale == pytest.approx(1 / 8)
-        assert (offset, group, tuple(tail)) == (0, 1, rung["tail"])
+        assert (offset, offset_lo, group, tuple(tail)) == (0, 0, 1, rung["tail"])
 
 
 def test_scalars_follow_the_problem_and_new_sizes_reuse_the_build(rung):
@@ -161,10 +162,10 @@ def test_scalars_follow_the_problem_and_new_sizes_reuse_the_build(rung):
         out = scaled_dot_product_attention(q3, k3, v3, attn_mask=causal_lower_right(sq, sk), scale=0.3,
                                            enable_gqa=True, kernel=rung["kernel"])
         assert out.shape == (8, sq, 64)
-        lq, lk, lv, lo, llse, scale, offset, group, *_ = compiler.launches[-1]
+        lq, lk, lv, lo, llse, scale, offset, offset_lo, group, *_ = compiler.launches[-1]
         assert lq.shape == (1, 8, sq, 64) and lq.data_ptr() == q3.data_ptr() and lk.data_ptr() == k3.data_ptr()
         assert lo.data_ptr() == out.data_ptr() and llse.shape == (1, 8, sq)
-        assert (scale, offset, group) == (0.3, sk - sq, 4)
+        assert (scale, offset, offset_lo, group) == (0.3, sk - sq, 0, 4)
     assert len(compiler.builds) == 1, "new sizes must not recompile (sizes are runtime values)"
     assert compiler.builds[0]["key"][2].causal
     # Each static combination is its own build, keyed by its config.
@@ -173,6 +174,33 @@ def test_scalars_follow_the_problem_and_new_sizes_reuse_the_build(rung):
     keys = [b["key"][2] for b in compiler.builds]
     assert len(keys) == 3 and len(set(keys)) == 3
     assert [(c.dtype, c.head_dim, c.causal) for c in keys[1:]] == [("float16", 64, True), ("bfloat16", 128, False)]
+
+
+@pytest.mark.parametrize("causal, window, upper, lower", [
+    # (is_causal, window_size, j <= i + upper, j >= i + lower) for Sq = 100, Sk = 160
+    (False, (30, 10), 60 + 10, 60 - 30),   # a window without causality is aligned bottom-right
+    (True, (30, 0), 0, -30),               # top-left causal with a left bound
+    (False, (-1, 5), 65, None),            # only a right bound
+    (False, (7, -1), None, 53),            # only a left bound
+])
+def test_window_bounds_reach_the_launch_as_offsets(rung, causal, window, upper, lower):
+    """window_size becomes the launch's runtime offsets (upper, lower) and the config's
+    `causal` (upper bound tested) and `local` (lower bound tested) flags; windows of other
+    widths reuse the build."""
+    compiler = rung["compiler"]
+    q, k, v = _qkv(sq=100, sk=160)
+    scaled_dot_product_attention(q, k, v, is_causal=causal, window_size=window, kernel=rung["kernel"])
+    *_, offset, offset_lo, group = compiler.launches[-1][5:9]
+    config = compiler.builds[-1]["key"][-1]
+    assert (config.causal, config.local) == (upper is not None, lower is not None)
+    if upper is not None:
+        assert offset == upper
+    if lower is not None:
+        assert offset_lo == lower
+    builds = len(compiler.builds)
+    wider = tuple(w if w < 0 else w + 3 for w in window) if not causal else (window[0] + 3, 0)
+    scaled_dot_product_attention(q, k, v, is_causal=causal, window_size=wider, kernel=rung["kernel"])
+    assert len(compiler.builds) == builds, "another window width must not recompile"
 
 
 def test_tensors_requiring_grad_are_passed_as_detached_aliases(rung):
@@ -242,7 +270,7 @@ def test_dispatch_caches_static_checks_per_device(monkeypatch):
 @pytest.mark.compile
 def test_sm80_flash_tvm_ffi_build_takes_torch_tensors(monkeypatch, tmp_path):
     """The real TVM-FFI build of the sm80_flash forward: its signature is the rung's launch
-    (5 tensors, 3 scalars, the 4 varlen slots as None, no stream argument), and it checks the
+    (5 tensors, 4 scalars, the 5 varlen slots as None, no stream argument), and it checks the
     torch tensors it is given itself (a CPU tensor is refused by device, not by arity)."""
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(sm80_flash, "_COMPILED", {})
@@ -251,7 +279,7 @@ def test_sm80_flash_tvm_ffi_build_takes_torch_tensors(monkeypatch, tmp_path):
     assert sm80_flash._COMPILED[config] is fn
     q, k, v = _qkv(sq=128, sk=128)
     out, lse = torch.empty_like(q), torch.empty(1, 8, 128)
-    with pytest.raises(TypeError, match="Expects 12 parameters"):
-        fn(q, k, v, out, lse, 0.125, 0, 1)
+    with pytest.raises(TypeError, match="Expects 14 parameters"):
+        fn(q, k, v, out, lse, 0.125, 0, 0, 1)
     with pytest.raises(ValueError, match="device_type=cuda"):
-        fn(q, k, v, out, lse, 0.125, 0, 1, None, None, None, None)
+        fn(q, k, v, out, lse, 0.125, 0, 0, 1, None, None, None, None, None)

@@ -86,6 +86,39 @@ def test_functional_sdpa_dense_mask_and_dropout_need_the_fallback():
     assert sum(n for (op, _), n in ops.FALLBACK_COUNTS.items() if op == "scaled_dot_product_attention") == 1
 
 
+def _window_mask(sq, sk, left, right, base):
+    """The boolean window mask written out: i + base - left <= j <= i + base + right (-1 unbounded)."""
+    i, j = torch.arange(sq)[:, None], torch.arange(sk)[None, :]
+    keep = torch.ones(sq, sk, dtype=torch.bool)
+    if right >= 0:
+        keep &= j <= i + base + right
+    if left >= 0:
+        keep &= j >= i + base - left
+    return keep
+
+
+def test_functional_sdpa_window_size():
+    """window_size reaches the op (bottom-right aligned without causality, top-left with
+    is_causal) and, on the PyTorch fallback for a dense mask, is and-ed into it."""
+    q, k, v = torch.randn(1, 2, 6, 8, dtype=F64), torch.randn(1, 2, 9, 8, dtype=F64), torch.randn(1, 2, 9, 8, dtype=F64)
+    sdpa = cnn.functional.scaled_dot_product_attention
+    got = sdpa(q, k, v, window_size=(2, 1), fallback="torch")
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=_window_mask(6, 9, 2, 1, 3))
+    assert _rel(got, want) < 1e-12
+    got = sdpa(q, k, v, is_causal=True, window_size=(3, 0), fallback="torch")
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=_window_mask(6, 9, 3, 0, 0))
+    assert _rel(got, want) < 1e-12
+    dense = torch.rand(6, 9) > 0.2
+    dense[:, 3:] = True  # every row keeps a key inside its window
+    got = sdpa(q, k, v, attn_mask=dense, window_size=(-1, 1), fallback="torch")
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=dense & _window_mask(6, 9, -1, 1, 3))
+    assert _rel(got, want) < 1e-12
+    with pytest.raises(ValueError, match="bounds the window on the right at 0"):
+        sdpa(q, k, v, is_causal=True, window_size=(3, 2), fallback="torch")
+    with pytest.raises(TypeError, match="window_size must be None or a pair of ints"):
+        sdpa(q, k, v, window_size=3, fallback="torch")
+
+
 # ---- routing ----------------------------------------------------------------------------------------
 
 class Block(torch.nn.Module):

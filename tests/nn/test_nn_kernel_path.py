@@ -31,13 +31,13 @@ def kernels(monkeypatch):
         seen.append(("gemm", kernel))
         return torch.matmul(a, b)
 
-    def forward(q, k, v, *, causal, scale, enable_gqa, kernel):
+    def forward(q, k, v, *, causal, scale, enable_gqa, window_size, kernel):
         seen.append(("sdpa", kernel))
-        return reference.forward(q, k, v, causal, scale, enable_gqa)
+        return reference.forward(q, k, v, causal, scale, enable_gqa, window_size)
 
-    def backward(grad_out, q, k, v, out, lse, *, causal, scale, enable_gqa, kernel):
+    def backward(grad_out, q, k, v, out, lse, *, causal, scale, enable_gqa, window_size, kernel):
         seen.append(("sdpa_backward", kernel))
-        return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa)
+        return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa, window_size)
 
     monkeypatch.setattr(gemm_ops, "_gemm", lambda: gemm)
     monkeypatch.setattr(attention_ops, "_found", {"sdpa": forward, "sdpa_backward": backward})

@@ -221,3 +221,162 @@ def test_cpu_sdpa_without_fallback_names_the_device():
     q = randn(1, 2, 3, 16)
     with pytest.raises(ValueError, match="CUDA devices only"):
         ops.sdpa(q, q, q)
+
+
+# ---- sliding windows ---------------------------------------------------------------------------------
+
+def _brute_force(q, k, v, causal, window, scale):
+    """(out, lse) of one (H, Sq, D) head stack by explicit loops over (i, j), the window rule
+    written out here (FlashAttention's convention) independently of `mask_rule`: key j is
+    allowed for row i iff j <= i + base + right (right 0 when causal) and j >= i + base - left,
+    for the bounds given, base = 0 for top-left causality else Sk - Sq."""
+    left, right = (-1, -1) if window is None else window
+    sq, sk = q.shape[-2], k.shape[-2]
+    base = 0 if causal == "top_left" else sk - sq
+    if causal is not None:
+        right = 0
+    out = torch.zeros(q.shape[0], sq, v.shape[-1], dtype=F64)
+    lse = torch.full((q.shape[0], sq), -math.inf, dtype=F64)
+    for h in range(q.shape[0]):
+        for i in range(sq):
+            keys = [j for j in range(sk) if (right < 0 or j <= i + base + right) and (left < 0 or j >= i + base - left)]
+            if not keys:
+                continue
+            s = torch.stack([(q[h, i] * k[h, j]).sum() * scale for j in keys])
+            lse[h, i] = torch.logsumexp(s, 0)
+            p = torch.exp(s - lse[h, i])
+            out[h, i] = (p[:, None] * v[h, keys]).sum(0)
+    return out, lse
+
+
+WINDOWS = [  # (Sq, Sk, causal, window_size)
+    (6, 6, None, (2, 1)),
+    (5, 8, None, (0, 0)),
+    (8, 5, None, (1, 2)),       # Sq > Sk: the first rows see no key
+    (6, 9, None, (3, -1)),
+    (7, 7, None, (-1, 2)),
+    (4, 9, None, (-1, 0)),      # bottom-right causality
+    (7, 5, "top_left", (2, -1)),
+    (5, 7, "top_left", (0, 0)),
+    (6, 4, "bottom_right", (1, 0)),
+    (5, 8, "bottom_right", (-1, -1)),
+]
+
+
+@pytest.mark.parametrize("sq, sk, causal, window", WINDOWS)
+def test_windowed_reference_matches_brute_force(sq, sk, causal, window):
+    q, k, v = randn(1, 3, sq, 8), randn(1, 3, sk, 8), randn(1, 3, sk, 8)
+    out, lse = ops.sdpa(q, k, v, causal, 0.4, False, *window, fallback="torch")
+    want_out, want_lse = _brute_force(q[0], k[0], v[0], causal, window, 0.4)
+    empty = torch.isinf(want_lse)
+    assert torch.equal(torch.isinf(lse[0]), empty) and torch.all(lse[0][empty] < 0)
+    assert torch.all(out[0][empty] == 0)
+    assert _rel(out[0], want_out) < 1e-12
+    assert torch.allclose(lse[0][~empty].double(), want_lse[~empty], rtol=1e-6)
+
+
+@pytest.mark.parametrize("causal, window", [(None, (2, 1)), ("top_left", (1, 0)), (None, (1, 0))])
+def test_windowed_sdpa_gradcheck(causal, window):
+    args = (randn(1, 2, 5, 8, grad=True), randn(1, 1, 6, 8, grad=True), randn(1, 1, 6, 8, grad=True))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: ops.sdpa(q, k, v, causal, None, True, *window, fallback="torch")[0], args)
+
+
+def test_windowed_reference_backward_matches_autograd_of_brute_force():
+    q, k, v = randn(2, 6, 8, grad=True), randn(2, 7, 8, grad=True), randn(2, 7, 8, grad=True)
+    g = randn(2, 6, 8)
+    got = reference.backward(g, q, k, v, None, 0.5, False, (1, 1))
+    want = torch.autograd.grad(_brute_force(q, k, v, None, (1, 1), 0.5)[0], (q, k, v), g)
+    for a, r in zip(got, want):
+        assert _rel(a, r) < 1e-12
+
+
+@pytest.mark.parametrize("op, kwargs, error, pattern", [
+    ("sdpa", {"window_left": -2}, ValueError, "window_size values must be >= -1"),
+    ("sdpa", {"causal": "top_left", "window_right": 1}, ValueError, "bounds the window on the right at 0"),
+    ("sdpa_backward", {"window_right": -7}, ValueError, "cute_kernels.sdpa_backward: window_size values"),
+])
+def test_bad_windows_are_named_by_the_ops(op, kwargs, error, pattern):
+    q = randn(1, 2, 3, 8)
+    args = (q, q, q) if op == "sdpa" else (q, q, q, q, q, torch.zeros(1, 2, 3))
+    for fallback in ("none", "torch"):
+        with pytest.raises(error, match=pattern):
+            getattr(ops, op)(*args, **kwargs, fallback=fallback)
+    metas = tuple(meta(*t.shape, dtype=t.dtype) for t in args)
+    with pytest.raises(error, match=pattern):
+        getattr(ops, op)(*metas, **kwargs)
+
+
+def test_windowed_varlen_matches_per_sequence_brute_force():
+    q, k, v, cu_q, cu_k = _varlen_inputs()
+    out, lse = ops.sdpa_varlen(q, k, v, cu_q, cu_k, 5, 5, None, 0.3, 1, 0, fallback="torch")
+    for b in range(3):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        qs, ks, vs = (t.transpose(0, 1) for t in (q[rows], k[keys].repeat_interleave(2, 1),
+                                                   v[keys].repeat_interleave(2, 1)))
+        if qs.shape[1] == 0:
+            continue
+        want_out, want_lse = _brute_force(qs, ks, vs, None, (1, 0), 0.3)
+        assert _rel(out[rows].transpose(0, 1), want_out) < 1e-12
+        assert torch.allclose(lse[:, rows].double(), want_lse, rtol=1e-6)
+
+
+def test_varlen_is_differentiable_through_sdpa_varlen_backward():
+    cu_q, cu_k = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([0, 3, 7], dtype=torch.int32)
+    args = (randn(5, 2, 8, grad=True), randn(7, 1, 8, grad=True), randn(7, 1, 8, grad=True))
+    for causal, window in ((None, (-1, -1)), ("bottom_right", (1, 0)), (None, (1, 2))):
+        assert torch.autograd.gradcheck(
+            lambda q, k, v: ops.sdpa_varlen(q, k, v, cu_q, cu_k, 3, 4, causal, None, *window, fallback="torch")[0],
+            args)
+
+
+def test_varlen_backward_reference_is_per_sequence_backward():
+    q, k, v, cu_q, cu_k = _varlen_inputs()
+    g = randn(*q.shape)
+    dq, dk, dv = reference.varlen_backward(g, q, k, v, cu_q, cu_k, "top_left", None, (2, 0))
+    for b in range(3):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        want = reference.backward(*(t.transpose(0, 1) for t in (g[rows], q[rows], k[keys], v[keys])), "top_left",
+                                  None, True, (2, 0))
+        for got, w, index in ((dq, want[0], rows), (dk, want[1], keys), (dv, want[2], keys)):
+            assert torch.equal(got[index], w.transpose(0, 1))
+
+
+def test_windowed_opchecks():
+    args = (randn(2, 4, 5, 8, grad=True), randn(2, 2, 6, 8, grad=True), randn(2, 2, 6, 8, grad=True))
+    torch.library.opcheck(ops.sdpa, args, {"window_left": 2, "window_right": 1, "enable_gqa": True,
+                                           "fallback": "torch"})
+    q, k, v = (t.detach() for t in args)
+    out, lse = ops.sdpa(q, k, v, "top_left", None, True, 1, 0, fallback="torch")
+    torch.library.opcheck(ops.sdpa_backward, (randn(2, 4, 5, 8), q, k, v, out, lse),
+                          {"causal": "top_left", "enable_gqa": True, "window_left": 1, "window_right": 0,
+                           "fallback": "torch"})
+    q, k, v, cu_q, cu_k = _varlen_inputs()
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    torch.library.opcheck(ops.sdpa_varlen, (q, k, v, cu_q, cu_k, 5, 5),
+                          {"window_left": 1, "window_right": 2, "fallback": "torch"})
+    out, lse = ops.sdpa_varlen(q.detach(), k.detach(), v.detach(), cu_q, cu_k, 5, 5, fallback="torch")
+    torch.library.opcheck(ops.sdpa_varlen_backward, (randn(*out.shape), q.detach(), k.detach(), v.detach(), out, lse,
+                                                     cu_q, cu_k, 5, 5), {"fallback": "torch"})
+
+
+def test_varlen_backward_fake():
+    cu = torch.empty(3, dtype=torch.int32, device="meta")
+    dq, dk, dv = ops.sdpa_varlen_backward(meta(11, 8, 32), meta(11, 8, 64), meta(13, 2, 64), meta(13, 2, 32),
+                                          meta(11, 8, 32), meta(8, 11, dtype=torch.float32), cu, cu, 7, 9)
+    assert (dq.shape, dk.shape, dv.shape) == ((11, 8, 64), (13, 2, 64), (13, 2, 32))
+    with pytest.raises(ValueError, match="must be 3-D"):
+        ops.sdpa_varlen_backward(meta(1, 11, 8, 32), meta(1, 11, 8, 64), meta(13, 2, 64), meta(13, 2, 32),
+                                 meta(11, 8, 32), meta(8, 11, dtype=torch.float32), cu, cu, 7, 9)
+
+
+def test_missing_varlen_backward_kernel_is_named(monkeypatch):
+    monkeypatch.setitem(attention_ops._ENTRIES, "sdpa_varlen_backward", ("no_such_entry", "the varlen backward"))
+    monkeypatch.setattr(attention_ops, "_found", {})
+    q, k, v, cu_q, cu_k = _varlen_inputs()
+    out, lse = ops.sdpa_varlen(q, k, v, cu_q, cu_k, 5, 5, fallback="torch")
+    with pytest.raises(NotImplementedError, match="the varlen backward is not written yet"):
+        ops.sdpa_varlen_backward(out, q, k, v, out, lse, cu_q, cu_k, 5, 5)
+    got = ops.sdpa_varlen_backward(out, q, k, v, out, lse, cu_q, cu_k, 5, 5, fallback="torch")
+    want = reference.varlen_backward(out, q, k, v, cu_q, cu_k)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

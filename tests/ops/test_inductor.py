@@ -45,6 +45,8 @@ def _example_args(name):
         "sdpa": (q, k, v),
         "sdpa_backward": (randn(1, 2, 4, 8), q, k, v, randn(1, 2, 4, 8), randn(1, 2, 4)),
         "sdpa_varlen": (randn(8, 4, 8), randn(11, 2, 8), randn(11, 2, 8), cu_q, cu_k, 5, 7),
+        "sdpa_varlen_backward": (randn(8, 4, 8), randn(8, 4, 8), randn(11, 2, 8), randn(11, 2, 8), randn(8, 4, 8),
+                                 randn(4, 8), cu_q, cu_k, 5, 7),
         "paged_decode": (randn(2, 4, 8), randn(6, 4, 2, 8), randn(6, 4, 2, 8),
                          torch.tensor([[5, 0, 3], [2, 1, 0]], dtype=torch.int32),
                          torch.tensor([10, 3], dtype=torch.int32)),
@@ -103,9 +105,10 @@ def _every_op(x, w, b, q, k, v, a8, b8, vq, vk, vv, cu_q, cu_k, pq, kc, vc, tabl
     o, lse = ops.sdpa(q, k, v, causal="bottom_right", scale=None, enable_gqa=True, rung="auto", fallback="torch")
     s = ops.scaled_mm(a8, b8, torch.ones((), dtype=F32), torch.ones((), dtype=F32), out_dtype=F32, rung="auto",
                       fallback="torch")
-    vo, _ = ops.sdpa_varlen(vq, vk, vv, cu_q, cu_k, 5, 7, causal="top_left", rung="auto", fallback="torch")
+    vo, _ = ops.sdpa_varlen(vq, vk, vv, cu_q, cu_k, 5, 7, causal="top_left", window_left=2, rung="auto",
+                            fallback="torch")
     d = ops.paged_decode(pq, kc, vc, table, seqlens, scale=0.25, rung="auto", fallback="torch")
-    return z * 2 + 1, o.sum(-1) + lse, s, vo, d
+    return z * 2 + 1, o.sum(-1) + lse, vo, s, d
 
 
 def _inputs(m, s):
@@ -116,7 +119,8 @@ def _inputs(m, s):
         a8, b8 = a8.to(fp8), b8.to(fp8)
     return dict(x=randn(m, 6, grad=True), w=randn(6, 6, grad=True), b=randn(6, grad=True),
                 q=randn(1, 4, 3, 8, grad=True), k=randn(1, 2, s, 8, grad=True), v=randn(1, 2, s, 8, grad=True),
-                a8=a8, b8=b8, vq=randn(8, 4, 8), vk=randn(11, 2, 8), vv=randn(11, 2, 8),
+                a8=a8, b8=b8, vq=randn(8, 4, 8, grad=True), vk=randn(11, 2, 8, grad=True),
+                vv=randn(11, 2, 8, grad=True),
                 cu_q=torch.tensor([0, 3, 8], dtype=torch.int32), cu_k=torch.tensor([0, 4, 11], dtype=torch.int32),
                 pq=randn(2, 4, 8), kc=randn(6, 4, 2, 8), vc=randn(6, 4, 2, 8),
                 table=torch.tensor([[5, 0, 3], [2, 1, 0]], dtype=torch.int32),
@@ -152,12 +156,13 @@ def test_inductor_compiles_every_op_forward_and_backward_without_recompiling(mon
             want = _every_op(**inp)
             for a, r in zip(got, want):
                 assert a.shape == r.shape and torch.allclose(a, r, rtol=1e-5, atol=1e-5)
-            grads = [inp[n] for n in ("x", "w", "b", "q", "k", "v")]
-            seed = [randn(*t.shape) for t in got[:2]]
-            got_grads = torch.autograd.grad(got[:2], grads, seed)
-            want_grads = torch.autograd.grad(want[:2], grads, seed)
+            grads = [inp[n] for n in ("x", "w", "b", "q", "k", "v", "vq", "vk", "vv")]
+            seed = [randn(*t.shape) for t in got[:3]]
+            got_grads = torch.autograd.grad(got[:3], grads, seed)
+            want_grads = torch.autograd.grad(want[:3], grads, seed)
             for a, r in zip(got_grads, want_grads):
                 assert torch.allclose(a, r, rtol=1e-4, atol=1e-5)
     assert frames[0] == 1 and frames == [1, 1], f"recompiled: frame counts {frames}"
-    want = {f"cute_kernels.{name}.default" for name in ops.OPS}  # the backward graph holds sdpa_backward
+    # The backward graph holds sdpa_backward and sdpa_varlen_backward.
+    want = {f"cute_kernels.{name}.default" for name in ops.OPS}
     assert want <= lowered, f"not lowered by Inductor's fallback: {sorted(want - lowered)}"

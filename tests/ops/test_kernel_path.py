@@ -57,16 +57,16 @@ def gemm_calls(monkeypatch):
 def attention_calls(monkeypatch):
     calls = []
 
-    def forward(q, k, v, *, causal, scale, enable_gqa, kernel):
+    def forward(q, k, v, *, causal, scale, enable_gqa, window_size, kernel):
         _detached(q, k, v)
-        calls.append(("forward", causal, kernel))
-        return reference.forward(q, k, v, causal, scale, enable_gqa)
+        calls.append(("forward", causal, window_size, kernel))
+        return reference.forward(q, k, v, causal, scale, enable_gqa, window_size)
 
-    def backward(grad_out, q, k, v, out, lse, *, causal, scale, enable_gqa, kernel):
+    def backward(grad_out, q, k, v, out, lse, *, causal, scale, enable_gqa, window_size, kernel):
         _detached(grad_out, q, k, v, out, lse)
-        calls.append(("backward", causal, kernel))
+        calls.append(("backward", causal, window_size, kernel))
         assert lse.dtype == torch.float32 and lse.shape == q.shape[:-1]
-        return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa)
+        return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa, window_size)
 
     monkeypatch.setattr(attention_ops, "_found", {"sdpa": forward, "sdpa_backward": backward})
     return calls
@@ -136,18 +136,58 @@ def test_sdpa_kernel_path_forward_and_backward(attention_calls, causal):
     q, k, v = randn(2, 4, 5, 8, grad=True), randn(2, 2, 6, 8, grad=True), randn(2, 2, 6, 8, grad=True)
     out, lse = ops.sdpa(q, k, v, causal, None, True, rung="sm80_flash")
     out.backward(randn(*out.shape))
-    assert attention_calls == [("forward", causal, "sm80_flash"), ("backward", causal, "sm80_flash")]
+    assert attention_calls == [("forward", causal, None, "sm80_flash"), ("backward", causal, None, "sm80_flash")]
     assert not lse.requires_grad
     torch.library.opcheck(ops.sdpa, (q, k, v), {"causal": causal, "enable_gqa": True})
+
+
+def test_sdpa_kernel_path_hands_the_window_down(attention_calls):
+    """window_left/right reach both entries as window_size; (-1, -1) as None (no window)."""
+    q, k, v = randn(1, 2, 6, 8, grad=True), randn(1, 2, 9, 8, grad=True), randn(1, 2, 9, 8, grad=True)
+    out, _ = ops.sdpa(q, k, v, None, None, False, 2, 1, rung="sm80_flash")
+    want = reference.forward(q, k, v, None, None, False, (2, 1))[0]
+    assert _rel(out, want) < 1e-12
+    out.backward(randn(*out.shape))
+    assert attention_calls == [("forward", None, (2, 1), "sm80_flash"), ("backward", None, (2, 1), "sm80_flash")]
+    torch.library.opcheck(ops.sdpa, (q, k, v), {"window_left": 3, "window_right": -1, "causal": "top_left"})
+
+
+def test_varlen_kernel_path_forward_and_backward(monkeypatch):
+    """sdpa_varlen differentiates through sdpa_varlen_backward, which hands the forward's
+    out/lse, the offsets, max lengths, window and rung to attention_varlen_backward."""
+    calls = []
+
+    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, causal, scale, window_size, kernel):
+        _detached(q, k, v, cu_q, cu_k)
+        calls.append(("forward", max_q, max_k, causal, window_size, kernel))
+        return reference.varlen_forward(q, k, v, cu_q, cu_k, causal, scale, window_size)
+
+    def varlen_backward(grad_out, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, *, causal, scale, window_size,
+                        kernel):
+        _detached(grad_out, q, k, v, out, lse, cu_q, cu_k)
+        assert lse.shape == (q.shape[1], q.shape[0]) and out.shape == grad_out.shape
+        calls.append(("backward", max_q, max_k, causal, window_size, kernel))
+        return reference.varlen_backward(grad_out, q, k, v, cu_q, cu_k, causal, scale, window_size)
+
+    monkeypatch.setattr(attention_ops, "_found", {"sdpa_varlen": varlen, "sdpa_varlen_backward": varlen_backward})
+    cu_q, cu_k = torch.tensor([0, 3, 8], dtype=torch.int32), torch.tensor([0, 4, 11], dtype=torch.int32)
+    q, k, v = randn(8, 4, 16, grad=True), randn(11, 2, 16, grad=True), randn(11, 2, 16, grad=True)
+    out, _ = ops.sdpa_varlen(q, k, v, cu_q, cu_k, 5, 7, None, 0.3, 1, 2, rung="sm80_flash")
+    g = randn(*out.shape)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    want = reference.varlen_backward(g, q, k, v, cu_q, cu_k, None, 0.3, (1, 2))
+    for a, r in zip(got, want):
+        assert _rel(a, r) < 1e-12
+    assert calls == [("forward", 5, 7, None, (1, 2), "sm80_flash"), ("backward", 5, 7, None, (1, 2), "sm80_flash")]
 
 
 def test_varlen_and_paged_decode_kernel_path(monkeypatch):
     calls = []
 
-    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, causal, scale, kernel):
+    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, causal, scale, window_size, kernel):
         _detached(q, k, v, cu_q, cu_k)
         calls.append(("varlen", max_q, max_k, causal, kernel))
-        return reference.varlen_forward(q, k, v, cu_q, cu_k, causal, scale)
+        return reference.varlen_forward(q, k, v, cu_q, cu_k, causal, scale, window_size)
 
     def decode(q, k_cache, v_cache, block_table, seqlens_k, *, scale, kernel):
         _detached(q, k_cache, v_cache, block_table, seqlens_k)
