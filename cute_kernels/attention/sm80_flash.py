@@ -118,15 +118,22 @@ class FlashSm80Config:
 
 def config_for(head_dim: int, dtype: str, causal: bool, local: bool = False) -> FlashSm80Config:
     """The tile for a head dim, chosen so the SASS has no spills (checked by the variants):
-    128 x 64 with 4 warps up to D = 64; 128 x 64 with 8 warps (16 Q rows per warp) up to
-    D = 128 and for multiples of 32 above (at D = 256: 1.05x SDPA's FA2 backend on an H200,
+    128 x 64 with 4 warps up to D = 64; at D = 128 the tiles below; 128 x 64 with 8 warps (16 Q
+    rows per warp) for the other head dims up to 128 and for multiples of 32 above (at D = 256: 1.05x SDPA's FA2 backend on an H200,
     against 1.01x for 64 x 64 with 4 warps); 64 x 64 with 4 warps for the other head dims
     above 128 (whose 32-byte swizzle rows would need 128 K/V rows per copy pass with 8 warps).
     Per thread, the fp32 accumulators take (rows per warp) * (D + block_n) / 32 registers.
 
-    Measured but not taken: at D = 128, 128 x 64 with 4 warps runs 1.02x FA2 (8 warps: 0.87x;
-    each warp reads all of K and V from shared memory, so fewer warps with more rows each
-    halve that traffic), but its SASS spills 156-180 bytes."""
+    At D = 128 fewer warps with more rows each are faster (each warp reads all of K and V from
+    shared memory, so 4 warps halve that traffic against 8), as far as the registers allow:
+    128 x 32 with 4 warps without a mask and 64 x 64 with 4 warps with one (128 x 32 spills
+    80-108 bytes once a diagonal is tested; 128 x 64 with 4 warps spills 156-180 bytes). Against
+    SDPA's FA2 backend on an H200 (B4 H16 S4096 and B4 H32 S2048, bf16): 0.95x / 0.98x and
+    causal 0.94x / 0.95x, where 128 x 64 with 8 warps measured 0.85x / 0.87x and 0.89x / 0.87x."""
+    if head_dim == 128:
+        block_m, block_n, num_warps = (64, 64, 4) if causal or local else (128, 32, 4)
+        return FlashSm80Config(head_dim=head_dim, dtype=dtype, causal=causal, block_m=block_m, block_n=block_n,
+                               num_warps=num_warps, local=local).validate()
     if head_dim <= 64:
         block_m, num_warps = 128, 4
     elif head_dim <= 128 or head_dim % 32 == 0:

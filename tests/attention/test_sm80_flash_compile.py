@@ -107,8 +107,8 @@ def test_variant_uses_tensor_cores_ldmatrix_cp_async_without_spills():
 # (variant, config, threads per CTA): the windowed forward (dense and packed), and the backward's
 # windowed, head-dim-split (D 192, 256) and packed kernels.
 NEW_VARIANTS = [
-    ("attention.sm80_flash", "d128_bfloat16_causal_local", 256),
-    ("attention.sm80_flash_varlen", "d128_bfloat16_causal_local", 256),
+    ("attention.sm80_flash", "d128_bfloat16_causal_local", 128),
+    ("attention.sm80_flash_varlen", "d128_bfloat16_causal_local", 128),
     ("attention.sm80_flash_bwd_dq", "d128_bfloat16_causal_local", 128),
     ("attention.sm80_flash_bwd_dkdv", "d128_bfloat16_causal_local", 128),
     ("attention.sm80_flash_bwd_dq", "d256_bfloat16_causal_local", 256),
