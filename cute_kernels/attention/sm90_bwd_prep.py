@@ -14,6 +14,10 @@ threads covers 128 * 8 / D rows: each thread reads 8 contiguous elements of dO a
 16-byte load each) and zeroes 8 floats of the row's dQ accumulator (two 16-byte stores), and the
 D / 8 threads of a row sum with butterfly shuffles. dO, O and lse
 are taken flat (contiguous (B, H, Sq, D) and (B, H, Sq)); the caller makes them so.
+
+Host side (`preprocess`, `preprocess_flat`): D, lse2 and the accumulator are one allocation;
+with TVM-FFI the kernel is built once per (head dim, dtype) from fake tensors and takes the
+torch tensors on torch's current stream, else each tensor is wrapped with `from_torch`.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import cutlass.cute as cute
 
 from .softmax import LOG2_E
 
-__all__ = ["BwdPrep", "THREADS"]
+__all__ = ["BwdPrep", "THREADS", "preprocess", "preprocess_flat"]
 
 THREADS = 128
 _VEC = 8  # 16-bit elements per 16-byte load
@@ -95,34 +99,87 @@ class BwdPrep:
             mLSE2[prow] = lse2
 
 
+# Per-process caches of the warm path: kernel objects and TVM-FFI functions per (head dim, dtype).
 _KERNELS: dict = {}
+_COMPILED: dict = {}
+_CUTLASS = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 
 
-def preprocess(dout, out, lse, block_m: int):
-    """(D, lse2, dq_acc): D and lse2 as flat fp32 tensors of B * H * padded entries (padded = Sq
-    rounded up to `block_m`) and the zeroed fp32 dQ accumulator (B, H, padded, D), from dout,
-    out (B, H, Sq, D) and lse (B, H, Sq), on torch's current stream."""
-    import torch
-
-    from cute_kernels.runtime import compile_kernel, cutlass_dtype, current_stream, from_torch
-
-    b, h, sq, d = dout.shape
-    padded = -(-sq // block_m) * block_m
-    dout, out, lse = dout.contiguous(), out.contiguous(), lse.contiguous()
-    d_rows = torch.empty(b * h * padded, dtype=torch.float32, device=dout.device)
-    lse2 = torch.empty(b * h * padded, dtype=torch.float32, device=dout.device)
-    dq_acc = torch.empty((b, h, padded, d), dtype=torch.float32, device=dout.device)
-    key = (d, dout.dtype)
+def _kernel_for(head_dim: int, dtype: str) -> BwdPrep:
+    key = (head_dim, dtype)
     kernel = _KERNELS.get(key)
     if kernel is None:
-        kernel = _KERNELS[key] = BwdPrep(d, cutlass_dtype(dout.dtype))
+        kernel = _KERNELS[key] = BwdPrep(head_dim, _CUTLASS[dtype])
+    return kernel
+
+
+def _compile_tvm_ffi(head_dim: int, dtype: str):
+    """Compile (or load) the TVM-FFI `BwdPrep` for (head_dim, dtype) ("float16" | "bfloat16")
+    from fake tensors (`preprocess` keeps it in `_COMPILED` per (head dim, torch dtype)).
+
+    The fake tensors are what `preprocess`'s `from_torch` path wraps: flat dO and O (16-byte
+    aligned), flat fp32 lse (4-byte aligned), flat fp32 D, lse2 and dQ accumulator (16-byte
+    aligned). The function takes torch tensors and Python ints and launches on torch's current
+    stream."""
+    from cute_kernels.runtime import TVM_FFI_OPTION, compile_kernel, fake_stream, fake_tensor
+
+    t = _CUTLASS[dtype]
+    do, o = [fake_tensor(t, 1, leading_dim=0, assumed_align=16) for _ in range(2)]
+    lse = fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=4)
+    d_rows, lse2, dq_acc = [fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=16) for _ in range(3)]
+    fn = compile_kernel(_kernel_for(head_dim, dtype), do, o, lse, d_rows, lse2, dq_acc, cutlass.Int32(1),
+                        cutlass.Int32(64), fake_stream(tvm_ffi_env_stream=True),
+                        key=("attention.sm90_bwd_prep", "tvm_ffi", head_dim, dtype), options=TVM_FFI_OPTION)
+    return fn
+
+
+def preprocess(dout, out, lse, block_m: int, *, tvm_ffi: bool | None = None):
+    """(D, lse2, dq_acc): D and lse2 as flat fp32 tensors of B * H * padded entries (padded = Sq
+    rounded up to `block_m`) and the zeroed fp32 dQ accumulator (B, H, padded, D), from dout,
+    out (B, H, Sq, D) and lse (B, H, Sq), on torch's current stream. The three share one
+    allocation (D, then lse2, then dQ; each 16-byte aligned: `block_m` must be a multiple of 4).
+
+    tvm_ffi: launch through the TVM-FFI build (torch tensors in; they must not require grad)
+    or wrap each tensor with `from_torch`; None: `runtime.tvm_ffi_available()`."""
+    if tvm_ffi is None:
+        from cute_kernels.runtime import tvm_ffi_available
+
+        tvm_ffi = tvm_ffi_available()
+    d_rows, lse2, _, dq_acc = preprocess_flat(dout, out, lse, block_m, tvm_ffi)
+    return d_rows, lse2, dq_acc
+
+
+def preprocess_flat(dout, out, lse, block_m: int, tvm_ffi: bool):
+    """`preprocess`'s (D, lse2, dq_flat, dq_acc), dq_flat the accumulator's flat (B * H *
+    padded * D,) view: what the backward kernel takes, without re-viewing per call."""
+    import torch
+
+    if block_m % 4:
+        raise ValueError(f"preprocess: block_m must be a multiple of 4 (16-byte aligned buffers), got {block_m}")
+    b, h, sq, d = dout.shape
+    padded = -(-sq // block_m) * block_m
+    dout, out, lse = dout.contiguous(), out.contiguous(), lse.contiguous().float()
+    n = b * h * padded
+    # One allocation instead of three: D, lse2 and the dQ accumulator are all written by the kernel.
+    buf = torch.empty(n * (2 + d), dtype=torch.float32, device=dout.device)
+    d_rows, lse2, dq_flat = buf[:n], buf[n:2 * n], buf[2 * n:]
+    if tvm_ffi:
+        key = (d, dout.dtype)
+        fn = _COMPILED.get(key)
+        if fn is None:
+            fn = _COMPILED[key] = _compile_tvm_ffi(d, str(dout.dtype).removeprefix("torch."))
+        fn(dout.view(-1), out.view(-1), lse.view(-1), d_rows, lse2, dq_flat, sq, padded)
+        return d_rows, lse2, dq_flat, dq_flat.view(b, h, padded, d)
+    from cute_kernels.runtime import compile_kernel, current_stream, from_torch
+
     flat = lambda t, align: from_torch(t.view(-1), assumed_align=align, leading_dim=0)  # noqa: E731
-    args = (flat(dout, 16), flat(out, 16), flat(lse.float(), 4), flat(d_rows, 16), flat(lse2, 16),
-            flat(dq_acc, 16), cutlass.Int32(sq), cutlass.Int32(padded))
+    args = (flat(dout, 16), flat(out, 16), flat(lse, 4), flat(d_rows, 16), flat(lse2, 16),
+            flat(dq_flat, 16), cutlass.Int32(sq), cutlass.Int32(padded))
     stream = current_stream()
+    kernel = _kernel_for(d, str(dout.dtype).removeprefix("torch."))
     fn = compile_kernel(kernel, *args, stream, key=("attention.sm90_bwd_prep", 2, d, str(dout.dtype)))
     fn(*args, stream)
-    return d_rows, lse2, dq_acc
+    return d_rows, lse2, dq_flat, dq_flat.view(b, h, padded, d)
 
 
 # ---- compile-only variants ------------------------------------------------------------------------
@@ -132,7 +189,7 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16"):
     """A CompileJob for `BwdPrep` over fake flat tensors with symbolic sizes."""
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
-    t = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[dtype]
+    t = _CUTLASS[dtype]
     do, o = [fake_tensor(t, 1, leading_dim=0, assumed_align=16) for _ in range(2)]
     lse = fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=4)
     d_rows, lse2, dq_acc = [fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=16) for _ in range(3)]

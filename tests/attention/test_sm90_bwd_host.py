@@ -1,0 +1,335 @@
+"""The sm90_flash backward's host path without a GPU: a warm call builds nothing and wraps
+nothing (TVM-FFI functions take the torch tensors), the TVM-FFI and `from_torch` paths hand the
+kernels the same arguments, the TVM-FFI builds compile for sm_90a with parameter lists that
+match what the host passes, and the post-processing (dQ's padding and dtype, GQA's group sums)
+turns the kernel's buffers into the results. The launches are recorders on CPU tensors; the
+numerics are the GPU tests' (test_sm90_flash_bwd_gpu.py, test_sm90_bwd_window_gpu.py, and the
+path comparison at the end of this file)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cutlass")
+
+import cute_kernels.runtime as runtime  # noqa: E402
+from cute_kernels.attention import sm90_bwd_prep as prep  # noqa: E402
+from cute_kernels.attention import sm90_flash_bwd as bwd  # noqa: E402
+from cute_kernels.attention.api import AttentionProblem  # noqa: E402
+
+
+def _problem(b=2, hq=4, hkv=4, sq=100, sk=130, d=64, dtype=torch.bfloat16, causal="bottom_right", **window):
+    return AttentionProblem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_k=sk, head_dim=d, head_dim_v=d,
+                            dtype=dtype, causal=causal, scale=0.3, **window)
+
+
+def _inputs(p, requires_grad=False):
+    g = torch.Generator().manual_seed(0)
+    rand = lambda *s: torch.randn(*s, generator=g).to(p.dtype)  # noqa: E731
+    q, dout, out = (rand(p.batch, p.heads_q, p.seqlen_q, p.head_dim) for _ in range(3))
+    k, v = (rand(p.batch, p.heads_kv, p.seqlen_k, p.head_dim) for _ in range(2))
+    if requires_grad:
+        for t in (q, k, v, out):
+            t.requires_grad_()
+    lse = torch.randn(p.batch, p.heads_q, p.seqlen_q, generator=g)
+    return dout, q, k, v, out, lse
+
+
+class _Host:
+    """Recorders for the compiles, `from_torch` calls and launches of one test."""
+
+    def __init__(self):
+        self.compiles, self.wrapped, self.launches = [], [], []
+        self.dq_values = None  # what the fake backward kernel writes (see `kernel`)
+
+    def kernel(self, name):
+        def launch(*args):
+            self.launches.append((name, args))
+            if name == "bwd":
+                # Stand in for the kernel's results: known values in the dQ accumulator and dK, dV.
+                dq, dk, dv = (_unwrap(a) for a in args[6:9])
+                dq.copy_(torch.arange(dq.numel(), dtype=torch.float32) % 251 - 125.0)
+                for i, t in enumerate((dk, dv)):
+                    t.copy_((torch.arange(t.numel(), dtype=torch.float32) % 17 + i).view(t.shape))
+        return launch
+
+
+def _unwrap(a):
+    return a[1] if isinstance(a, tuple) and a and a[0] == "dsl" else a
+
+
+@pytest.fixture
+def host(monkeypatch):
+    h = _Host()
+    for module in (bwd, prep):
+        for cache in ("_KERNELS", "_COMPILED"):
+            monkeypatch.setattr(module, cache, {})
+    monkeypatch.setattr(bwd, "_LAUNCHES", {})
+    monkeypatch.setattr(bwd, "_SUPPORTED", {})
+
+    def bwd_build(config):
+        h.compiles.append(("bwd", "tvm_ffi", config))
+        fn = bwd._COMPILED[config] = h.kernel("bwd")
+        return fn
+
+    def prep_build(d, dtype):
+        h.compiles.append(("prep", "tvm_ffi", d, dtype))
+        return h.kernel("prep")
+
+    def compile_kernel(jit_fn, *args, key, options=None):
+        h.compiles.append(key)
+        return h.kernel("bwd" if key[0] == "attention.sm90_flash_bwd" else "prep")
+
+    def from_torch(t, **kw):
+        h.wrapped.append(kw)
+        return ("dsl", t, kw)
+
+    monkeypatch.setattr(bwd, "_compile_tvm_ffi", bwd_build)
+    monkeypatch.setattr(prep, "_compile_tvm_ffi", prep_build)
+    monkeypatch.setattr(bwd, "compile_kernel", compile_kernel)
+    monkeypatch.setattr(runtime, "compile_kernel", compile_kernel)
+    monkeypatch.setattr(runtime, "from_torch", from_torch)
+    monkeypatch.setattr(runtime, "current_stream", lambda: "stream")
+
+    def use_tvm_ffi(flag):
+        monkeypatch.setattr(bwd, "tvm_ffi_available", lambda: flag)
+        h.launches.clear()
+
+    h.use_tvm_ffi = use_tvm_ffi
+    return h
+
+
+def _describe(args):
+    """The launch's arguments as comparable values: tensors by (shape, strides, dtype, whether
+    they alias an input, from_torch's options), scalars by value (DSL scalars unwrapped)."""
+    out = []
+    for a in args:
+        kw = a[2] if isinstance(a, tuple) and a and a[0] == "dsl" else None
+        a = _unwrap(a)
+        if isinstance(a, torch.Tensor):
+            out.append(("tensor", tuple(a.shape), a.stride(), a.dtype, kw))
+        elif a == "stream":
+            continue
+        else:
+            out.append(("scalar", getattr(a, "value", a)))
+    return out
+
+
+def _launch(host, p, config=None, requires_grad=False):
+    dout, q, k, v, o, lse = _inputs(p, requires_grad)
+    grads = bwd.backward(dout, q, k, v, o, lse, p, config=config)
+    return grads, (dout, q, k, v, o, lse)
+
+
+PROBLEMS = {
+    "causal_br_padded": (_problem(), None),
+    "gqa_window": (_problem(hq=4, hkv=2, sq=128, sk=128, d=128, dtype=torch.float16, causal=None, window_left=20,
+                            window_right=5), None),
+    "torch_prep_gqa": (_problem(hq=6, hkv=2, sq=70, sk=64, causal="top_left"),
+                       replace(bwd.bwd_config_for(64, "bfloat16", True, dkv_fp32=True), prep_kernel=False)),
+}
+
+
+@pytest.mark.parametrize("name", list(PROBLEMS))
+def test_both_paths_pass_identical_arguments(host, name):
+    p, config = PROBLEMS[name]
+    host.use_tvm_ffi(False)
+    dsl_grads, _ = _launch(host, p, config)
+    dsl = [(n, _describe(a)) for n, a in host.launches]
+    host.use_tvm_ffi(True)
+    tvm_grads, _ = _launch(host, p, config)
+    tvm = [(n, _describe(a)) for n, a in host.launches]
+    assert [n for n, _ in tvm] == [n for n, _ in dsl] == (["prep", "bwd"] if config is None else ["bwd"])
+    strip = lambda launches: [[x[:4] if x[0] == "tensor" else x for x in a] for _, a in launches]  # noqa: E731
+    assert strip(tvm) == strip(dsl)
+    # The DSL path wraps the 4-D tensors with the head dim as the unit mode, the flat ones on mode 0.
+    bwd_dsl = dict(dsl)["bwd"]
+    assert [x[4]["leading_dim"] for x in bwd_dsl if x[0] == "tensor"] == [3, 3, 3, 3, 0, 0, 0, 3, 3]
+    # The scalars: scale, the upper offset (Sk - Sq bottom-right, + window_right), offset_lo, group.
+    base = p.seqlen_k - p.seqlen_q if p.causal == "bottom_right" or p.causal is None else 0
+    expect_offset = base + (p.window_right or 0)
+    expect_lo = base - p.window_left if p.window_left is not None else 0
+    scalars = [x[1] for x in dict(tvm)["bwd"] if x[0] == "scalar"]
+    assert scalars[1:] == [expect_offset, expect_lo, p.heads_q // p.heads_kv]
+    assert scalars[0] == pytest.approx(p.scale)
+    sq_pad = -(-p.seqlen_q // 64) * 64
+    flat = [x[1] for x in dict(tvm)["bwd"] if x[0] == "tensor" and len(x[1]) == 1]
+    n = p.batch * p.heads_q * sq_pad
+    assert flat == [(n,), (n,), (n * p.head_dim,)]
+    for a, b in zip(dsl_grads, tvm_grads):
+        assert torch.equal(a, b)
+
+
+def test_warm_call_compiles_nothing_and_wraps_nothing(host):
+    host.use_tvm_ffi(True)
+    p = _problem(hq=4, hkv=2)
+    _launch(host, p)
+    assert sorted(c[0] for c in host.compiles) == ["bwd", "prep"]
+    first = [(n, _describe(a)) for n, a in host.launches]
+    host.launches.clear()
+    host.compiles.clear()
+    (dq, dk, dv), (dout, q, k, v, o, lse) = _launch(host, p)
+    assert host.compiles == [] and host.wrapped == []
+    assert [(n, _describe(a)) for n, a in host.launches] == first
+    # The kernels read the caller's tensors in place (they are contiguous and aligned).
+    (_, prep_args), (_, bwd_args) = host.launches
+    assert bwd_args[0].data_ptr() == q.data_ptr() and bwd_args[3].data_ptr() == dout.data_ptr()
+    assert prep_args[1].data_ptr() == o.data_ptr() and prep_args[2].data_ptr() == lse.data_ptr()
+    # The kernel writes the flat buffers prep allocated, all 16-byte aligned.
+    assert bwd_args[6].data_ptr() == prep_args[5].data_ptr()
+    assert all(t.data_ptr() % 16 == 0 for t in (*prep_args[3:6], *bwd_args[4:9]))
+    # Another sequence length is a new problem: no compile either.
+    _launch(host, replace(p, seqlen_q=33, seqlen_k=200))
+    assert host.compiles == [] and host.wrapped == []
+
+
+def test_tvm_ffi_path_detaches_inputs_that_require_grad(host):
+    host.use_tvm_ffi(True)
+    _launch(host, _problem(), requires_grad=True)
+    for _, args in host.launches:
+        assert not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+def test_post_processing_turns_the_kernel_buffers_into_the_results(host, gqa):
+    host.use_tvm_ffi(True)
+    p = _problem(hq=4, hkv=2 if gqa else 4, sq=100, sk=90)
+    (dq, dk, dv), (dout, q, k, v, o, lse) = _launch(host, p)
+    _, args = host.launches[-1]
+    dq_acc = args[6].view(p.batch, p.heads_q, -1, p.head_dim)
+    assert dq_acc.shape[2] == 128
+    assert dq.dtype == q.dtype and dq.is_contiguous() and torch.equal(dq, dq_acc[:, :, :100].to(q.dtype))
+    for grad, per_head, like in ((dk, args[7], k), (dv, args[8], v)):
+        assert grad.shape == like.shape and grad.dtype == like.dtype and grad.is_contiguous()
+        if gqa:
+            assert per_head.dtype == torch.float32
+            want = per_head.view(p.batch, 2, 2, p.seqlen_k, p.head_dim).sum(2).to(like.dtype)
+            assert torch.equal(grad, want) and not torch.equal(grad, per_head[:, ::2].to(like.dtype))
+        else:
+            assert grad.data_ptr() == per_head.data_ptr()
+    assert dk.data_ptr() != dv.data_ptr()
+
+
+def test_bad_config_is_refused_on_every_call_and_the_problem_cache_is_bounded(host, monkeypatch):
+    host.use_tvm_ffi(True)
+    p = _problem()
+    wrong = bwd.bwd_config_for(64, "float16", False)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="does not match the problem"):
+            _launch(host, p, wrong)
+    assert host.launches == []
+    for _ in range(2):  # a refusal is never remembered as a pass
+        with pytest.raises(ValueError, match="not 96"):
+            _launch(host, replace(p, head_dim=96, head_dim_v=96))
+        with pytest.raises(ValueError, match="must be finite"):
+            _launch(host, replace(p, scale=math.nan))
+    assert host.launches == []
+    monkeypatch.setattr(bwd, "_MAX_LAUNCHES", 3)
+    for s in range(64, 69):
+        _launch(host, replace(p, seqlen_q=s))
+    assert 1 <= len(bwd._LAUNCHES) <= 3
+
+
+def test_preprocess_refuses_unaligned_blocks():
+    x = torch.randn(1, 1, 8, 64).to(torch.float16)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        prep.preprocess(x, x, torch.randn(1, 1, 8), 6, tvm_ffi=True)
+
+
+# ---- the real TVM-FFI builds (compile for sm_90a, no GPU) -------------------------------------------
+
+_PARAM = re.compile(r"(\w+): (Tensor\(\[([^\]]*)\], (\w+)\)|\w+)")
+
+
+def _signature(fn, args) -> list:
+    """(rank, dtype) per parameter of the TVM-FFI function `fn`, from the error it raises when
+    called with `args` (CPU tensors: it expects CUDA ones and names its whole parameter list)."""
+    with pytest.raises(ValueError, match="expected device_type=cuda") as err:
+        fn(*args)
+    params = re.search(r"__call__\((.*)\)`", str(err.value)).group(1)
+    return [(len(m.group(3).split(",")), m.group(4)) if m.group(3) is not None else (0, m.group(2))
+            for m in _PARAM.finditer(params)]
+
+
+def _passed(args) -> list:
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append((a.dim(), str(a.dtype).removeprefix("torch.")))
+        else:
+            out.append((0, "float32" if isinstance(a, float) else "int32"))
+    return out
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", ["causal_br_padded", "gqa_window"])
+def test_tvm_ffi_builds_compile_and_take_what_the_host_passes(monkeypatch, name):
+    pytest.importorskip("tvm_ffi")
+    import tvm_ffi
+
+    from cute_kernels.runtime import cache
+
+    p, _ = PROBLEMS[name]
+    for module in (bwd, prep):
+        monkeypatch.setattr(module, "_COMPILED", {})
+    monkeypatch.setattr(bwd, "_LAUNCHES", {})
+    monkeypatch.setattr(bwd, "tvm_ffi_available", lambda: True)
+    launches = []
+    real_bwd, real_prep = bwd._compile_tvm_ffi, prep._compile_tvm_ffi
+
+    def recorded(build, name):
+        def compile_and_record(*key):
+            fn = build(*key)
+            assert isinstance(fn, tvm_ffi.Function)
+
+            def launch(*args):
+                launches.append((name, fn, args))
+            if name == "bwd":
+                bwd._COMPILED[key[0]] = launch
+            return launch
+        return compile_and_record
+
+    monkeypatch.setattr(bwd, "_compile_tvm_ffi", recorded(real_bwd, "bwd"))
+    monkeypatch.setattr(prep, "_compile_tvm_ffi", recorded(real_prep, "prep"))
+    dout, q, k, v, o, lse = _inputs(p)
+    bwd.backward(dout, q, k, v, o, lse, p)
+    assert [n for n, _, _ in launches] == ["prep", "bwd"]
+    for _, fn, args in launches:
+        assert _signature(fn, args) == _passed(args)
+    # Warm: the same functions, no compile, no disk load.
+    before = dict(cache.stats)
+    bwd.backward(dout, q, k, v, o, lse, p)
+    assert [n for n, _, _ in launches] == ["prep", "bwd"] * 2
+    assert cache.stats["compiled"] == before["compiled"] and cache.stats["disk_loaded"] == before["disk_loaded"]
+
+
+# ---- on the GPU: the TVM-FFI path against the from_torch path ----------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["causal_br_padded", "gqa_window"])
+def test_tvm_ffi_and_from_torch_paths_agree_on_gpu(monkeypatch, name):
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    if not runtime.tvm_ffi_available():
+        pytest.skip("TVM-FFI is not available here: the GPU tests already run the from_torch path")
+    p, _ = PROBLEMS[name]
+    dout, q, k, v, o, lse = (t.cuda() for t in _inputs(p, requires_grad=True))
+    lse[..., :3] = -math.inf  # rows that saw no key
+    results = {}
+    for tvm in (True, False):
+        monkeypatch.setattr(bwd, "tvm_ffi_available", lambda tvm=tvm: tvm)
+        torch.empty(1 << 24, device="cuda").fill_(math.nan)  # poison the allocator's free memory
+        results[tvm] = bwd.backward(dout, q, k, v, o, lse, p)
+    torch.cuda.synchronize()
+    for name_, a, b in zip("dq dk dv".split(), results[True], results[False]):
+        assert torch.isfinite(a.float()).all(), name_
+        # dK, dV are deterministic; dQ's fp32 atomics may round differently from run to run.
+        if name_ == "dq":
+            assert ((a.double() - b.double()).norm() / b.double().norm()).item() < 1e-2
+        else:
+            assert torch.equal(a, b), name_
