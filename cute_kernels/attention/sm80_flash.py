@@ -119,9 +119,10 @@ class FlashSm80Config:
 def config_for(head_dim: int, dtype: str, causal: bool, local: bool = False) -> FlashSm80Config:
     """The tile for a head dim, chosen so the SASS has no spills (checked by the variants):
     128 x 64 with 4 warps up to D = 64; at D = 128 the tiles below; 128 x 64 with 8 warps (16 Q
-    rows per warp) for the other head dims up to 128 and for multiples of 32 above (at D = 256: 1.05x SDPA's FA2 backend on an H200,
-    against 1.01x for 64 x 64 with 4 warps); 64 x 64 with 4 warps for the other head dims
-    above 128 (whose 32-byte swizzle rows would need 128 K/V rows per copy pass with 8 warps).
+    rows per warp) for the other head dims up to 128 and for multiples of 32 above (at D = 256:
+    1.05x SDPA's FA2 backend on an H200, against 1.01x for 64 x 64 with 4 warps); 64 x 64 with 4
+    warps for the other head dims above 128 (whose 32-byte swizzle rows would need 128 K/V rows
+    per copy pass with 8 warps).
     Per thread, the fp32 accumulators take (rows per warp) * (D + block_n) / 32 registers.
 
     At D = 128 fewer warps with more rows each are faster (each warp reads all of K and V from
