@@ -27,8 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["BlockRange", "n_block_range", "n_block_min", "m_block_range", "block_range", "visited_pairs",
-           "lpt_heads_per_group",
-           "lpt_tile", "L2_KV_BUDGET"]
+           "lpt_heads_per_group", "lpt_tile", "L2_KV_BUDGET"]
 
 
 def _ceil_div(a, b):
