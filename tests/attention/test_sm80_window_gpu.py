@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 from cute_kernels.attention.api import AttentionProblem  # noqa: E402
 from cute_kernels.attention.mask import dense_mask  # noqa: E402
 
-from ._dense_reference import TOL, reference, rel_err  # noqa: E402
+from ._dense_reference import TOL, check_forward, reference, rel_err  # noqa: E402
+from .test_sm80_flash_bwd_gpu import poison_allocator  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -29,11 +30,6 @@ def _rung():
     from cute_kernels.attention.sm80_flash import RUNG
 
     return RUNG
-
-
-def poison_allocator(numel: int = 1 << 26):
-    torch.empty(numel, device="cuda").fill_(math.nan)
-    torch.cuda.synchronize()
 
 
 def problem_for(b, hq, hkv, sq, sk, d, dtype, causal, window):
@@ -54,15 +50,6 @@ def reference_grads(q, k, v, dout, causal=None, window=(None, None)):
     p = torch.softmax(s, -1) * has[:, None]
     (p @ vr).backward(dout.float())
     return qf.grad, kf.grad, vf.grad
-
-
-def check_forward(out, lse, ref_out, ref_lse, dtype):
-    assert not out.isnan().any() and not lse.isnan().any(), "an output element was not written"
-    assert rel_err(out, ref_out) < TOL[dtype]
-    empty = torch.isneginf(ref_lse)
-    assert torch.equal(torch.isneginf(lse), empty)
-    assert (out[empty] == 0).all()
-    torch.testing.assert_close(lse[~empty], ref_lse[~empty], atol=2e-3, rtol=1e-3)
 
 
 def check_grads(grads, refs, dout, dtype):
