@@ -200,7 +200,7 @@ def bench(shapes, config_names, out_records, others=True):
                 rung(a3, b3, out3, config=cfg)  # compile + warm
                 # kernel-only timing: prebuilt DSL arguments, no per-call conversion
                 import cute_kernels.gemm.sm90_rung as R
-                Ak, Bk, Ck = (R._sane_batch_stride(t) for t in (a3.permute(1, 2, 0), b3.permute(2, 1, 0), out3.permute(1, 2, 0)))
+                Ak, Bk, Ck = (R.tma_operand(t) for t in (a3.permute(1, 2, 0), b3.permute(2, 1, 0), out3.permute(1, 2, 0)))
                 record(f"ours[{cname}]", rung.launcher(cfg, Ak, Bk, Ck), lambda: out3[0])
             except Exception as e:
                 print(f"{str((M, N, K)):>20} ours[{cname}] ERROR {type(e).__name__}: {str(e)[:400]}")
@@ -469,7 +469,7 @@ def bench_phase(records, warm_only=False, allow=("pingpong", "p64", "fp8")):
 
     def ours(cfg, a3, b3, out3, **kw):
         """Kernel-only timing: the launcher is built (compiled) on first call, arguments prebuilt."""
-        Ak, Bk, Ck = (R._sane_batch_stride(t) for t in (a3.permute(1, 2, 0), b3.permute(2, 1, 0), out3.permute(1, 2, 0)))
+        Ak, Bk, Ck = (R.tma_operand(t) for t in (a3.permute(1, 2, 0), b3.permute(2, 1, 0), out3.permute(1, 2, 0)))
         held = {}
 
         def run():
@@ -588,7 +588,7 @@ def host_phase(records, calls=100, spin_cycles=400_000_000):
               f"{'  WAITED FOR THE GPU' if waited else ''}", flush=True)
 
     def kernel_only(cfg, a3, b3, out3, **kw):
-        Ak, Bk, Ck = (R._sane_batch_stride(t) for t in (a3.permute(1, 2, 0), b3.permute(2, 1, 0), out3.permute(1, 2, 0)))
+        Ak, Bk, Ck = (R.tma_operand(t) for t in (a3.permute(1, 2, 0), b3.permute(2, 1, 0), out3.permute(1, 2, 0)))
         return rung.launcher(cfg, Ak, Bk, Ck, **kw)
 
     print(f"TVM-FFI available: {tvm_ffi_available()}", flush=True)

@@ -75,15 +75,24 @@ def _randn(shape, dtype: str, device: str, gen):
     return x.to(torch_dtype(dtype))
 
 
+# GEMM operand layouts by the case-name suffix: which of A (M, K) and B (N, K) is stored with
+# unit stride along its M / N side instead of along K. "" is nn.Linear's forward y = x·Wᵀ;
+# "bn" its input gradient dX = dY·W (B = W read N-major); "am_bn" its weight gradient
+# dW = dYᵀ·X (A = dYᵀ read M-major, B = X read N-major).
+GEMM_LAYOUTS = ("", "bn", "am_bn")
+
+
 @dataclass(frozen=True)
 class GemmCase:
-    """C = A·Bᵀ with A (M, K) and B (N, K) both row-major (K-major), output (M, N)."""
+    """C = A·Bᵀ with A (M, K) and B (N, K), output (M, N) row-major. `layout` (GEMM_LAYOUTS)
+    says which operands are stored M- or N-major instead of K-major (the default)."""
 
     m: int
     n: int
     k: int
     dtype: str = "bf16"
     out_dtype: str | None = None  # None: the input dtype (bf16 for fp8 inputs)
+    layout: str = ""
 
     family = "gemm"
 
@@ -92,10 +101,12 @@ class GemmCase:
             raise ValueError(f"GEMM sizes must be positive, got {self.m}x{self.n}x{self.k}")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown GEMM dtype {self.dtype!r}; known: {sorted(DTYPES)}")
+        if self.layout not in GEMM_LAYOUTS:
+            raise ValueError(f"unknown GEMM layout {self.layout!r}; known: {GEMM_LAYOUTS}")
 
     @property
     def name(self) -> str:
-        return f"{self.m}x{self.n}x{self.k}"
+        return f"{self.m}x{self.n}x{self.k}" + (f"_{self.layout}" if self.layout else "")
 
     @property
     def result_dtype(self) -> str:
@@ -119,17 +130,22 @@ class GemmCase:
 
     @classmethod
     def parse(cls, text: str, dtype: str = "bf16") -> GemmCase:
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)", text.strip())
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:_(bn|am_bn))?", text.strip())
         if not m:
-            raise ValueError(f"GEMM case must look like MxNxK (e.g. 4096x4096x4096), got {text!r}")
-        case = cls(int(m[1]), int(m[2]), int(m[3]), dtype)
+            raise ValueError(f"GEMM case must look like MxNxK (e.g. 4096x4096x4096), optionally with a layout "
+                             f"suffix _bn or _am_bn, got {text!r}")
+        case = cls(int(m[1]), int(m[2]), int(m[3]), dtype, layout=m[4] or "")
         case.validate()
         return case
 
     def make_inputs(self, device: str, seed: int = 0) -> dict[str, Any]:
+        """{"a": (M, K), "b": (N, K)}, views with the strides `layout` asks for."""
         gen = _generator(device, seed)
-        return {"a": _randn((self.m, self.k), self.dtype, device, gen),
-                "b": _randn((self.n, self.k), self.dtype, device, gen)}
+        a = _randn((self.k, self.m), self.dtype, device, gen).T if self.layout == "am_bn" else \
+            _randn((self.m, self.k), self.dtype, device, gen)
+        b = _randn((self.k, self.n), self.dtype, device, gen).T if self.layout in ("bn", "am_bn") else \
+            _randn((self.n, self.k), self.dtype, device, gen)
+        return {"a": a, "b": b}
 
     def empty_out(self, inputs: dict[str, Any]):
         import torch

@@ -110,6 +110,22 @@ def _prepare_gemm_rung(name: str, case, inputs) -> Prepared:
     return Prepared(lambda: rung(a3, b3, out3, alpha=1.0, beta=0.0, c=None), out=out)
 
 
+def _prepare_auto(case, inputs) -> Prepared:
+    """The public entry a user calls: `matmul(a, b)` with kernel="auto" (dispatch, routing,
+    launch plans and the result's allocation included), or `scaled_mm` for fp8."""
+    import torch
+
+    from cute_kernels.gemm import matmul
+    from cute_kernels.gemm.epilogue_api import scaled_mm
+
+    a, bt = inputs["a"], inputs["b"].T
+    out_dtype = torch_dtype(case.result_dtype)
+    if case.dtype.startswith("fp8"):
+        one = torch.ones((), dtype=torch.float32, device=a.device)
+        return Prepared(lambda: scaled_mm(a, bt, one, one, out_dtype=out_dtype))
+    return Prepared(lambda: matmul(a, bt, out_dtype=out_dtype))
+
+
 def _prepare_fp8_rung(name: str, case, inputs) -> Prepared:
     """fp8 with per-tensor scales goes through the rung's scaled_mm entry, as torch._scaled_mm."""
     import torch
@@ -173,6 +189,7 @@ def _prepare_triton_ampere(case, inputs) -> Prepared:
 def gemm_impls() -> dict[str, Impl]:
     """Ours (every rung in cute_kernels.gemm.KERNELS) then the GEMM peers."""
     impls = {name: Impl(name, "ours", partial(_prepare_gemm_rung, name)) for name in our_gemm_rungs()[0]}
+    impls["auto"] = Impl("auto", "ours", _prepare_auto, lambda: our_gemm_rungs()[1])
     impls["cublas"] = Impl("cublas", "peer", _prepare_cublas)
     impls["cublas_fp8"] = Impl("cublas_fp8", "peer", _prepare_cublas_fp8)
     impls["quack"] = Impl("quack", "peer", _prepare_quack, _needs_module("quack"))

@@ -7,6 +7,7 @@
 | `attention_bwd` | the same 8 cases, backward (dq, dk, dv through autograd) | ours with a backward, sdpa_flash, sdpa_cudnn, fa4 |
 | `copy` | 16 MiB to 1 GiB bf16 | cute_kernels (our vectorized copy), torch_copy |
 | `skinny` | M ∈ {16, 64, 128}, N = K = 8192, bf16 | as `gemm` |
+| `gemm_shapes` | the linear layers of ViT-B/L, Llama-3 1B/8B/70B, Mistral-7B, Qwen2.5-7B (`model_shapes`): prefill, decode, dX and dW, plus the cliff classes | auto (`matmul`), cublas, quack |
 | `fp8` | e4m3 4096³ and 8192³ (bf16 out) | as `gemm` (cublas_fp8 is the peer) |
 | `ladder` | fp32, fp16 and bf16 at 4096³ and 8192³ | every rung, cublas (fp32 without TF32) and triton_ampere (Triton held to mma.sync) |
 | `decode` | bf16 paged decode B=64, Hkv=8, D=128, ctx 8192; Hq 8/32/64 × page 16/256 | decode, fa4_paged, sdpa_gathered |
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from cute_kernels.bench.cases import AttentionBwdCase, AttentionCase, Case, CopyCase, DecodeCase, GemmCase
 from cute_kernels.bench.impls import FAMILY_IMPLS, Impl
+from cute_kernels.bench.model_shapes import gemm_shape_cases
 
 # Rungs too slow for the big default shapes (seconds per call at 8192×28672×8192); the ladder
 # suite and an explicit --impl still run them.
@@ -96,7 +98,12 @@ LADDER_ONLY_PEERS = frozenset({"triton_ampere"})
 def _fast(impl: Impl) -> bool:
     if impl.kind == "peer":
         return impl.name not in LADDER_ONLY_PEERS
-    return impl.name not in SLOW_RUNGS
+    return impl.name not in SLOW_RUNGS and impl.name != "auto"
+
+
+def _public_entry(impl: Impl) -> bool:
+    """What a user's call runs (`matmul`, kernel "auto") against cuBLAS and quack."""
+    return impl.name in ("auto", "cublas", "cublas_fp8", "quack")
 
 
 def _ladder_default(impl: Impl) -> bool:
@@ -128,6 +135,10 @@ SUITES: dict[str, Suite] = {
                     tuple(GemmCase(s, s, s, dt) for dt in ("fp32", "fp16", "bf16") for s in (4096, 8192)),
                     "every GEMM rung vs cuBLAS (fp32 without TF32) at 4096³ and 8192³; fp16 for sm70_mma",
                     _ladder_default),
+    "gemm_shapes": Suite("gemm_shapes", "gemm", gemm_shape_cases("bf16"),
+                         "bf16 GEMMs of real models (ViT-B/L, Llama-3 1B/8B/70B, Mistral-7B, Qwen2.5-7B): prefill, "
+                         "decode, and the two backward GEMMs of training, plus the cliff classes; through matmul",
+                         _public_entry),
     "decode": Suite("decode", "decode", tuple(DecodeCase(*shape, "bf16") for shape in DECODE_SHAPES),
                     "bf16 paged decode (one query token, vLLM cache layout), GB/s and % of HBM", _everything),
 }

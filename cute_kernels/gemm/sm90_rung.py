@@ -30,6 +30,7 @@ from cute_kernels.gemm import autotune as _autotune
 from cute_kernels.gemm.sm90_config import Sm90GemmConfig, pick_config
 from cute_kernels.hopper.epilogue import ACTIVATIONS, EpilogueSpec
 from cute_kernels.runtime import compile_kernel, tvm_ffi_available
+from cute_kernels.runtime.tensors import tma_view
 from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_signature
 
 _IN_DTYPES = (torch.bfloat16, torch.float16)
@@ -44,29 +45,11 @@ _PLANS = PlanCache("gemm.sm90")
 _PLAN_SCALARS = (float, int)
 
 
-def _tma_ok(t: torch.Tensor) -> bool:
-    """True when `t` (3-D, kernel order) is addressable by a TMA descriptor."""
-    if t.data_ptr() % 16:
-        return False
-    shape, stride = t.shape, t.stride()
-    if stride[0] == 1 or shape[0] == 1:
-        lead = 0
-    elif stride[1] == 1 or shape[1] == 1:
-        lead = 1
-    else:
-        return False
-    es = t.element_size()
-    return all((stride[i] * es) % 16 == 0 for i in range(3) if i != lead and shape[i] > 1)
-
-
-def _sane_batch_stride(t: torch.Tensor) -> torch.Tensor:
-    """A size-1 batch mode gets a 16-byte-aligned stride (never dereferenced) so TMA accepts it."""
-    shape = t.shape
-    if shape[2] != 1:
-        return t
-    stride = t.stride()
-    span = max(stride[0] * shape[0], stride[1] * shape[1])
-    return t.as_strided(shape, (stride[0], stride[1], _round_up(span, 16)))
+def tma_operand(t: torch.Tensor) -> torch.Tensor | None:
+    """`t` (3-D, kernel order: (rows, cols, batch)) as a view TMA can address with its
+    leading mode among the first two, or None (`runtime.tma_view`, the one check every
+    operand of every route passes before a launch)."""
+    return tma_view(t, (0, 1))
 
 
 def _zero_strides(*ts: torch.Tensor) -> tuple:
@@ -134,6 +117,31 @@ def _unit_stride_mn(t: torch.Tensor) -> torch.Tensor:
             st[mode] = 1
             return t.as_strided(t.shape, st)
     return t.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+
+
+def _k_major_copy(t: torch.Tensor, kp: int) -> torch.Tensor:
+    """A K-major copy of kernel-order `t` (rows, K, L) in rows of `kp` >= K elements, the
+    tail past K zeroed (it is read: `kp` is the copy's extent along K), as a TMA view."""
+    rows, k, L = t.shape
+    buf = torch.empty(L, rows, kp, dtype=t.dtype, device=t.device)
+    buf[:, :, :k] = t.permute(2, 0, 1)
+    if kp > k:
+        buf[:, :, k:].zero_()
+    return tma_operand(buf.permute(1, 2, 0))
+
+
+def _operands(a, b, A, B) -> tuple:
+    """Kernel-order (A, B) a TMA kernel can read: the given views where they are not None,
+    else K-major copies of (L, M, K) `a` / (L, K, N) `b`. When K-major rows of K elements
+    cannot be 16-byte aligned, both are copied with K zero-padded, so their extents agree."""
+    if A is not None and B is not None:
+        return A, B
+    K = a.shape[2]
+    Av, Bv = a.permute(1, 2, 0), b.permute(2, 1, 0)
+    kp = _round_up(K, 16 // a.element_size())
+    if kp != K:
+        return _k_major_copy(Av, kp), _k_major_copy(Bv, kp)
+    return (A if A is not None else _k_major_copy(Av, K)), (B if B is not None else _k_major_copy(Bv, K))
 
 
 def _check_epilogue(name, out, beta, c, bias, bias_dim, activation) -> EpilogueSpec:
@@ -301,6 +309,12 @@ class Sm90Rung:
     def _bound(self, config, A, B, C, alpha, epi, beta, Csrc, bias, scales):
         """(compiled function, its arguments) for prepared kernel-order tensors."""
         fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
+        for what, t in (("A", A), ("B", B), ("C", C), ("c", Csrc)):
+            # every route hands over `tma_operand` views: anything else would build a bad
+            # descriptor and compute garbage, so it is a bug here, never a launch
+            if t is not None and (not isinstance(t, torch.Tensor) or tma_operand(t) is not t):
+                raise RuntimeError(f"{self.name}: internal error: operand {what} (shape {tuple(t.shape)}, strides "
+                                   f"{tuple(t.stride())}) is not a TMA view; please report this")
         Csrc, bias, scales = self._epi_operands(C, Csrc, bias, scales)
         fn, tvm = self.compiled(config, A, B, C, epi, Csrc, bias, scales)
         scalars = (alpha, beta) if fuses else (alpha,)
@@ -367,10 +381,14 @@ class Sm90Rung:
             config = _autotune.config_for(self, a, b, out, spec, M, N, K, (beta, c, bias, bias_dim, scale_a, scale_b)) \
                 or self.pick(M, N, K, a.element_size())
         config = config.validate()
-        A, B = (_sane_batch_stride(t) for t in (a.permute(1, 2, 0), b.permute(2, 1, 0)))
-        k_major = not fp8 or (A.stride(1) == 1 and B.stride(1) == 1)  # fp8 wgmma reads K-major only
+        # kernel-order views TMA can address as they are, else None (then copied below)
+        A, B = tma_operand(a.permute(1, 2, 0)), tma_operand(b.permute(2, 1, 0))
+        if fp8:  # fp8 wgmma reads K-major operands only
+            A = A if A is not None and A.stride(1) == 1 else None
+            B = B if B is not None and B.stride(1) == 1 else None
         # small M: swap-AB and/or split-K (sm90_skinny); else the ordinary path below
-        routed = _skinny.launch(self, config, A, B, out, float(alpha), spec, beta, c, bias, scales, k_major)
+        routed = _skinny.launch(self, config, A, B, out, float(alpha), spec, beta, c, bias, scales) \
+            if A is not None and B is not None else None
         if routed is not None:
             how, views = routed
             if how == "swap" and sig is not None:  # the swapped launch replays like a direct one
@@ -379,43 +397,29 @@ class Sm90Rung:
             return out
         config = _skinny.fallback_config(config, M, N, K, a.element_size())
         fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
-        C = _sane_batch_stride(out.permute(1, 2, 0))
-        if _tma_ok(A) and _tma_ok(B) and _tma_ok(C) and k_major and (fuses or not spec.fused):
-            Csrc = _unit_stride_mn(c.permute(1, 2, 0)) if spec.beta_c else None
+        A, B = _operands(a, b, A, B)
+        C = tma_operand(out.permute(1, 2, 0))
+        Csrc = tma_operand(_unit_stride_mn(c.permute(1, 2, 0))) if spec.beta_c else None
+        if C is not None and (not spec.fused or (fuses and (Csrc is not None or not spec.beta_c))):
             bias_t = bias if bias is None or bias.stride(0) == 1 else bias.contiguous()
             self.launch(config, A, B, C, float(alpha), epi=spec, beta=float(beta), Csrc=Csrc, bias=bias_t, scales=scales)
-            if sig is not None:
+            if sig is not None:  # kept only when no operand was copied (`_keep_plan` checks)
                 self._keep_plan(sig, config, spec, (a, b, out, c, bias, scale_a, scale_b),
                                 (A, B, C, Csrc, bias_t, scales))
             return out
-        # unfused: alpha * A.B into an fp32 temporary (when anything follows), the rest in torch
+        # unfused: alpha * A.B into a temporary (fp32 when anything follows), the rest in torch
         target = torch.empty(out.shape, dtype=torch.float32, device=out.device) if spec.fused else out
-        T = _sane_batch_stride(target.permute(1, 2, 0))
-        if _tma_ok(A) and _tma_ok(B) and _tma_ok(T) and k_major:
-            self.launch(config, A, B, T, float(alpha))
+        T = tma_operand(target.permute(1, 2, 0))
+        if T is None:  # rows of the result not 16-byte aligned: write a padded temporary
+            np_ = _round_up(N, 16 // target.element_size())
+            tmp = torch.empty(L, M, np_, dtype=target.dtype, device=target.device)
+            self.launch(config, A, B, tma_operand(tmp.permute(1, 2, 0)), float(alpha))
+            target.copy_(tmp[:, :, :N])
         else:
-            self._launch_padded(config, a, b, target, float(alpha))
+            self.launch(config, A, B, T, float(alpha))
         if spec.fused:
             out.copy_(torch_epilogue(target, spec, beta, c, bias, scales))
         return out
-
-    def _launch_padded(self, config, a, b, target, alpha):
-        """Zero-pad K (and N for the output) to 16-byte multiples in K-major copies."""
-        L, M, K = a.shape
-        N = b.shape[2]
-        kp = _round_up(K, 16 // a.element_size())
-        np_ = _round_up(N, 16 // target.element_size())
-        # torch.empty (the caching allocator) and a zeroed K tail: each byte written once
-        ap = torch.empty(L, M, kp, dtype=a.dtype, device=a.device)
-        ap[:, :, :K] = a
-        ap[:, :, K:].zero_()
-        bp = torch.empty(L, N, kp, dtype=b.dtype, device=b.device)
-        bp[:, :, :K] = b.transpose(1, 2)
-        bp[:, :, K:].zero_()
-        cp = torch.empty(L, M, np_, dtype=target.dtype, device=target.device)
-        A, B, C = (_sane_batch_stride(t.permute(1, 2, 0)) for t in (ap, bp, cp))
-        self.launch(config, A, B, C, alpha)
-        target.copy_(cp[:, :, :N])
 
     # ---- launch plans (runtime.plan_cache): the warm call of a signature seen before ----------
 

@@ -41,79 +41,54 @@ def swapped_spec(spec: EpilogueSpec) -> EpilogueSpec:
     return out
 
 
-def tma_ok(t: torch.Tensor) -> bool:
-    """True when `t` (3-D, kernel order) is addressable by a TMA descriptor: 16-byte aligned base,
-    a unit-stride mode among the first two, every other stride of a mode longer than 1 a
-    multiple of 16 bytes. (As sm90_rung._tma_ok, but a unit stride is preferred over an extent-1
-    mode as the leading one, so an (1, K) row of A at M = 1 qualifies.)"""
-    if t.data_ptr() % 16:
-        return False
-    (s0, s1, s2), (e0, e1, e2) = t.stride(), t.shape
-    if s0 == 1 or (s1 != 1 and e0 == 1):
-        lead_ok = s1 == 1 and e1 > 1  # mode 1 is then another unit stride: 2 bytes, not 16
-        other = (s1, e1)
-    elif s1 == 1 or e1 == 1:
-        lead_ok = False
-        other = (s0, e0)
-    else:
-        return False
-    es = t.element_size()
-    if lead_ok or (other[1] > 1 and (other[0] * es) % 16):
-        return False
-    return e2 == 1 or (s2 * es) % 16 == 0
-
-
-def route(rung, config: Sm90GemmConfig, A, B, out, spec: EpilogueSpec, k_major: bool) -> tuple[str | None, int]:
-    """(route, splits) for kernel-order A (M, K, L), B (N, K, L) and out (L, M, N).
+def route(rung, config: Sm90GemmConfig, A, B, out, spec: EpilogueSpec) -> tuple[str | None, int]:
+    """(route, splits) for kernel-order TMA views A (M, K, L), B (N, K, L) (`sm90_rung.
+    tma_operand`) and out (L, M, N).
 
     route is "swap" (C^T straight into `out` with the fused epilogue), "swap_split" (swapped,
     K split, partials transposed), "split" (K split, not swapped) or None (the caller's
-    ordinary path). A route is taken only where TMA can address every tensor it touches
-    (16-byte aligned bases and leading dimensions; odd N or K never qualify) and the kernel
-    reads the operands' majors (fp8: K-major only).
+    ordinary path). "swap" needs `out`'s transpose (and c's, when read) to be TMA-addressable
+    and the rung to fuse any epilogue; the split routes write fp32 partials whose rows are
+    padded to 16 bytes, so any N qualifies.
     """
-    return _route(rung, config, A, B, out, spec, k_major)[:2]
+    return _route(rung, config, A, B, out, spec)[:2]
 
 
-def _route(rung, config, A, B, out, spec, k_major):
+def _route(rung, config, A, B, out, spec):
     """`route`, plus the (N, M, L) view of `out` the "swap" route writes (else None)."""
     M, K, L = A.shape
     N = B.shape[0]
-    if not k_major or not (tma_ok(A) and tma_ok(B)):
-        return None, 1, None
     splits = pick_split_k(M, N, K, L, config, A.element_size()) if rung.split_k else 1
     if config.swap_ab:
         if splits > 1:
-            # partials (splits, M, N) fp32, viewed (N, M, splits): N * 4 bytes must be 16-aligned
-            return ("swap_split", splits, None) if N % 4 == 0 else (None, 1, None)
-        C = _r._sane_batch_stride(out.permute(2, 1, 0))
-        if tma_ok(C) and (not spec.fused or getattr(rung.kernel_cls, "fuses_epilogue", False)):
+            return "swap_split", splits, None
+        C = _r.tma_operand(out.permute(2, 1, 0))
+        if C is not None and (not spec.fused or getattr(rung.kernel_cls, "fuses_epilogue", False)):
             return "swap", 1, C
         return None, 1, None
     return ("split", splits, None) if splits > 1 else (None, 1, None)
 
 
-def launch(rung, config: Sm90GemmConfig, A, B, out, alpha: float, spec: EpilogueSpec, beta, c, bias, scales,
-           k_major: bool):
+def launch(rung, config: Sm90GemmConfig, A, B, out, alpha: float, spec: EpilogueSpec, beta, c, bias, scales):
     """Run the call through swap-AB and/or split-K when `route` picks one: (route, the swapped
     launch's kernel operands (B, A, C, Csrc, bias) or None), or None when it does not (nothing
     was launched; the caller runs its ordinary path with `fallback_config`)."""
-    how, splits, C = _route(rung, config, A, B, out, spec, k_major)
+    how, splits, C = _route(rung, config, A, B, out, spec)
     if how is None:
         return None
     if how == "swap":
-        return how, launch_swapped(rung, config, A, B, out, alpha, spec, beta, c, bias, scales, C)
+        Csrc = _r.tma_operand(_r._unit_stride_mn(c.permute(2, 1, 0))) if spec.beta_c else None
+        if spec.beta_c and Csrc is None:
+            return None
+        return how, launch_swapped(rung, config, A, B, out, alpha, spec, beta, Csrc, bias, scales, C)
     launch_split_k(rung, config, A, B, splits, alpha, out, spec, beta, c, bias, scales, swap=how == "swap_split")
     return how, None
 
 
-def launch_swapped(rung, config, A, B, out, alpha, spec, beta, c, bias, scales, C=None) -> tuple:
-    """C^T = B^T . A^T written straight into `out` (L, M, N) through its (N, M, L) view `C`
-    (made here when not given), the epilogue fused with bias rows and columns swapped. Returns
-    the kernel operands (B, A, C, Csrc, bias) it launched with."""
-    if C is None:
-        C = _r._sane_batch_stride(out.permute(2, 1, 0))
-    Csrc = _r._unit_stride_mn(c.permute(2, 1, 0)) if spec.beta_c else None
+def launch_swapped(rung, config, A, B, out, alpha, spec, beta, Csrc, bias, scales, C) -> tuple:
+    """C^T = B^T . A^T written straight into `out` (L, M, N) through its (N, M, L) TMA view
+    `C`, the epilogue fused with bias rows and columns swapped; `Csrc` is c's (N, M, L) TMA
+    view when beta != 0. Returns the kernel operands (B, A, C, Csrc, bias) it launched with."""
     bias_t = bias if bias is None or bias.stride(0) == 1 else bias.contiguous()
     rung.launch(config, B, A, C, alpha, epi=swapped_spec(spec), beta=float(beta), Csrc=Csrc, bias=bias_t,
                 scales=scales)
@@ -123,21 +98,21 @@ def launch_swapped(rung, config, A, B, out, alpha, spec, beta, c, bias, scales, 
 def launch_split_k(rung, config, A, B, splits, alpha, out, spec, beta, c, bias, scales, swap: bool = False) -> None:
     """K split into `splits` chunks that the kernel sees as its batch mode: (M, K/S, S) and
     (N, K/S, S) strided views, fp32 partials (S, M, N) (written as (M, N, S), or (N, M, S)
-    with `swap`), summed here, then the epilogue in torch."""
+    with `swap`), summed here, then the epilogue in torch. The partials' rows are padded to a
+    multiple of 4 floats (16 bytes), so TMA addresses them for any M and N."""
     M, K, _ = A.shape
     N = B.shape[0]
     ks = K // splits
     As = A.as_strided((M, ks, splits), (A.stride(0), A.stride(1), A.stride(1) * ks))
     Bs = B.as_strided((N, ks, splits), (B.stride(0), B.stride(1), B.stride(1) * ks))
-    ws = torch.empty(splits, M, N, dtype=torch.float32, device=out.device)
-    if swap:
-        rung.launch(config, Bs, As, ws.permute(2, 1, 0), alpha)
+    if swap:  # partials (S, M, N) written through (N, M, S): rows of N floats
+        ws = torch.empty(splits, M, _r._round_up(N, 4), dtype=torch.float32, device=out.device)[:, :, :N]
+        rung.launch(config, Bs, As, _r.tma_operand(ws.permute(2, 1, 0)), alpha)
     else:
-        rung.launch(config, As, Bs, ws.permute(1, 2, 0), alpha)
-    if spec.fused:
-        out.copy_(_r.torch_epilogue(ws.sum(0).unsqueeze(0), spec, beta, c, bias, scales))
-    else:  # one pass: the fp32 sum is rounded once, into out
-        torch.sum(ws, 0, keepdim=True, out=out)
+        ws = torch.empty(splits, M, _r._round_up(N, 4), dtype=torch.float32, device=out.device)[:, :, :N]
+        rung.launch(config, As, Bs, _r.tma_operand(ws.permute(1, 2, 0)), alpha)
+    total = ws.sum(0, keepdim=True)  # in fp32: `sum(..., out=out)` would round each partial to out's dtype first
+    out.copy_(_r.torch_epilogue(total, spec, beta, c, bias, scales) if spec.fused else total)
 
 
 def fallback_config(config: Sm90GemmConfig, m: int, n: int, k: int, in_bytes: int) -> Sm90GemmConfig:

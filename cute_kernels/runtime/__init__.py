@@ -33,6 +33,7 @@ _EXPORTS = {
     "fake_tensor": "tensors",
     "fake_stream": "tensors",
     "current_stream": "tensors",
+    "tma_view": "tensors",
     "cutlass_dtype": "dtypes",
     "torch_dtype": "dtypes",
     "to_cute": "to_cute",

@@ -105,9 +105,42 @@ def compile_kernel(jit_fn: Callable, *args, key: tuple, options: str | None = No
     with _LOCK:
         fn = _MEMORY.get(memo)
         if fn is None:
-            fn = _load_or_compile(jit_fn, args, key, options, memo[2])
+            fn = _DRY_RUN.compile(jit_fn, args, key, options, memo[2]) if _DRY_RUN.shard else \
+                _load_or_compile(jit_fn, args, key, options, memo[2])
             _MEMORY[memo] = fn
     return fn
+
+
+class _DryRun:
+    """Dry-run mode (`runtime.precompile`'s workers): `shard` = (index, workers) while on.
+
+    Then every compile whose disk entry's digest falls in this worker's shard and is not on
+    disk yet is compiled and stored; the function handed back, for every key, is a no-op, so
+    the code being traced launches nothing.
+    """
+
+    shard: tuple[int, int] | None = None
+    counts = {"compiled": 0, "present": 0, "others": 0, "uncacheable": 0}
+
+    def compile(self, jit_fn, args, key, options, arch):
+        entry = _disk_entry(jit_fn, key, options, arch) if disk_cache_enabled() else None
+        if entry is None:
+            self.counts["uncacheable"] += 1
+        elif int(entry[1][3:], 16) % self.shard[1] != self.shard[0]:
+            self.counts["others"] += 1
+        elif entry[0].is_file():
+            self.counts["present"] += 1
+        else:
+            _disk_store(compile_now(jit_fn, *args, options=options, arch=arch), entry, options)
+            self.counts["compiled"] += 1
+        return _no_launch
+
+
+def _no_launch(*args, **kwargs) -> None:
+    return None
+
+
+_DRY_RUN = _DryRun()
 
 
 def clear_memory_cache() -> None:

@@ -43,6 +43,44 @@ def leading_dim_of(shape, stride) -> int:
     return big[0] if len(big) == 1 else unit[-1]
 
 
+def tma_view(t, leading_modes: tuple = (0, 1)):
+    """`t` as a view a TMA descriptor can address, or None when no such view exists.
+
+    A descriptor needs a 16-byte aligned base, one unit-stride ("leading") mode, and every
+    other stride a multiple of 16 bytes (0 included). The leading mode is a unit-stride mode
+    among `leading_modes`, one of extent > 1 when there is one. Modes of extent 1 are never
+    stepped, so their stride is free: a non-leading one whose stride TMA cannot take gets the
+    tensor's span rounded up to 16 bytes (a stride of 1 there would also read as a second
+    leading mode to a kernel that deduces the major from the strides).
+
+    Post-conditions (result `v` not None): `v` views the same elements at the same addresses
+    as `t`; its leading mode has stride 1 and is the only mode of `leading_modes` that does;
+    every other stride is a multiple of 16 bytes; `tma_view(v, leading_modes) is v`.
+    """
+    if t.data_ptr() % 16:
+        return None
+    shape, stride = tuple(t.shape), list(t.stride())
+    es = t.element_size()
+    units = [i for i in leading_modes if stride[i] == 1]
+    if not units:
+        units = [i for i in leading_modes if shape[i] == 1]  # an extent-1 mode can take stride 1
+    big = [i for i in units if shape[i] > 1]
+    if not units or len(big) > 1:  # no unit stride; or two of extent > 1, which overlap
+        return None
+    lead = big[0] if big else units[0]
+    span = max([1] + [s * e for s, e in zip(stride, shape) if e > 1])
+    free = -(-span * es // 16) * 16 // es
+    changed = stride[lead] != 1
+    stride[lead] = 1
+    for i, e in enumerate(shape):
+        if i == lead or (stride[i] * es) % 16 == 0:
+            continue
+        if e != 1:
+            return None
+        stride[i], changed = free, True
+    return t.as_strided(shape, stride) if changed else t
+
+
 def from_torch(t, *, assumed_align: int = 16, leading_dim: int | None = None, tvm_ffi: bool = False):
     """A DSL tensor viewing torch tensor `t`, with dynamic sizes and strides.
 

@@ -139,8 +139,8 @@ COMPILE_CASES = {
 def _kernel_operands(a, b, out, swap):
     """The kernel-order views `matmul` and the rung form (3-D views, sanitized extent-1 batch)."""
     a3, b3, o3 = (t if t.dim() == 3 else t.unsqueeze(0) for t in (a, b, out))
-    A, B = (sm90_rung._sane_batch_stride(t) for t in (a3.permute(1, 2, 0), b3.permute(2, 1, 0)))
-    C = sm90_rung._sane_batch_stride(o3.permute(2, 1, 0) if swap else o3.permute(1, 2, 0))
+    A, B = (sm90_rung.tma_operand(t) for t in (a3.permute(1, 2, 0), b3.permute(2, 1, 0)))
+    C = sm90_rung.tma_operand(o3.permute(2, 1, 0) if swap else o3.permute(1, 2, 0))
     return (B, A, C) if swap else (A, B, C)
 
 

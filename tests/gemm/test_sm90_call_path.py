@@ -176,7 +176,8 @@ def test_padded_path_initializes_only_the_padding(cpu, monkeypatch):
     b = torch.randn(1, 250, 96).to(torch.bfloat16)
     out = torch.empty(1, 64, 96, dtype=torch.bfloat16)
     allocs = _warm(monkeypatch, lambda: persistent(a, b, out), allow_inits=True)
-    assert "torch.zeros" not in allocs and allocs.count("torch.empty") == 9, allocs
+    # K misaligned: K-major copies of a and b (zero-padded K); the result itself is TMA-aligned
+    assert "torch.zeros" not in allocs and allocs.count("torch.empty") == 6, allocs
 
 
 def test_the_device_capability_is_asked_once_per_device(monkeypatch):

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cute_kernels.gemm import sm90_skinny
+from cute_kernels.gemm import sm90_rung, sm90_skinny
 from cute_kernels.gemm.sm90_config import SKINNY_M, Sm90GemmConfig, pick_config, pick_skinny_config, pick_split_k
 from cute_kernels.hopper.epilogue import EpilogueSpec
 
@@ -66,31 +66,37 @@ def _operands(m, n, k, l=1, a_mm=False, b_nm=False, dtype=torch.bfloat16, out_dt
     (1, 8192, 1024, 1, False, False, ("swap", 1)),        # a (1, K) row: unit stride along K
     (7, 4096, 1024, 3, False, True, ("swap", 1)),         # batched: swapped, never split
     (16, 1024, 8192, 1, False, False, ("swap_split", 16)),
-    (16, 1022, 8192, 1, False, False, (None, 1)),         # fp32 partials of N = 1022 not 16-byte rows
-    (16, 4095, 1024, 1, False, False, (None, 1)),         # odd N: the padded path
-    (16, 4096, 1023, 1, False, False, (None, 1)),         # odd K
-    (7, 4096, 1024, 1, True, False, (None, 1)),           # M-major a with M = 7: 14-byte rows
+    (16, 1022, 8192, 1, False, False, ("swap_split", 16)),  # fp32 partials padded to 16-byte rows
+    (16, 4095, 1024, 1, False, False, ("swap_split", 2)),  # odd N: split, so C^T itself is never TMA-stored
+    (16, 4095, 8192 * 4, 2, False, False, (None, 1)),     # odd N, batched (no split): C^T's rows unaligned
 ])
 def test_route(m, n, k, l, a_mm, b_nm, want):
     A, B, out = _operands(m, n, k, l, a_mm, b_nm)
     cfg = pick_config(m, n, k)
-    assert sm90_skinny.route(FUSING, cfg, A, B, out, EpilogueSpec(), True) == want
+    assert sm90_skinny.route(FUSING, cfg, A, B, out, EpilogueSpec()) == want
+
+
+@pytest.mark.parametrize("m,n,k,a_mm", [(16, 4096, 1023, False), (7, 4096, 1024, True)])
+def test_operands_tma_cannot_address_never_reach_a_route(m, n, k, a_mm):
+    # odd K (rows of 2046 bytes), or an M-major a with M = 7 (14-byte rows): no TMA view, so
+    # the rung copies them (sm90_rung._operands) before any route sees them
+    a = torch.randn(1, k, m).to(torch.bfloat16).transpose(1, 2) if a_mm else torch.randn(1, m, k).to(torch.bfloat16)
+    assert sm90_rung.tma_operand(a.permute(1, 2, 0)) is None
 
 
 def test_route_respects_fp8_majors_fusion_and_unswapped_configs():
     A, B, out = _operands(16, 8192, 1024)
     cfg = pick_config(16, 8192, 1024)
-    assert sm90_skinny.route(FUSING, cfg, A, B, out, EpilogueSpec(), k_major=False) == (None, 1)
     # a kernel that cannot fuse the epilogue: only the plain product is swapped
-    assert sm90_skinny.route(UNFUSED, cfg, A, B, out, EpilogueSpec(bias="n"), True) == (None, 1)
-    assert sm90_skinny.route(UNFUSED, cfg, A, B, out, EpilogueSpec(), True) == ("swap", 1)
+    assert sm90_skinny.route(UNFUSED, cfg, A, B, out, EpilogueSpec(bias="n")) == (None, 1)
+    assert sm90_skinny.route(UNFUSED, cfg, A, B, out, EpilogueSpec()) == ("swap", 1)
     # an unswapped config on a problem with few tiles: plain split-K, as before
     small = Sm90GemmConfig(tile_m=128, tile_n=128, cluster_m=1)
     A, B, out = _operands(16, 2048, 8192)
-    how, s = sm90_skinny.route(FUSING, small, A, B, out, EpilogueSpec(), True)
+    how, s = sm90_skinny.route(FUSING, small, A, B, out, EpilogueSpec())
     assert how == "split" and s == pick_split_k(16, 2048, 8192, 1, small) > 1
     no_split = SimpleNamespace(split_k=False, kernel_cls=FUSING.kernel_cls)
-    assert sm90_skinny.route(no_split, small, A, B, out, EpilogueSpec(), True) == (None, 1)
+    assert sm90_skinny.route(no_split, small, A, B, out, EpilogueSpec()) == (None, 1)
 
 
 def test_swapped_spec_trades_bias_rows_and_columns():
@@ -100,11 +106,17 @@ def test_swapped_spec_trades_bias_rows_and_columns():
     assert sm90_skinny.swapped_spec(EpilogueSpec()) == EpilogueSpec()
 
 
-def test_tma_ok_prefers_the_unit_stride_mode():
+def test_tma_view_prefers_the_unit_stride_mode_and_fixes_extent_one_strides():
     row = torch.empty(1, 1000).T.unsqueeze(-1).permute(1, 0, 2)  # (1, K, 1) with unit stride along K
-    assert row.stride(1) == 1 and sm90_skinny.tma_ok(row)
-    assert not sm90_skinny.tma_ok(torch.empty(3, 1001, 1)[:, 1:])  # misaligned base
-    assert not sm90_skinny.tma_ok(torch.empty(4, 6, 2).permute(2, 1, 0)[:, :, ::2])  # no unit stride
+    assert row.stride(1) == 1 and sm90_rung.tma_operand(row) is not None
+    assert sm90_rung.tma_operand(torch.empty(3, 1001, 1)[:, 1:]) is None  # misaligned base
+    assert sm90_rung.tma_operand(torch.empty(4, 6, 2).permute(2, 1, 0)[:, :, ::2]) is None  # no unit stride
+    # (M, 1, 1) fp32 with every stride 1: N's stride (4 bytes) would build a bad descriptor
+    col = torch.empty(129, 1, 1)
+    v = sm90_rung.tma_operand(col)
+    assert v.stride(0) == 1 and (v.stride(1) * 4) % 16 == 0 and (v.stride(2) * 4) % 16 == 0
+    assert sm90_rung.tma_operand(v) is v and v.data_ptr() == col.data_ptr()
+    assert sm90_rung.tma_operand(torch.empty(4096, 2, 1)) is None  # 8-byte rows of 2 floats
 
 
 @pytest.fixture

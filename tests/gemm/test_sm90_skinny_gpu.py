@@ -37,7 +37,7 @@ def _route(rung, a, b, out, spec=None):
     from cute_kernels.hopper.epilogue import EpilogueSpec
 
     L, M, K = a.shape
-    A, B = (sm90_rung._sane_batch_stride(t) for t in (a.permute(1, 2, 0), b.permute(2, 1, 0)))
+    A, B = (sm90_rung.tma_operand(t) for t in (a.permute(1, 2, 0), b.permute(2, 1, 0)))
     k_major = a.element_size() == 2 or (A.stride(1) == 1 and B.stride(1) == 1)
     cfg = pick_config(M, b.shape[2], K, a.element_size())
     return sm90_skinny.route(rung, cfg, A, B, out, spec or EpilogueSpec(), k_major)[0]

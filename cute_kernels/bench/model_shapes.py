@@ -1,0 +1,108 @@
+"""The GEMMs real models run: the linear layers of a few model families, at the token counts
+of prefill, decode and training, as `gemm_shapes` benchmark cases.
+
+Each model is described by the sizes its Hugging Face / timm config gives (hidden size, heads,
+key/value heads, head dim, MLP width, vocabulary); `linear_layers` lists the nn.Linear layers
+one block (and the LM head) holds, as (name, out_features N, in_features K), with q, k, v and
+gate, up as the separate layers those libraries build. Every layer gives, per token count M:
+the forward y = x·Wᵀ (M×N×K, both operands K-major), and in training its input gradient
+dX = dY·W (M×K×N, W read N-major: layout "bn") and weight gradient dW = dYᵀ·X (N×K×M, dYᵀ
+read M-major and X N-major: layout "am_bn"). `gemm_shape_cases()` dedupes the union over the
+models (the same shape from two models is timed once) and adds the shape classes issue 13
+names (GEMV, K not a multiple of 8, small M with long K); `uses(case)` says which layers of
+which models produce a case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ModelShape", "MODELS", "linear_layers", "gemm_shape_cases", "uses", "PREFILL_M", "DECODE_M", "TRAIN_M"]
+
+PREFILL_M = (4096, 8192, 16384)  # tokens per forward at prefill (batch x sequence)
+DECODE_M = (1, 8, 32, 128)  # tokens per decode step (the batch)
+TRAIN_M = 8192  # tokens per training step for the backward GEMMs
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    mlp: int  # the MLP's inner width (intermediate_size)
+    vocab: int = 0  # 0: no LM head (a vision model)
+    gated: bool = True  # SwiGLU MLP (gate and up) vs a plain two-layer MLP (fc1, fc2)
+    fused_qkv: bool = False  # one qkv projection (timm's ViT) vs q, k, v layers
+    tokens: tuple = ()  # token counts for a vision model (batch x patches), instead of PREFILL_M
+
+
+MODELS = (
+    ModelShape("vit_b16", 768, 12, 12, 64, 3072, gated=False, fused_qkv=True, tokens=(64 * 197,)),
+    ModelShape("vit_l16", 1024, 16, 16, 64, 4096, gated=False, fused_qkv=True, tokens=(64 * 197,)),
+    ModelShape("llama3_1b", 2048, 32, 8, 64, 8192, vocab=128256),
+    ModelShape("llama3_8b", 4096, 32, 8, 128, 14336, vocab=128256),
+    ModelShape("llama3_70b", 8192, 64, 8, 128, 28672, vocab=128256),
+    ModelShape("mistral_7b", 4096, 32, 8, 128, 14336, vocab=32000),
+    ModelShape("qwen2.5_7b", 3584, 28, 4, 128, 18944, vocab=152064),
+)
+
+
+def linear_layers(model: ModelShape) -> list[tuple[str, int, int]]:
+    """(layer, N = out_features, K = in_features) of one block, then the LM head."""
+    h, q, kv = model.hidden, model.heads * model.head_dim, model.kv_heads * model.head_dim
+    attn = [("qkv", q + 2 * kv, h)] if model.fused_qkv else [("q", q, h), ("k", kv, h), ("v", kv, h)]
+    attn.append(("o", h, q))
+    mlp = [("gate", model.mlp, h), ("up", model.mlp, h), ("down", h, model.mlp)] if model.gated else \
+        [("fc1", model.mlp, h), ("fc2", h, model.mlp)]
+    head = [("lm_head", model.vocab, h)] if model.vocab else []
+    return attn + mlp + head
+
+
+def _model_gemms(model: ModelShape):
+    """(M, N, K, layout, use) of every GEMM the model's linear layers run."""
+    prefill = model.tokens or PREFILL_M
+    train = model.tokens[0] if model.tokens else TRAIN_M
+    for layer, n, k in linear_layers(model):
+        for m in prefill:
+            yield m, n, k, "", f"{model.name}.{layer} fwd M={m}"
+        if not model.tokens:
+            for m in DECODE_M:
+                yield m, n, k, "", f"{model.name}.{layer} decode M={m}"
+        yield train, k, n, "bn", f"{model.name}.{layer} dX M={train}"
+        yield n, k, train, "am_bn", f"{model.name}.{layer} dW M={train}"
+
+
+# The shape classes issue 13 measured cliffs on, beyond what the models give.
+CLASSES = (
+    (1, 4096, 4096, "", "class: GEMV"),
+    (2048, 2048, 4100, "", "class: K not a multiple of 8"),
+    (2048, 4100, 2048, "", "class: N not a multiple of 8"),
+    (256, 4096, 16384, "", "class: small M, long K"),
+    (4096, 2, 1024, "", "class: classifier head / router (small N)"),
+)
+
+
+def _all_uses():
+    for model in MODELS:
+        yield from _model_gemms(model)
+    yield from CLASSES
+
+
+def gemm_shape_cases(dtype: str = "bf16") -> tuple:
+    """The `gemm_shapes` suite's cases: every distinct (M, N, K, layout), in first-use order."""
+    from .cases import GemmCase
+
+    seen, cases = set(), []
+    for m, n, k, layout, _ in _all_uses():
+        if (m, n, k, layout) not in seen:
+            seen.add((m, n, k, layout))
+            cases.append(GemmCase(m, n, k, dtype, layout=layout))
+    return tuple(cases)
+
+
+def uses(case) -> list[str]:
+    """The layers (model.layer pass M=...) and classes that run `case`'s GEMM."""
+    key = (case.m, case.n, case.k, case.layout)
+    return [use for m, n, k, layout, use in _all_uses() if (m, n, k, layout) == key]

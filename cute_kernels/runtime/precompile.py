@@ -1,0 +1,80 @@
+"""Fill the disk compile cache in parallel, from a trace of the calls a program will make.
+
+A cold process compiles each kernel it meets one after another (about a second each). When
+the calls are known ahead (a fuzz's problem list, a model's first step), `precompile` runs the
+same calls in `workers` fresh processes with the compile cache in dry-run mode
+(`cache._DryRun`): worker i compiles only the kernels whose disk-entry digest falls in shard
+i, stores them, and launches nothing. The program's own run then loads every kernel from disk
+in milliseconds.
+
+The trace is `target(*args)`, `target` a "module:function" string importable in a fresh
+process. It must make the same kernel calls in every process (seeded data, no dependence on
+results: in a dry run kernels compute nothing) and needs whatever devices those calls need.
+Kernels whose compile key is not stable across processes (it embeds an object address) are
+not disk-cacheable and are left to the program's own run; the counts say how many.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+__all__ = ["precompile", "default_workers"]
+
+
+def default_workers() -> int:
+    """One worker per two CPU cores (a compile keeps one core busy and loads the other), at
+    least 1."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+def _resolve(target: str):
+    module, sep, name = target.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"precompile: target must be 'module:function', got {target!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def _worker(index: int, workers: int, target: str, args: tuple) -> dict:
+    from . import cache
+
+    cache._DRY_RUN.shard = (index, workers)
+    try:
+        _resolve(target)(*args)
+    finally:
+        cache._DRY_RUN.shard = None
+    return dict(cache._DRY_RUN.counts)
+
+
+def precompile(target: str, *args, workers: int | None = None) -> dict:
+    """Compile into the disk cache every cacheable kernel that `target(*args)` compiles, in
+    `workers` processes (default `default_workers()`); returns {"compiled", "present" (already
+    on disk), "uncacheable", "workers", "seconds"}. Raises the first worker's exception, and
+    RuntimeError when the disk cache is off (CUTE_KERNELS_DISK_CACHE=0: nothing would last).
+
+    Post-condition: a process that then runs `target(*args)` with the same cache directory
+    compiles nothing that a worker could store.
+    """
+    from .cache import disk_cache_enabled
+
+    if not disk_cache_enabled():
+        raise RuntimeError("precompile: the disk cache is off (CUTE_KERNELS_DISK_CACHE=0); nothing would be kept")
+    _resolve(target)  # a bad target fails here, not in every worker
+    workers = default_workers() if workers is None else int(workers)
+    if workers < 1:
+        raise ValueError(f"precompile: workers must be >= 1, got {workers}")
+    start = time.perf_counter()
+    totals = {"compiled": 0, "present": 0, "uncacheable": 0}
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(_worker, i, workers, target, tuple(args)) for i in range(workers)]
+        for i, fut in enumerate(futures):
+            counts = fut.result()
+            totals["compiled"] += counts["compiled"]
+            totals["present"] += counts["present"]
+            if i == 0:  # every worker meets the same uncacheable keys
+                totals["uncacheable"] = counts["uncacheable"]
+    totals.update(workers=workers, seconds=round(time.perf_counter() - start, 2))
+    return totals

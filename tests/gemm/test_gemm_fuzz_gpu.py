@@ -1,0 +1,68 @@
+"""The GEMM fuzz on the GPU: thousands of random problems through `matmul` and
+`matmul_epilogue` against float64 (cute_kernels.bench.gemm_fuzz), zero wrong.
+
+Each run draws a fresh seed (printed, and kept in the record) unless CUTE_KERNELS_FUZZ_SEED
+sets one; CUTE_KERNELS_GEMM_FUZZ_CASES sets the count (default 2000). The kernels the problems
+need are compiled first in parallel processes (`runtime.precompile`). With
+CUTE_KERNELS_RESULTS_DIR set, the `gemm_fuzz` record (cases, wrong) is written there as
+<date>-gemm_fuzz-<device>.json, as `scripts/gpu_check.sh` does for docs/results/.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from cute_kernels.bench import gemm_fuzz
+
+pytestmark = pytest.mark.gpu
+
+
+def test_random_gemm_problems_are_all_right():
+    from cute_kernels.bench.records import result_stem
+    from cute_kernels.runtime.precompile import precompile
+
+    n = int(os.environ.get("CUTE_KERNELS_GEMM_FUZZ_CASES", "2000"))
+    seed = int(os.environ.get("CUTE_KERNELS_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
+    print(f"gemm fuzz: seed {seed}, {n} cases")
+    warm = precompile("cute_kernels.bench.gemm_fuzz:trace", seed, n)
+    print(f"precompiled: {warm}")
+    report = gemm_fuzz.run(seed, n)
+    print(f"gemm fuzz: {report.cases} cases, {report.wrong} wrong ({report.errors} raised), worst passing rel_err "
+          f"{report.worst:.3g}, {report.seconds} s")
+    out_dir = os.environ.get("CUTE_KERNELS_RESULTS_DIR")
+    if out_dir:
+        res = gemm_fuzz.result(report)
+        res.write(Path(out_dir) / (result_stem(res.date, res.suite, res.device) + ".json"))
+    assert report.cases == n
+    assert report.wrong == 0, "wrong cases (first few):\n" + "\n".join(f"{f['problem']}: {f['why']}"
+                                                                      for f in report.failures)
+
+
+def test_small_n_and_small_m_regime_is_right_on_every_major():
+    """Issue 13's sweep, whole: M x N over the small sizes (both orientations), both majors of
+    A and B, at K = 1024, against float64; NaN-poisoned results."""
+    import torch
+
+    from cute_kernels.gemm import matmul
+
+    sizes = (1, 2, 3, 4, 7, 8, 15, 16, 17)
+    big = (1, 2, 64, 128, 129, 130, 256, 1000, 4096)
+    wrong = []
+    for small, large in [(s, l) for s in sizes for l in big]:
+        for m, n in ((large, small), (small, large)):
+            for a_major in ("row", "col"):
+                for b_major in ("row", "col"):
+                    p = gemm_fuzz.Problem(m=m, n=n, k=1024, dtype="bf16", out_dtype="bf16", a_major=a_major,
+                                          b_major=b_major)
+                    t = gemm_fuzz.inputs(p, torch.Generator(device="cuda").manual_seed(m * 7919 + n), "cuda")
+                    gemm_fuzz._poison("cuda", 4 * m * n + 1024 * (m + n))
+                    out = matmul(t["a"], t["b"])
+                    ref = gemm_fuzz.reference(p, t)
+                    err = ((out.double() - ref).norm() / ref.norm()).item()
+                    if not err <= gemm_fuzz.tolerance(p):
+                        wrong.append(f"M={m} N={n} a {a_major} b {b_major}: {err:.3g}")
+    assert not wrong, f"{len(wrong)} wrong: {wrong[:10]}"

@@ -1,0 +1,262 @@
+"""Every host route of the sm90 rungs, checked numerically on the CPU.
+
+The compiler is replaced by an emulator of what the kernel computes from its launch arguments:
+C = act(alpha * A . B^T (+ beta * Csrc) (+ bias)) in the kernel's own orientation, read and
+written through the exact views (sizes and strides) the host hands over, with TMA's rules
+checked on each (16-byte aligned base and strides, one unit-stride mode among the first two,
+the compiled major matching the view). So whatever the host does to a problem (swap-AB,
+split-K partials, padded copies, temporaries, caller-order launches of warm calls), the
+result must equal a float64 reference: a route that hands the kernel a wrong view gives a
+wrong answer here, without a GPU. The GPU fuzz (tests/gemm/test_gemm_fuzz_gpu.py) checks the
+kernels themselves on the same kinds of problems.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if importlib.util.find_spec("cutlass") is None:
+    pytest.skip("needs the CuTe DSL", allow_module_level=True)
+
+from cute_kernels.gemm import api, sm90_rung  # noqa: E402
+from cute_kernels.gemm.sm90_persistent import rung as persistent  # noqa: E402
+from cute_kernels.gemm.sm90_tma_wgmma import rung as tma_wgmma  # noqa: E402
+from cute_kernels.runtime.plan_cache import invalidate  # noqa: E402
+
+
+def _act(x, activation):
+    if activation == "relu":
+        return torch.relu(x)
+    if activation == "gelu_tanh":
+        return torch.nn.functional.gelu(x, approximate="tanh")
+    if activation == "silu":
+        return torch.nn.functional.silu(x)
+    return x
+
+
+def _check_tma(t, lead, what):
+    assert t.data_ptr() % 16 == 0, f"{what}: base not 16-byte aligned"
+    assert t.stride(lead) == 1, f"{what}: compiled with leading mode {lead}, strides {t.stride()}"
+    es = t.element_size()
+    for i in range(3):
+        if i != lead:
+            assert (t.stride(i) * es) % 16 == 0, f"{what}: stride {t.stride()} of mode {i} not 16-byte aligned"
+
+
+class Emulator:
+    """Stands in for `compile_kernel`: each build's function computes what the kernel would."""
+
+    def __init__(self):
+        self.launches = 0
+
+    def __call__(self, jit_fn, *args, key, options=None):
+        if isinstance(jit_fn, sm90_rung.CallerOrderLaunch):
+            spec = key[3]
+
+            def caller_order(a, b, out, alpha, beta):
+                A, B, C = jit_fn.views(a, b, out)
+                self._gemm(A, B, C, None, None, None, alpha, beta, spec, None)
+
+            return caller_order
+        spec, leads = key[2], key[6:9]
+        fuses = len(args) > 6  # (A, B, C, Csrc, bias, scale_a, scale_b, alpha, beta, clusters, stream)
+
+        def launch(*la):
+            if fuses:
+                A, B, C, Csrc, bias, sa, sb, alpha, beta = la
+            else:
+                (A, B, C, alpha), Csrc, bias, sa, sb, beta = la, None, None, None, None, 0.0
+            self._gemm(A, B, C, Csrc, bias, (sa, sb), alpha, beta, spec, leads)
+
+        return launch
+
+    def _gemm(self, A, B, C, Csrc, bias, scales, alpha, beta, spec, leads):
+        self.launches += 1
+        if leads is not None:
+            for t, lead, what in zip((A, B, C), leads, "ABC"):
+                _check_tma(t, lead, what)
+        M, K, L = A.shape
+        N = B.shape[0]
+        assert B.shape[1] == K and B.shape[2] == L and C.shape[0] == M and C.shape[1] >= N and C.shape[2] == L
+        acc = torch.einsum("mkl,nkl->mnl", A.double(), B.double()) * alpha
+        if spec.scale_ab:
+            acc = acc * (scales[0].double().reshape(()) * scales[1].double().reshape(()))
+        if spec.beta_c:
+            acc = acc + beta * Csrc.double()
+        if spec.bias == "n":
+            acc = acc + bias.double().view(1, -1, 1)
+        elif spec.bias == "m":
+            acc = acc + bias.double().view(-1, 1, 1)
+        C[:, :N].copy_(_act(acc, spec.activation).to(C.dtype))
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    emu = Emulator()
+    monkeypatch.setattr(sm90_rung, "_cuda_reason", lambda a, b, out: None)
+    monkeypatch.setattr(sm90_rung, "compile_kernel", emu)
+    monkeypatch.setattr(sm90_rung, "tvm_ffi_available", lambda: True)
+    monkeypatch.setattr(sm90_rung, "max_active_clusters", lambda n: 132 // n)
+    monkeypatch.setattr(sm90_rung, "_compiled", {})
+    monkeypatch.setattr(sm90_rung, "_dummies", {})
+    invalidate()
+    yield emu
+    invalidate()
+
+
+def _matrix(rows, cols, dtype, major, pad, batch=None):
+    """A (rows, cols) operand (or (batch, rows, cols)) with unit stride along `major` ("row":
+    the last mode, "col": the second last), its leading dimension padded by `pad` elements (a
+    slice of a larger tensor)."""
+    lead = (batch,) if batch else ()
+    if major == "row":
+        t = torch.randn(*lead, rows, cols + pad, dtype=torch.float32).to(dtype)[..., :cols]
+    else:
+        t = torch.randn(*lead, cols, rows + pad, dtype=torch.float32).to(dtype)[..., :rows].transpose(-1, -2)
+    return t
+
+
+def _call(rung, a, b, *, out_dtype, alpha=1.0, beta=0.0, c=None, bias=None, activation=None):
+    """Run `rung` the way `matmul` does (its 3-D unit-stride views) and return the result as
+    the caller sees it, with the float64 reference."""
+    batch = api._batch(a, b)
+    batched = a.dim() == 3 or b.dim() == 3
+    a3, _ = api.as_unit_stride(api._as_3d(a, batch), "a")
+    b3, _ = api.as_unit_stride(api._as_3d(b, batch), "b")
+    m, n = a.shape[-2], b.shape[-1]
+    out = torch.full((batch, m, n), float("nan"), dtype=out_dtype)
+    c3 = None
+    if beta != 0:
+        cf = c.expand((batch, m, n) if batched else (m, n))
+        c3, _ = api.as_unit_stride(cf if batched else cf.unsqueeze(0), "c")
+    rung(a3, b3, out, alpha=alpha, beta=beta, c=c3, bias=bias, activation=activation)
+    ref = alpha * torch.matmul(a3.double(), b3.double())
+    if beta != 0:
+        ref = ref + beta * c3.double()
+    if bias is not None:
+        ref = ref + bias.double()
+    return out, _act(ref, activation)
+
+
+def _rel(out, ref):
+    if ref.numel() == 0:
+        return 0.0
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+
+# The sizes that decide the routes: 1 and tiny (extent-1 modes), below and past 16-byte rows,
+# around the skinny bound (M <= 128), and few-tile problems with long K (split-K).
+SMALL_N_M = (1, 2, 3, 64, 128, 129, 130, 256, 1000)
+SMALL_N = (1, 2, 3, 4, 7, 8)
+
+
+@pytest.mark.parametrize("b_major", ["row", "col"])
+@pytest.mark.parametrize("a_major", ["row", "col"])
+def test_small_n_regime_every_route_is_right(emulated, a_major, b_major):
+    """The regime issue 13 found wrong on the GPU (column-major B, N <= 7, many M), whole."""
+    for m in SMALL_N_M:
+        for n in SMALL_N:
+            a = _matrix(m, 1024, torch.bfloat16, a_major, 0)
+            b = _matrix(1024, n, torch.bfloat16, b_major, 0)
+            out, ref = _call(persistent, a, b, out_dtype=torch.bfloat16)
+            assert not out.isnan().any(), f"M={m} N={n}: outputs left unwritten"
+            assert _rel(out, ref) < 1e-2, f"M={m} N={n} a {a_major} b {b_major}: rel err {_rel(out, ref)}"
+
+
+def _random_problem(rng: random.Random):
+    pick = rng.random()
+    if pick < 0.3:  # the split-K regime: few tiles, long K
+        m, n, k = rng.choice([1, 2, 5, 16, 33, 100, 130, 200]), rng.randint(1, 300), rng.randint(1024, 2100)
+    elif pick < 0.5:  # tiny extents everywhere
+        m, n, k = rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 40)
+    else:
+        m, n, k = rng.randint(1, 300), rng.randint(1, 300), rng.randint(1, 300)
+    dtype = rng.choice([torch.bfloat16, torch.float16])
+    out_dtype = rng.choice([dtype, dtype, torch.float32])
+    batch = rng.choice([None, None, 1, 3])
+    bcast = rng.choice([None, "a", "b"]) if batch and batch > 1 else None
+    return dict(m=m, n=n, k=k, dtype=dtype, out_dtype=out_dtype, batch=batch, bcast=bcast,
+                a_major=rng.choice(["row", "col"]), b_major=rng.choice(["row", "col"]),
+                a_pad=rng.choice([0, 0, 1, 8]), b_pad=rng.choice([0, 0, 3, 8]),
+                alpha=rng.choice([1.0, 1.0, 0.5, -2.0]), beta=rng.choice([0.0, 0.0, 1.0, 0.25]),
+                c_major=rng.choice(["row", "col"]), bias=rng.random() < 0.3,
+                activation=rng.choice([None, None, "relu", "gelu_tanh", "silu"]),
+                rung=rng.choice([persistent, persistent, tma_wgmma]))
+
+
+def _run_random(p):
+    batch_a = None if p["bcast"] == "a" else p["batch"]
+    batch_b = None if p["bcast"] == "b" else p["batch"]
+    a = _matrix(p["m"], p["k"], p["dtype"], p["a_major"], p["a_pad"], batch_a)
+    b = _matrix(p["k"], p["n"], p["dtype"], p["b_major"], p["b_pad"], batch_b)
+    c = _matrix(p["m"], p["n"], p["out_dtype"], p["c_major"], 0) if p["beta"] else None
+    bias = torch.randn(p["n"], dtype=torch.float32).to(p["out_dtype"]) if p["bias"] else None
+    return _call(p["rung"], a, b, out_dtype=p["out_dtype"], alpha=p["alpha"], beta=p["beta"], c=c, bias=bias,
+                 activation=p["activation"])
+
+
+def test_random_problems_on_every_route(emulated):
+    rng = random.Random(1234)
+    wrong = []
+    for i in range(300):
+        p = _random_problem(rng)
+        out, ref = _run_random(p)
+        err = _rel(out, ref)
+        if out.isnan().any() or not err < TOL[p["out_dtype"]] + TOL[p["dtype"]]:
+            wrong.append((i, err, {k: v for k, v in p.items() if k != "rung"}, p["rung"].name))
+    assert emulated.launches >= 300
+    assert not wrong, f"{len(wrong)} of 300 wrong, first: {wrong[:3]}"
+
+
+def test_warm_calls_replay_the_checked_launch(emulated):
+    """A second call of the same signature goes through the stored plan (the caller-order
+    launch for plain products) and must give the same answer on fresh data."""
+    for m, n, k, a_major, b_major in [(256, 256, 512, "row", "col"), (16, 4096, 1024, "row", "col"),
+                                      (129, 1, 1024, "row", "col"), (4096, 2, 1024, "row", "col"),
+                                      (2, 3, 1024, "col", "row")]:
+        for _ in range(3):
+            a = api._as_3d(_matrix(m, k, torch.bfloat16, a_major, 0), 1)
+            b = api._as_3d(_matrix(k, n, torch.bfloat16, b_major, 0), 1)
+            out = torch.full((1, m, n), float("nan"), dtype=torch.bfloat16)
+            sm90_rung.Sm90Rung.__call__(persistent, a, b, out)
+            ref = torch.matmul(a.double(), b.double())
+            assert _rel(out, ref) < 1e-2, (m, n, k, a_major, b_major)
+
+
+def test_matmul_warm_path_on_fresh_data(emulated, monkeypatch):
+    """`matmul`'s own plans (caller-order launches) on CPU tensors, cold then warm."""
+    monkeypatch.setattr(api, "_check_cuda", lambda t, what, device: None)
+    monkeypatch.setattr(api, "resolve", lambda kernel, a, b, out: persistent)
+    real_is_cuda = torch.Tensor.is_cuda
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    try:
+        for m, n, k in [(300, 200, 256), (8, 1, 1024), (4096, 2, 1024), (1, 4096, 512)]:
+            w = torch.randn(n, k).to(torch.bfloat16)
+            for _ in range(3):
+                x = torch.randn(m, k).to(torch.bfloat16)
+                out = api.matmul(x, w.t())
+                assert _rel(out, torch.matmul(x.double(), w.double().t())) < 1e-2, (m, n, k)
+    finally:
+        monkeypatch.setattr(torch.Tensor, "is_cuda", real_is_cuda)
+
+
+def test_the_gemm_fuzz_problems_through_the_public_entry_points(emulated, monkeypatch):
+    """The GPU fuzz's own problems (smaller) through `matmul` and `matmul_epilogue` on the
+    emulated kernel: the entry points' views, broadcasts and plans, cold and warm."""
+    from cute_kernels.bench import gemm_fuzz
+    from cute_kernels.gemm import epilogue_api
+
+    monkeypatch.setattr(api, "_check_cuda", lambda t, what, device: None)
+    monkeypatch.setattr(api, "resolve", lambda kernel, a, b, out: persistent)
+    monkeypatch.setattr(epilogue_api, "_device_reason", lambda a, b: None)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    report = gemm_fuzz.run(4321, 250, device="cpu", max_size=320, dtypes=("bf16", "fp16"))
+    monkeypatch.undo()
+    assert report.cases == 250
+    assert report.wrong == 0, [(f["problem"], f["why"]) for f in report.failures]
