@@ -390,36 +390,89 @@ class Sm90Rung:
         routed = _skinny.launch(self, config, A, B, out, float(alpha), spec, beta, c, bias, scales) \
             if A is not None and B is not None else None
         if routed is not None:
-            how, views = routed
+            how, detail = routed
             if how == "swap" and sig is not None:  # the swapped launch replays like a direct one
                 self._keep_plan(sig, config, _skinny.swapped_spec(spec), (b, a, out, c, bias, scale_a, scale_b),
-                                (*views, scales), swap=True)
+                                (*detail, scales), swap=True)
+            elif detail is not None and sig is not None:  # a split-K plan
+                self._keep_run(sig, detail, a, b, out, c, bias, scale_a, scale_b)
             return out
         config = _skinny.fallback_config(config, M, N, K, a.element_size())
         fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
-        A, B = _operands(a, b, A, B)
+        if A is not None and B is not None:
+            C = tma_operand(out.permute(1, 2, 0))
+            Csrc = tma_operand(_unit_stride_mn(c.permute(1, 2, 0))) if spec.beta_c else None
+            if C is not None and (not spec.fused or (fuses and (Csrc is not None or not spec.beta_c))):
+                bias_t = bias if bias is None or bias.stride(0) == 1 else bias.contiguous()
+                self.launch(config, A, B, C, float(alpha), epi=spec, beta=float(beta), Csrc=Csrc, bias=bias_t,
+                            scales=scales)
+                if sig is not None:
+                    self._keep_plan(sig, config, spec, (a, b, out, c, bias, scale_a, scale_b),
+                                    (A, B, C, Csrc, bias_t, scales))
+                return out
+        run = self._staged(config, spec, a, b, out, c, copy_a=A is None, copy_b=B is None)
+        run(a, b, out, alpha, beta, c, bias, scale_a, scale_b)
+        if sig is not None:
+            self._keep_run(sig, run, a, b, out, c, bias, scale_a, scale_b)
+        return out
+
+    def _staged(self, config, spec: EpilogueSpec, a, b, out, c, copy_a: bool, copy_b: bool):
+        """`run(a, b, out, alpha, beta, c, bias, scale_a, scale_b)` for a call that is not one
+        launch on the caller's tensors: operands TMA cannot address are copied K-major
+        (`_operands`: K zero-padded when its rows cannot be 16-byte aligned); the result goes
+        to `out` directly when TMA can store it and the kernel can apply the epilogue, else
+        to a temporary (fp32 when an epilogue follows in torch, N padded when its rows are
+        not 16-byte aligned). The decisions are made here, once; `run` takes any tensors of
+        the recorded layouts (formed with `as_strided` from their own storage, so `matmul`
+        may pass the 2-D tensors it was given)."""
+        L, M, K = a.shape
+        N = b.shape[2]
+        kp = _round_up(K, 16 // a.element_size())
+        pad_k = (copy_a or copy_b) and kp != K
+        copy_a, copy_b, ka = copy_a or pad_k, copy_b or pad_k, (kp if pad_k else K)
+        layouts = [(tuple(t.shape), t.stride()) if t is not None else None for t in (a, b, out, c)]
+        fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
         C = tma_operand(out.permute(1, 2, 0))
         Csrc = tma_operand(_unit_stride_mn(c.permute(1, 2, 0))) if spec.beta_c else None
-        if C is not None and (not spec.fused or (fuses and (Csrc is not None or not spec.beta_c))):
-            bias_t = bias if bias is None or bias.stride(0) == 1 else bias.contiguous()
-            self.launch(config, A, B, C, float(alpha), epi=spec, beta=float(beta), Csrc=Csrc, bias=bias_t, scales=scales)
-            if sig is not None:  # kept only when no operand was copied (`_keep_plan` checks)
-                self._keep_plan(sig, config, spec, (a, b, out, c, bias, scale_a, scale_b),
-                                (A, B, C, Csrc, bias_t, scales))
-            return out
-        # unfused: alpha * A.B into a temporary (fp32 when anything follows), the rest in torch
-        target = torch.empty(out.shape, dtype=torch.float32, device=out.device) if spec.fused else out
-        T = tma_operand(target.permute(1, 2, 0))
-        if T is None:  # rows of the result not 16-byte aligned: write a padded temporary
-            np_ = _round_up(N, 16 // target.element_size())
-            tmp = torch.empty(L, M, np_, dtype=target.dtype, device=target.device)
-            self.launch(config, A, B, tma_operand(tmp.permute(1, 2, 0)), float(alpha))
-            target.copy_(tmp[:, :, :N])
-        else:
-            self.launch(config, A, B, T, float(alpha))
-        if spec.fused:
-            out.copy_(torch_epilogue(target, spec, beta, c, bias, scales))
-        return out
+        direct = C is not None and (not spec.fused or (fuses and (Csrc is not None or not spec.beta_c)))
+        target_dtype = torch.float32 if spec.fused else out.dtype
+        # a result temporary's rows: as `out`'s when TMA can store those, else padded to 16 bytes
+        pad_n = 0 if direct or (not spec.fused and C is not None) or (spec.fused and N % 4 == 0) else \
+            _round_up(N, 16 // torch.empty((), dtype=target_dtype).element_size())
+        empty = torch.empty
+
+        def run(a, b, out, alpha, beta, c, bias, scale_a, scale_b):
+            (sa, ta), (sb, tb), (so, to) = layouts[:3]
+            a3, b3, o3 = a.as_strided(sa, ta), b.as_strided(sb, tb), out.as_strided(so, to)
+            c3 = c.as_strided(*layouts[3]) if spec.beta_c else None
+            Av, Bv = a3.permute(1, 2, 0), b3.permute(2, 1, 0)
+            A = _k_major_copy(Av, ka) if copy_a else tma_operand(Av)
+            B = _k_major_copy(Bv, ka) if copy_b else tma_operand(Bv)
+            scales = (scale_a.reshape(1), scale_b.reshape(1)) if spec.scale_ab else None
+            if direct:
+                Cs = tma_operand(_unit_stride_mn(c3.permute(1, 2, 0))) if spec.beta_c else None
+                bias_t = bias if bias is None or bias.stride(0) == 1 else bias.contiguous()
+                self.launch(config, A, B, tma_operand(o3.permute(1, 2, 0)), float(alpha), epi=spec, beta=float(beta),
+                            Csrc=Cs, bias=bias_t, scales=scales)
+                return
+            target = empty(o3.shape, dtype=target_dtype, device=o3.device) if spec.fused else o3
+            if pad_n:  # rows of the result not 16-byte aligned: write a padded temporary
+                tmp = empty(L, M, pad_n, dtype=target_dtype, device=o3.device)
+                self.launch(config, A, B, tma_operand(tmp.permute(1, 2, 0)), float(alpha))
+                target.copy_(tmp[:, :, :N])
+            else:
+                self.launch(config, A, B, tma_operand(target.permute(1, 2, 0)), float(alpha))
+            if spec.fused:
+                o3.copy_(torch_epilogue(target, spec, beta, c3, bias, scales))
+
+        return run
+
+    def _keep_run(self, sig, run, a, b, out, c, bias, scale_a, scale_b) -> None:
+        """Store `run` (a staged or split-K call: `_staged`, `sm90_skinny.split_k_plan`) as the
+        plan of `sig`, for plain tensors with a TVM-FFI build (the DSL-tensor path binds its
+        arguments per call)."""
+        if tvm_ffi_available() and plain_tensors(a, b, out, c, bias, scale_a, scale_b):
+            _PLANS.put(sig, run)
 
     # ---- launch plans (runtime.plan_cache): the warm call of a signature seen before ----------
 

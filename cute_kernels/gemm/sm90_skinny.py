@@ -70,9 +70,11 @@ def _route(rung, config, A, B, out, spec):
 
 
 def launch(rung, config: Sm90GemmConfig, A, B, out, alpha: float, spec: EpilogueSpec, beta, c, bias, scales):
-    """Run the call through swap-AB and/or split-K when `route` picks one: (route, the swapped
-    launch's kernel operands (B, A, C, Csrc, bias) or None), or None when it does not (nothing
-    was launched; the caller runs its ordinary path with `fallback_config`)."""
+    """Run the call through swap-AB and/or split-K when `route` picks one: (route, detail), or
+    None when it does not (nothing was launched; the caller runs its ordinary path with
+    `fallback_config`). detail: for "swap", the swapped launch's kernel operands (B, A, C,
+    Csrc, bias); for the split routes, the `split_k_plan` that ran (None when the call cannot
+    be replayed)."""
     how, splits, C = _route(rung, config, A, B, out, spec)
     if how is None:
         return None
@@ -81,8 +83,9 @@ def launch(rung, config: Sm90GemmConfig, A, B, out, alpha: float, spec: Epilogue
         if spec.beta_c and Csrc is None:
             return None
         return how, launch_swapped(rung, config, A, B, out, alpha, spec, beta, Csrc, bias, scales, C)
-    launch_split_k(rung, config, A, B, splits, alpha, out, spec, beta, c, bias, scales, swap=how == "swap_split")
-    return how, None
+    plan, run = split_k_plan(rung, config, A, B, splits, out, spec, swap=how == "swap_split")
+    run(A, B, out, alpha, beta, c, bias, *(scales or (None, None)))
+    return how, plan
 
 
 def launch_swapped(rung, config, A, B, out, alpha, spec, beta, Csrc, bias, scales, C) -> tuple:
@@ -95,24 +98,59 @@ def launch_swapped(rung, config, A, B, out, alpha, spec, beta, Csrc, bias, scale
     return B, A, C, Csrc, bias_t
 
 
-def launch_split_k(rung, config, A, B, splits, alpha, out, spec, beta, c, bias, scales, swap: bool = False) -> None:
-    """K split into `splits` chunks that the kernel sees as its batch mode: (M, K/S, S) and
-    (N, K/S, S) strided views, fp32 partials (S, M, N) (written as (M, N, S), or (N, M, S)
-    with `swap`), summed here, then the epilogue in torch. The partials' rows are padded to a
-    multiple of 4 floats (16 bytes), so TMA addresses them for any M and N."""
+def split_k_plan(rung, config, A, B, splits, out, spec, swap: bool = False) -> tuple:
+    """(plan, run) for K split into `splits` chunks that the kernel sees as its batch mode:
+    (M, K/S, S) and (N, K/S, S) strided views of the TMA views A and B, fp32 partials (S, M, N)
+    (written through (M, N, S), or (N, M, S) with `swap`) whose rows are padded to 16 bytes so
+    TMA addresses them for any M and N, summed in fp32, then the epilogue in torch.
+
+    `run(a, b, out, alpha, beta, c, bias, scale_a, scale_b)` does all that on tensors whose
+    kernel-order views are A and B at the recorded sizes and strides (formed by `as_strided`
+    from their own storage: the caller's 3-D views, or the 2-D tensors `matmul` was given) and
+    an `out` of the recorded layout; `plan` is `run` when it can be replayed so (a TVM-FFI
+    build), else None.
+    """
     M, K, _ = A.shape
     N = B.shape[0]
     ks = K // splits
     As = A.as_strided((M, ks, splits), (A.stride(0), A.stride(1), A.stride(1) * ks))
     Bs = B.as_strided((N, ks, splits), (B.stride(0), B.stride(1), B.stride(1) * ks))
-    if swap:  # partials (S, M, N) written through (N, M, S): rows of N floats
-        ws = torch.empty(splits, M, _r._round_up(N, 4), dtype=torch.float32, device=out.device)[:, :, :N]
-        rung.launch(config, Bs, As, _r.tma_operand(ws.permute(2, 1, 0)), alpha)
-    else:
-        ws = torch.empty(splits, M, _r._round_up(N, 4), dtype=torch.float32, device=out.device)[:, :, :N]
-        rung.launch(config, As, Bs, _r.tma_operand(ws.permute(1, 2, 0)), alpha)
-    total = ws.sum(0, keepdim=True)  # in fp32: `sum(..., out=out)` would round each partial to out's dtype first
-    out.copy_(_r.torch_epilogue(total, spec, beta, c, bias, scales) if spec.fused else total)
+    ws_shape, device = (splits, M, _r._round_up(N, 4)), out.device
+    ws0 = torch.empty(ws_shape, dtype=torch.float32, device=device)[:, :, :N]
+    perm = (2, 1, 0) if swap else (1, 2, 0)
+    W0 = _r.tma_operand(ws0.permute(perm))
+    first, second = (Bs, As) if swap else (As, Bs)
+    fn, _ = rung._bound(config, first, second, W0, 1.0, EpilogueSpec(), 0.0, None, None, None)
+    sA, tA, sB, tB = tuple(As.shape), As.stride(), tuple(Bs.shape), Bs.stride()
+    sO, tO = tuple(out.shape), out.stride()
+    tvm = _r.tvm_ffi_available()
+    empty, f32, epilogue = torch.empty, torch.float32, _r.torch_epilogue
+    # a build that fuses epilogues takes its operands whatever the spec (`Sm90Rung._bound`)
+    one = _r._dummy_bias(device) if getattr(rung.kernel_cls, "fuses_epilogue", False) else None
+
+    def run(a, b, out, alpha, beta, c, bias, scale_a, scale_b):
+        if tvm:
+            ws = empty(ws_shape, dtype=f32, device=device)[:, :, :N]
+            a = a.detach() if a.requires_grad else a
+            b = b.detach() if b.requires_grad else b
+            As, Bs = a.as_strided(sA, tA), b.as_strided(sB, tB)
+            X, Y, W = (Bs, As, ws.permute(perm)) if swap else (As, Bs, ws.permute(perm))
+            if one is None:
+                fn(X, Y, W, float(alpha))
+            else:
+                fn(X, Y, W, W, one, one, one, float(alpha), 0.0)
+        else:  # the DSL-tensor path (no plan): this call's views, bound when it was built
+            ws = ws0
+            rung.launch(config, first, second, W0, float(alpha))
+        total = ws.sum(0, keepdim=True)  # in fp32: `sum(..., out=out)` would round each partial first
+        o = out.as_strided(sO, tO)
+        if spec.fused:
+            sc = (scale_a.reshape(1), scale_b.reshape(1)) if spec.scale_ab else None
+            o.copy_(epilogue(total, spec, beta, c, bias, sc))
+        else:
+            o.copy_(total)
+
+    return (run if tvm else None), run
 
 
 def fallback_config(config: Sm90GemmConfig, m: int, n: int, k: int, in_bytes: int) -> Sm90GemmConfig:

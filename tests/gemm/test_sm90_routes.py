@@ -25,6 +25,7 @@ if importlib.util.find_spec("cutlass") is None:
 from cute_kernels.gemm import api, sm90_rung  # noqa: E402
 from cute_kernels.gemm.sm90_persistent import rung as persistent  # noqa: E402
 from cute_kernels.gemm.sm90_tma_wgmma import rung as tma_wgmma  # noqa: E402
+from cute_kernels.runtime import plan_cache  # noqa: E402
 from cute_kernels.runtime.plan_cache import invalidate  # noqa: E402
 
 
@@ -103,6 +104,8 @@ def emulated(monkeypatch):
     monkeypatch.setattr(sm90_rung, "max_active_clusters", lambda n: 132 // n)
     monkeypatch.setattr(sm90_rung, "_compiled", {})
     monkeypatch.setattr(sm90_rung, "_dummies", {})
+    # plans are kept for CUDA tensors only; here CPU tensors stand in, so warm calls replay them
+    monkeypatch.setattr(plan_cache, "PLAN_DEVICES", frozenset({"cuda", "cpu"}))
     invalidate()
     yield emu
     invalidate()
@@ -214,19 +217,23 @@ def test_random_problems_on_every_route(emulated):
     assert not wrong, f"{len(wrong)} of 300 wrong, first: {wrong[:3]}"
 
 
-def test_warm_calls_replay_the_checked_launch(emulated):
-    """A second call of the same signature goes through the stored plan (the caller-order
-    launch for plain products) and must give the same answer on fresh data."""
+def test_warm_calls_replay_the_checked_launch(emulated, monkeypatch):
+    """A second call of the same signature goes through the stored plan (a direct launch, a
+    split-K plan or a staged call) and must give the same answer on fresh data."""
     for m, n, k, a_major, b_major in [(256, 256, 512, "row", "col"), (16, 4096, 1024, "row", "col"),
                                       (129, 1, 1024, "row", "col"), (4096, 2, 1024, "row", "col"),
-                                      (2, 3, 1024, "col", "row")]:
-        for _ in range(3):
+                                      (2, 3, 1024, "col", "row"), (16, 1024, 8192, "row", "col"),
+                                      (64, 100, 1001, "row", "col"), (300, 37, 64, "col", "row")]:
+        checked = []
+        monkeypatch.setattr(type(persistent), "supports", lambda self, a, b, out: checked.append(1))
+        for i in range(3):
             a = api._as_3d(_matrix(m, k, torch.bfloat16, a_major, 0), 1)
             b = api._as_3d(_matrix(k, n, torch.bfloat16, b_major, 0), 1)
             out = torch.full((1, m, n), float("nan"), dtype=torch.bfloat16)
-            sm90_rung.Sm90Rung.__call__(persistent, a, b, out)
+            persistent(a, b, out)
             ref = torch.matmul(a.double(), b.double())
-            assert _rel(out, ref) < 1e-2, (m, n, k, a_major, b_major)
+            assert _rel(out, ref) < 1e-2, (m, n, k, a_major, b_major, i)
+        assert len(checked) == 1, f"{m}x{n}x{k}: warm calls did not replay a plan ({len(checked)} checked calls)"
 
 
 def test_matmul_warm_path_on_fresh_data(emulated, monkeypatch):

@@ -38,9 +38,10 @@ def _route(rung, a, b, out, spec=None):
 
     L, M, K = a.shape
     A, B = (sm90_rung.tma_operand(t) for t in (a.permute(1, 2, 0), b.permute(2, 1, 0)))
-    k_major = a.element_size() == 2 or (A.stride(1) == 1 and B.stride(1) == 1)
+    if A is None or B is None or (a.element_size() == 1 and (A.stride(1) != 1 or B.stride(1) != 1)):
+        return None  # copied first (sm90_rung._operands): the ordinary path
     cfg = pick_config(M, b.shape[2], K, a.element_size())
-    return sm90_skinny.route(rung, cfg, A, B, out, spec or EpilogueSpec(), k_major)[0]
+    return sm90_skinny.route(rung, cfg, A, B, out, spec or EpilogueSpec())[0]
 
 
 def _ref_act(x, act):
