@@ -79,7 +79,7 @@ def _randn(shape, dtype: str, device: str, gen):
 # unit stride along its M / N side instead of along K. "" is nn.Linear's forward y = x·Wᵀ;
 # "bn" its input gradient dX = dY·W (B = W read N-major); "am_bn" its weight gradient
 # dW = dYᵀ·X (A = dYᵀ read M-major, B = X read N-major).
-GEMM_LAYOUTS = ("", "bn", "am_bn")
+GEMM_LAYOUTS = ("", "bn", "am_bn", "rowwise")  # "rowwise": fp8 with row-wise scales (A and B K-major)
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,8 @@ class GemmCase:
             raise ValueError(f"unknown GEMM dtype {self.dtype!r}; known: {sorted(DTYPES)}")
         if self.layout not in GEMM_LAYOUTS:
             raise ValueError(f"unknown GEMM layout {self.layout!r}; known: {GEMM_LAYOUTS}")
+        if self.layout == "rowwise" and not self.dtype.startswith("fp8"):
+            raise ValueError("row-wise scales are for fp8 cases")
 
     @property
     def name(self) -> str:
@@ -130,10 +132,10 @@ class GemmCase:
 
     @classmethod
     def parse(cls, text: str, dtype: str = "bf16") -> GemmCase:
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:_(bn|am_bn))?", text.strip())
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:_(bn|am_bn|rowwise))?", text.strip())
         if not m:
             raise ValueError(f"GEMM case must look like MxNxK (e.g. 4096x4096x4096), optionally with a layout "
-                             f"suffix _bn or _am_bn, got {text!r}")
+                             f"suffix _bn, _am_bn or (fp8) _rowwise, got {text!r}")
         case = cls(int(m[1]), int(m[2]), int(m[3]), dtype, layout=m[4] or "")
         case.validate()
         return case
@@ -145,7 +147,14 @@ class GemmCase:
             _randn((self.m, self.k), self.dtype, device, gen)
         b = _randn((self.k, self.n), self.dtype, device, gen).T if self.layout in ("bn", "am_bn") else \
             _randn((self.n, self.k), self.dtype, device, gen)
-        return {"a": a, "b": b}
+        inputs = {"a": a, "b": b}
+        if self.dtype.startswith("fp8"):  # dequantization scales in [0.5, 1.5): per tensor, or row-wise
+            import torch
+
+            rows, cols = ((self.m, 1), (1, self.n)) if self.layout == "rowwise" else ((), ())
+            inputs["scale_a"] = torch.rand(rows, device=device, generator=gen) + 0.5
+            inputs["scale_b"] = torch.rand(cols, device=device, generator=gen) + 0.5
+        return inputs
 
     def empty_out(self, inputs: dict[str, Any]):
         import torch
@@ -157,6 +166,8 @@ class GemmCase:
         import torch
 
         with _fp32_highest():
+            if "scale_a" in inputs:  # C = (scale_a * A) (B^T * scale_b)
+                return torch.matmul(inputs["a"].float() * inputs["scale_a"], inputs["b"].float().T * inputs["scale_b"])
             return torch.matmul(inputs["a"].float(), inputs["b"].float().T)
 
 

@@ -121,8 +121,8 @@ def _prepare_auto(case, inputs) -> Prepared:
     a, bt = inputs["a"], inputs["b"].T
     out_dtype = torch_dtype(case.result_dtype)
     if case.dtype.startswith("fp8"):
-        one = torch.ones((), dtype=torch.float32, device=a.device)
-        return Prepared(lambda: scaled_mm(a, bt, one, one, out_dtype=out_dtype))
+        sa, sb = inputs["scale_a"], inputs["scale_b"]
+        return Prepared(lambda: scaled_mm(a, bt, sa, sb, out_dtype=out_dtype))
     return Prepared(lambda: matmul(a, bt, out_dtype=out_dtype))
 
 
@@ -135,9 +135,9 @@ def _prepare_fp8_rung(name: str, case, inputs) -> Prepared:
     if name not in epilogue_api.FUSING_KERNELS:
         raise Unsupported(f"{name} has no fp8 path (fp8 rungs: {', '.join(epilogue_api.FUSING_KERNELS)})")
     a, bt = inputs["a"], inputs["b"].T
-    one = torch.ones((), dtype=torch.float32, device=a.device)
+    sa, sb = inputs["scale_a"], inputs["scale_b"]
     out_dtype = torch_dtype(case.result_dtype)
-    return Prepared(lambda: epilogue_api.scaled_mm(a, bt, one, one, out_dtype=out_dtype, kernel=name))
+    return Prepared(lambda: epilogue_api.scaled_mm(a, bt, sa, sb, out_dtype=out_dtype, kernel=name))
 
 
 def _prepare_cublas(case, inputs) -> Prepared:
@@ -157,9 +157,9 @@ def _prepare_cublas_fp8(case, inputs) -> Prepared:
     if not case.dtype.startswith("fp8"):
         raise Unsupported("cublas_fp8 takes fp8 inputs only")
     a, bt = inputs["a"], inputs["b"].T  # _scaled_mm wants A row-major and B column-major
-    one = torch.ones((), dtype=torch.float32, device=a.device)
+    sa, sb = inputs["scale_a"], inputs["scale_b"]
     out_dtype = torch_dtype(case.result_dtype)
-    return Prepared(lambda: torch._scaled_mm(a, bt, scale_a=one, scale_b=one, out_dtype=out_dtype))
+    return Prepared(lambda: torch._scaled_mm(a, bt, scale_a=sa, scale_b=sb, out_dtype=out_dtype))
 
 
 def _prepare_quack(case, inputs) -> Prepared:

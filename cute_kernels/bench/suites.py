@@ -8,7 +8,7 @@
 | `copy` | 16 MiB to 1 GiB bf16 | cute_kernels (our vectorized copy), torch_copy |
 | `skinny` | M ∈ {16, 64, 128}, N = K = 8192, bf16 | as `gemm` |
 | `gemm_shapes` | the linear layers of ViT-B/L, Llama-3 1B/8B/70B, Mistral-7B, Qwen2.5-7B (`model_shapes`): prefill, decode, dX and dW, plus the cliff classes | auto (`matmul`), cublas, quack |
-| `fp8` | e4m3 4096³ and 8192³ (bf16 out) | as `gemm` (cublas_fp8 is the peer) |
+| `fp8` | e4m3 4096³ and 8192³ (bf16 out), per-tensor and row-wise scales (`_rowwise`) | as `gemm` (cublas_fp8 is the peer) |
 | `ladder` | fp32, fp16 and bf16 at 4096³ and 8192³ | every rung, cublas (fp32 without TF32) and triton_ampere (Triton held to mma.sync) |
 | `decode` | bf16 paged decode B=64, Hkv=8, D=128, ctx 8192; Hq 8/32/64 × page 16/256 | decode, fa4_paged, sdpa_gathered |
 
@@ -129,8 +129,9 @@ SUITES: dict[str, Suite] = {
                   "device-to-device copy (memory side of the roofline), GB/s", _everything),
     "skinny": Suite("skinny", "gemm", tuple(GemmCase(m, 8192, 8192, "bf16") for m in (16, 64, 128)),
                     "bf16 GEMM with small M (memory-bound: B is read once)", _fast),
-    "fp8": Suite("fp8", "gemm", tuple(GemmCase(s, s, s, "fp8_e4m3") for s in (4096, 8192)),
-                 "fp8 e4m3 GEMM, bf16 out, vs torch._scaled_mm", _fast),
+    "fp8": Suite("fp8", "gemm", tuple(GemmCase(s, s, s, "fp8_e4m3", layout=lay) for lay in ("", "rowwise")
+                                      for s in (4096, 8192)),
+                 "fp8 e4m3 GEMM, bf16 out, per-tensor and row-wise scales, vs torch._scaled_mm", _fast),
     "ladder": Suite("ladder", "gemm",
                     tuple(GemmCase(s, s, s, dt) for dt in ("fp32", "fp16", "bf16") for s in (4096, 8192)),
                     "every GEMM rung vs cuBLAS (fp32 without TF32) at 4096³ and 8192³; fp16 for sm70_mma",

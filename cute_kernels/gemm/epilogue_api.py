@@ -215,10 +215,12 @@ def matmul_epilogue(a, b, *, bias=None, bias_dim: str = "n", activation: str | N
 
 def scaled_mm(a, b, scale_a, scale_b, *, bias=None, bias_dim: str = "n", activation: str | None = None,
               out_dtype=torch.bfloat16, kernel: str = "sm90_persistent", config=None):
-    """activation(scale_a * scale_b * (a @ b) + bias) for fp8 a, b (as torch._scaled_mm with
-    per-tensor scales). a (M, K) row-major and b (K, N) column-major (b = w.t() of an (N, K)
-    row-major w) read directly; other layouts are copied to those first. scale_a, scale_b:
-    one-element float32 tensors on the device (never read on the host: no synchronization).
+    """activation(scale_a * scale_b * (a @ b) + bias) for fp8 a, b (as torch._scaled_mm). a
+    (M, K) row-major and b (K, N) column-major (b = w.t() of an (N, K) row-major w) read
+    directly; other layouts are copied to those first. scale_a, scale_b: float32 tensors on
+    the device (never read on the host: no synchronization), one element each (per tensor) or
+    row-wise: scale_a one per row of a ((M, 1) or (M,)), scale_b one per column of b ((1, N)
+    or (N,)), applied per output element in the epilogue.
     """
     if a.dtype not in _FP8 or b.dtype not in _FP8:
         raise TypeError(f"scaled_mm: a and b must be float8_e4m3fn or float8_e5m2, got {a.dtype} and {b.dtype}")

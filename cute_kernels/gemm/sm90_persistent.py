@@ -103,7 +103,8 @@ class Sm90PersistentGemm:
         """a: (M, K, L), b: (N, K, L), c: (M, N, L); c = act(alpha * a . b^T + beta * c_src + bias)
         per batch. c_src (M, N, L) and bias (M or N,) are read only when the epilogue spec says so
         (pass any tensor of the compiled dtype otherwise); with `scale_ab` alpha is multiplied by
-        scale_a[0] * scale_b[0] (per-tensor fp8 scales, read on the device)."""
+        scale_a[0] * scale_b[0] (per-tensor fp8 scales, read on the device), or with `scale_rows`
+        each element by scale_a[m] * scale_b[n] (row-wise scales, (M,) and (N,))."""
         self._setup(a, b, c)
         cfg = self.config
         tm, tn, tk = self.tile_mnk
@@ -169,9 +170,9 @@ class Sm90PersistentGemm:
         gC = cute.local_tile(mC, (tm, tn), (None, None, None))
         # (m, n, l) of every output element, tiled like gC: where the fused epilogue reads C and bias
         cC = cute.local_tile(cute.make_identity_tensor(mC.shape), (tm, tn), (None, None, None))
-        if cutlass.const_expr(self.epi.scale_ab):
+        if cutlass.const_expr(self.epi.scale_ab and not self.epi.scale_rows):
             alpha = alpha * scale_a[0].to(cutlass.Float32) * scale_b[0].to(cutlass.Float32)
-        epi_args = (cC, (mC.shape[0], mC.shape[1]), alpha, beta, c_src, bias)
+        epi_args = (cC, (mC.shape[0], mC.shape[1]), alpha, beta, c_src, bias, scale_a, scale_b)
         tAsA, tAgA = tma.partition_load(tma_a, cluster_layout, cluster_coord, 0, sA, gA)
         tBsB, tBgB = tma.partition_load(tma_b, cluster_layout, cluster_coord, 1, sB, gB)
         k_tiles = cute.size(gA, mode=[3])
@@ -242,7 +243,7 @@ class Sm90PersistentGemm:
         consumer of the previous fill released it.
         """
         cfg = self.config
-        cC, extent_mn, alpha, beta, c_src, bias = epi_args
+        cC, extent_mn, alpha, beta, c_src, bias, scale_a, scale_b = epi_args
         ring = cfg.epi_stages // 2 if self.pingpong else cfg.epi_stages
         epi_barrier = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=self.epi_threads)
         # Ping-pong math order: warpgroup wg may start waiting on the mainloop pipeline only after
@@ -340,7 +341,7 @@ class Sm90PersistentGemm:
                 for v in cutlass.range_constexpr(frag_size):
                     if cutlass.const_expr(self.epi.fused):
                         tRS_rAcc[v] = epilogue.fuse(self.epi, tRS_acc[e * frag_size + v], tRS_cC[e * frag_size + v],
-                                                    extent_mn, alpha, beta, c_src, bias)
+                                                    extent_mn, alpha, beta, c_src, bias, scale_a, scale_b)
                     else:
                         tRS_rAcc[v] = tRS_acc[e * frag_size + v] * alpha
                 tRS_rC.store(tRS_rAcc.load().to(self.c_dtype))
@@ -400,6 +401,8 @@ FP8_VARIANTS = {
                        "activation": "gelu_tanh"},
     "e4m3_skinny_swap_64x16": {"in_dtype": "e4m3", "tile_m": 64, "tile_n": 16, "tile_k": 128, "schedule": "pingpong",
                                "cluster_m": 1, "c_major": "M", "scale_ab": True, "bias": "m"},
+    # row-wise scales (one per row of A, one per column of B), as torch._scaled_mm's
+    "e4m3_rowwise": {"in_dtype": "e4m3", "tile_n": 128, "tile_k": 128, "scale_ab": True, "scale_rows": True},
 }
 
 

@@ -169,22 +169,37 @@ def _check_epilogue(name, out, beta, c, bias, bias_dim, activation) -> EpilogueS
 
 
 def _check_scales(name, out, scale_a, scale_b):
-    """(scale_a, scale_b) as one-element fp32 tensors, or None when neither is given."""
+    """(scale_a, scale_b, row_wise) as 1-D fp32 views ((1,) each per tensor; (M,) and (N,)
+    row-wise: one per row of the result and one per column), or None when neither is given."""
     if scale_a is None and scale_b is None:
         return None
     if scale_a is None or scale_b is None:
         raise ValueError(f"{name}: pass both scale_a and scale_b or neither")
+    _, M, N = out.shape
     for nm, t in (("scale_a", scale_a), ("scale_b", scale_b)):
-        if not isinstance(t, torch.Tensor) or t.numel() != 1 or t.dtype != torch.float32 or t.device != out.device:
-            raise ValueError(f"{name}: {nm} must be a one-element float32 tensor on {out.device} (per-tensor scale)")
-    return (scale_a.reshape(1), scale_b.reshape(1))
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device != out.device:
+            raise ValueError(f"{name}: {nm} must be a float32 tensor on {out.device}")
+    if scale_a.numel() == 1 and scale_b.numel() == 1:
+        return (scale_a.reshape(1), scale_b.reshape(1), False)
+    # one row-wise and one per-tensor: the per-tensor one repeated along its side
+    if scale_a.numel() == 1 and scale_b.numel() == N:
+        scale_a = scale_a.reshape(1).expand(M)
+    elif scale_b.numel() == 1 and scale_a.numel() == M:
+        scale_b = scale_b.reshape(1).expand(N)
+    if scale_a.numel() != M or scale_b.numel() != N or scale_a.dim() > 2 or scale_b.dim() > 2:
+        raise ValueError(f"{name}: scales must be per tensor (one element each) or row-wise: scale_a with M = {M} "
+                         f"and scale_b with N = {N} elements ((M, 1) and (1, N)); got {tuple(scale_a.shape)} and "
+                         f"{tuple(scale_b.shape)}")
+    return (scale_a.reshape(-1).contiguous(), scale_b.reshape(-1).contiguous(), True)
 
 
 def torch_epilogue(acc: torch.Tensor, spec: EpilogueSpec, beta, c, bias, scales=None) -> torch.Tensor:
     """act(scale_a * scale_b * acc + beta * c + bias) in fp32 with torch: the unfused path, the
     same terms as the kernel's (acc already holds alpha * A.B)."""
     res = acc.float()
-    if spec.scale_ab:
+    if spec.scale_rows:
+        res = res * (scales[0].view(1, -1, 1) * scales[1].view(1, 1, -1))
+    elif spec.scale_ab:
         res = res * (scales[0] * scales[1])
     if spec.beta_c:
         res = res + beta * c.float()
@@ -369,7 +384,8 @@ class Sm90Rung:
         spec = _check_epilogue(self.name, out, beta, c, bias, bias_dim, activation)
         scales = _check_scales(self.name, out, scale_a, scale_b)
         if scales:
-            spec = EpilogueSpec(spec.beta_c, spec.bias, spec.activation, scale_ab=True)
+            scales, rows = scales[:2], scales[2]
+            spec = EpilogueSpec(spec.beta_c, spec.bias, spec.activation, scale_ab=True, scale_rows=rows)
         fp8 = a.element_size() == 1
         if M == 0 or N == 0 or L == 0:
             return out
@@ -392,8 +408,9 @@ class Sm90Rung:
         if routed is not None:
             how, detail = routed
             if how == "swap" and sig is not None:  # the swapped launch replays like a direct one
-                self._keep_plan(sig, config, _skinny.swapped_spec(spec), (b, a, out, c, bias, scale_a, scale_b),
-                                (*detail, scales), swap=True)
+                sab = (scale_b, scale_a) if spec.scale_rows else (scale_a, scale_b)  # C^T's rows are C's columns
+                self._keep_plan(sig, config, _skinny.swapped_spec(spec), (b, a, out, c, bias, *sab),
+                                (*detail, scales and (scales[::-1] if spec.scale_rows else scales)), swap=True)
             elif detail is not None and sig is not None:  # a split-K plan
                 self._keep_run(sig, detail, a, b, out, c, bias, scale_a, scale_b)
             return out
@@ -448,7 +465,7 @@ class Sm90Rung:
             Av, Bv = a3.permute(1, 2, 0), b3.permute(2, 1, 0)
             A = _k_major_copy(Av, ka) if copy_a else tma_operand(Av)
             B = _k_major_copy(Bv, ka) if copy_b else tma_operand(Bv)
-            scales = (scale_a.reshape(1), scale_b.reshape(1)) if spec.scale_ab else None
+            scales = _check_scales("", o3, scale_a, scale_b)[:2] if spec.scale_ab else None
             if direct:
                 Cs = tma_operand(_unit_stride_mn(c3.permute(1, 2, 0))) if spec.beta_c else None
                 bias_t = bias if bias is None or bias.stride(0) == 1 else bias.contiguous()
@@ -526,6 +543,8 @@ class Sm90Rung:
         pairs = ((A, a), (B, b), (C, out)) + (((Csrc, c),) if c is not None else ())
         if bias_t is not bias or any(view.data_ptr() != t.data_ptr() for view, t in pairs):
             return
+        if spec.scale_rows and (scale_a.numel(), scale_b.numel()) != tuple(C.shape[:2]):
+            return  # one scale per tensor, one row-wise: `_check_scales` repeats it on every call
         fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
         Csrc_arg, bias_arg, scale_args = self._epi_operands(C, Csrc, bias_t, scales)
         fn, tvm = self.compiled(config, A, B, C, spec, Csrc_arg, bias_arg, scale_args)
@@ -535,8 +554,12 @@ class Sm90Rung:
         if swap:
             direct = plan
 
-            def plan(a, b, out, alpha, beta, c, bias, scale_a, scale_b):
-                direct(b, a, out, alpha, beta, c, bias, scale_a, scale_b)
+            if spec.scale_rows:
+                def plan(a, b, out, alpha, beta, c, bias, scale_a, scale_b):
+                    direct(b, a, out, alpha, beta, c, bias, scale_b, scale_a)
+            else:
+                def plan(a, b, out, alpha, beta, c, bias, scale_a, scale_b):
+                    direct(b, a, out, alpha, beta, c, bias, scale_a, scale_b)
 
         # what caller_order_launch needs to launch the same kernel on the caller's own tensors
         operands = tuple((tuple(t.shape), t.stride(), t.data_ptr()) for t in (A, B, C))
@@ -615,7 +638,7 @@ def _direct_plan(fn, fuses: bool, A, B, C, Csrc, given: tuple, dummy):
     has_bias = bias is not None
     dbias = has_bias and bias.requires_grad
     has_scales = scale_a is not None
-    # _check_scales passes reshape(1) views; a 1-D one-element scale is passed as it is (the same view)
+    # _check_scales passes 1-D views; a 1-D contiguous scale is passed as it is (the same view)
     ra, rb = has_scales and scale_a.dim() != 1, has_scales and scale_b.dim() != 1
     dsa, dsb = has_scales and scale_a.requires_grad, has_scales and scale_b.requires_grad
 
@@ -638,9 +661,9 @@ def _direct_plan(fn, fuses: bool, A, B, C, Csrc, given: tuple, dummy):
             bias = dummy
         if has_scales:
             if ra:
-                scale_a = scale_a.reshape(1)
+                scale_a = scale_a.reshape(-1)
             if rb:
-                scale_b = scale_b.reshape(1)
+                scale_b = scale_b.reshape(-1)
             if dsa:
                 scale_a = scale_a.detach()
             if dsb:
@@ -753,7 +776,7 @@ def register_compile_variants(name: str, kernel_cls, configs: dict[str, dict], r
     except ImportError:
         return
     operand_keys = ("in_dtype", "out_dtype", "a_major", "b_major", "c_major")
-    epi_keys = ("beta_c", "bias", "activation", "scale_ab")
+    epi_keys = ("beta_c", "bias", "activation", "scale_ab", "scale_rows")
 
     def build(**cfg):
         ops = {k: cfg.pop(k) for k in operand_keys if k in cfg}

@@ -37,7 +37,8 @@ def swapped_spec(spec: EpilogueSpec) -> EpilogueSpec:
     """The epilogue of C^T for the epilogue `spec` of C: bias rows and columns trade places."""
     out = _swapped_specs.get(spec)
     if out is None:
-        out = _swapped_specs[spec] = EpilogueSpec(spec.beta_c, _SWAP_BIAS[spec.bias], spec.activation, spec.scale_ab)
+        out = _swapped_specs[spec] = EpilogueSpec(spec.beta_c, _SWAP_BIAS[spec.bias], spec.activation, spec.scale_ab,
+                                                  spec.scale_rows)
     return out
 
 
@@ -93,6 +94,8 @@ def launch_swapped(rung, config, A, B, out, alpha, spec, beta, Csrc, bias, scale
     `C`, the epilogue fused with bias rows and columns swapped; `Csrc` is c's (N, M, L) TMA
     view when beta != 0. Returns the kernel operands (B, A, C, Csrc, bias) it launched with."""
     bias_t = bias if bias is None or bias.stride(0) == 1 else bias.contiguous()
+    if spec.scale_rows:  # C^T's rows are C's columns: scale_b per kernel row, scale_a per column
+        scales = (scales[1], scales[0])
     rung.launch(config, B, A, C, alpha, epi=swapped_spec(spec), beta=float(beta), Csrc=Csrc, bias=bias_t,
                 scales=scales)
     return B, A, C, Csrc, bias_t
@@ -145,7 +148,7 @@ def split_k_plan(rung, config, A, B, splits, out, spec, swap: bool = False) -> t
         total = ws.sum(0, keepdim=True)  # in fp32: `sum(..., out=out)` would round each partial first
         o = out.as_strided(sO, tO)
         if spec.fused:
-            sc = (scale_a.reshape(1), scale_b.reshape(1)) if spec.scale_ab else None
+            sc = (scale_a.reshape(-1), scale_b.reshape(-1)) if spec.scale_ab else None
             o.copy_(epilogue(total, spec, beta, c, bias, sc))
         else:
             o.copy_(total)

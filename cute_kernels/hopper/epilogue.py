@@ -34,15 +34,20 @@ _SQRT_2_OVER_PI = 0.7978845608028654
 class EpilogueSpec:
     """What the epilogue fuses: beta * C (`beta_c`), a bias broadcast along rows (`bias="m"`:
     one value per output row) or columns (`bias="n"`: one per column, nn.Linear's), and an
-    activation applied last (`ACTIVATIONS`, or None). `scale_ab`: alpha is multiplied by two
-    per-tensor scales read from device memory (fp8 inputs' dequantization scales)."""
+    activation applied last (`ACTIVATIONS`, or None). `scale_ab`: the product is multiplied by
+    two scales read from device memory (fp8 inputs' dequantization scales): per tensor (one
+    value each, folded into alpha), or with `scale_rows` one per row of A and one per column
+    of B (torch._scaled_mm's row-wise scales: alpha * scale_a[m] * scale_b[n] * (A.B)[m, n])."""
 
     beta_c: bool = False
     bias: str | None = None
     activation: str | None = None
     scale_ab: bool = False
+    scale_rows: bool = False
 
     def validate(self) -> "EpilogueSpec":
+        if self.scale_rows and not self.scale_ab:
+            raise ValueError("scale_rows (row-wise scales) needs scale_ab")
         if self.bias not in (None, *BIAS_DIMS):
             raise ValueError(f"bias must be None, 'm' (per row) or 'n' (per column), got {self.bias!r}")
         if self.activation not in (None, *ACTIVATIONS):
@@ -56,7 +61,8 @@ class EpilogueSpec:
     @property
     def tag(self) -> str:
         parts = (["c"] if self.beta_c else []) + ([f"bias_{self.bias}"] if self.bias else []) + \
-            ([self.activation] if self.activation else []) + (["scale_ab"] if self.scale_ab else [])
+            ([self.activation] if self.activation else []) + \
+            ((["scale_rows"] if self.scale_rows else ["scale_ab"]) if self.scale_ab else [])
         return "+".join(parts) or "none"
 
 
@@ -76,17 +82,24 @@ def activate(x, name: str | None):
 
 
 @cute.jit
-def fuse(spec: cutlass.Constexpr, x, coord, extent_mn, alpha, beta, c_src, bias):
-    """act(alpha * x + beta * C[coord] + bias[coord's m or n]) for one fp32 accumulator value.
+def fuse(spec: cutlass.Constexpr, x, coord, extent_mn, alpha, beta, c_src, bias, scale_a, scale_b):
+    """act(alpha * [scale_a[m] * scale_b[n] *] x + beta * C[coord] + bias[coord's m or n]) for
+    one fp32 accumulator value (the row-wise scales with `spec.scale_rows`; per-tensor scales
+    are already in alpha).
 
-    `coord` is its (m, n, l) (from the identity tensor partitioned like the accumulator); C and
-    bias are read only inside `extent_mn` = (M, N) (outside, the TMA store clips the value).
-    Called per epilogue sub-tile, so only one sub-tile's loads are in flight (registers).
+    `coord` is its (m, n, l) (from the identity tensor partitioned like the accumulator); C,
+    bias and row-wise scales are read only inside `extent_mn` = (M, N) (outside, the TMA store
+    clips the value). Called per epilogue sub-tile, so only one sub-tile's loads are in flight.
     """
     x = x * alpha
     mi, ni, li = coord
-    if cutlass.const_expr(spec.beta_c or spec.bias is not None):
+    if cutlass.const_expr(spec.beta_c or spec.bias is not None or spec.scale_rows):
         inside = cute.elem_less((mi, ni), extent_mn)
+        if cutlass.const_expr(spec.scale_rows):
+            sv = cutlass.Float32(0.0)
+            if inside:
+                sv = scale_a[mi].to(cutlass.Float32) * scale_b[ni].to(cutlass.Float32)
+            x = x * sv
         if cutlass.const_expr(spec.beta_c):
             cv = cutlass.Float32(0.0)
             if inside:

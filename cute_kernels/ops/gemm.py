@@ -284,24 +284,20 @@ def _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype) -> Tensor:
 def scaled_mm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, bias: Optional[Tensor] = None,
               out_dtype: Optional[torch.dtype] = None, rung: str = "auto", fallback: str = "none") -> Tensor:
     """(scale_a·a) @ (scale_b·b) + bias for FP8 a (M, K), b (K, N); scales float32, one element
-    or per row of a (M, 1) / per column of b (1, N). Result (M, N) in `out_dtype` (default a's
-    dtype, as torch._scaled_mm). Per-tensor scales run on the sm90 FP8 rung; row/column-wise
-    scales raise NotImplementedError naming the missing kernel unless fallback="torch"."""
+    or per row of a (M, 1) / per column of b (1, N) (row-wise, as torch._scaled_mm). Result
+    (M, N) in `out_dtype` (default a's dtype, as torch._scaled_mm). Both kinds of scale run on
+    the sm90 FP8 rung (row-wise ones in the epilogue, per element)."""
     check_fallback("scaled_mm", fallback)
     if fallback == "torch" and not on_cuda(a, b):
         note_fallback("scaled_mm", f"inputs on {a.device}/{b.device}")
         return _torch_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)
     try:
         _check_scaled_mm(a, b, scale_a, scale_b, bias)
-        if scale_a.numel() != 1 or scale_b.numel() != 1:
-            raise NotImplementedError("cute_kernels.scaled_mm: row/column-wise scales have no kernel yet "
-                                      "(the sm90 FP8 rung takes per-tensor scales)")
         from cute_kernels.gemm import epilogue_api
 
         kernel = epilogue_api.FUSING_KERNELS[0] if rung == "auto" else rung
         with device_guard(a):
-            return epilogue_api.scaled_mm(a.detach(), b.detach(), scale_a.detach().reshape(()),
-                                          scale_b.detach().reshape(()),
+            return epilogue_api.scaled_mm(a.detach(), b.detach(), scale_a.detach(), scale_b.detach(),
                                           bias=None if bias is None else bias.detach(),
                                           out_dtype=a.dtype if out_dtype is None else out_dtype, kernel=kernel)
     except UNSUPPORTED as err:

@@ -100,3 +100,21 @@ def test_attention_bwd_case_reference_matches_autograd_in_float64():
         got = case.reference(inputs)
         assert got.dtype == torch.float32 and got.shape == want.shape
         assert ((got.double() - want).norm() / want.norm()).item() < 1e-5
+
+
+def test_gemm_layouts_and_fp8_scales_are_in_the_inputs():
+    import torch
+
+    c = GemmCase.parse("24x40x56_am_bn")
+    t = c.make_inputs("cpu")
+    assert c.layout == "am_bn" and t["a"].shape == (24, 56) and t["a"].stride(0) == 1
+    assert t["b"].shape == (40, 56) and t["b"].stride(0) == 1
+    assert GemmCase.parse("24x40x56_bn").make_inputs("cpu")["b"].stride(0) == 1
+    f = GemmCase.parse("24x40x64_rowwise", "fp8_e4m3")
+    t = f.make_inputs("cpu")
+    assert t["scale_a"].shape == (24, 1) and t["scale_b"].shape == (1, 40) and bool((t["scale_a"] >= 0.5).all())
+    ref = f.reference(t)
+    manual = (t["a"].double() * t["scale_a"].double()) @ (t["b"].double().T * t["scale_b"].double())
+    assert torch.allclose(ref.double(), manual, rtol=1e-4, atol=1e-3)
+    with pytest.raises(ValueError, match="row-wise scales are for fp8"):
+        GemmCase.parse("24x40x56_rowwise")

@@ -17,7 +17,13 @@ def test_default_suites_are_the_device_readme_cases():
     assert "B2_H16_S4096_D256_causal" in att and "B8_H16_S2048_D64" in att
     assert [c.m for c in SUITES["skinny"].cases] == [16, 64, 128]
     assert {(c.n, c.k) for c in SUITES["skinny"].cases} == {(8192, 8192)}
-    assert [(c.name, c.dtype) for c in SUITES["fp8"].cases] == [("4096x4096x4096", "fp8_e4m3"), ("8192x8192x8192", "fp8_e4m3")]
+    assert [(c.name, c.dtype) for c in SUITES["fp8"].cases] == [
+        ("4096x4096x4096", "fp8_e4m3"), ("8192x8192x8192", "fp8_e4m3"),
+        ("4096x4096x4096_rowwise", "fp8_e4m3"), ("8192x8192x8192_rowwise", "fp8_e4m3")]
+    shapes = SUITES["gemm_shapes"].cases
+    assert len({c.name for c in shapes}) == len(shapes) > 150  # every model GEMM once
+    assert {"1x4096x4096", "2048x2048x4100", "256x4096x16384", "12608x768x3072", "8192x2048x8192_bn",
+            "2048x8192x8192_am_bn", "4096x2x1024"} <= {c.name for c in shapes}
     assert {(c.name, c.dtype) for c in SUITES["ladder"].cases} == {
         (f"{s}x{s}x{s}", dt) for s in (4096, 8192) for dt in ("fp32", "fp16", "bf16")}
     assert [c.name for c in SUITES["copy"].cases] == ["16MiB", "64MiB", "256MiB", "1024MiB"]

@@ -66,3 +66,28 @@ def test_small_n_and_small_m_regime_is_right_on_every_major():
                     if not err <= gemm_fuzz.tolerance(p):
                         wrong.append(f"M={m} N={n} a {a_major} b {b_major}: {err:.3g}")
     assert not wrong, f"{len(wrong)} wrong: {wrong[:10]}"
+
+
+@pytest.mark.parametrize("scales", ["tensor", "rowwise", "a_rowwise"])
+def test_fp8_scaled_mm_per_tensor_and_row_wise(scales):
+    """fp8 e4m3 through `scaled_mm` on every route (swap-AB, split-K, the ordinary path, and
+    copies of an N-major b) with per-tensor, row-wise or mixed scales, against float64."""
+    import torch
+
+    from cute_kernels.gemm.epilogue_api import scaled_mm
+
+    fp8 = torch.float8_e4m3fn
+    for m, n, k, b_nmajor in [(16, 4096, 1024, False), (16, 1024, 8192, False), (1000, 1536, 2048, False),
+                              (4096, 4096, 4096, False), (300, 256, 512, True), (129, 8, 1024, False)]:
+        a = torch.randn(m, k, device="cuda").to(fp8)
+        b = torch.randn(k, n, device="cuda").to(fp8) if b_nmajor else torch.randn(n, k, device="cuda").to(fp8).t()
+        one = ((), ())
+        rows = {"tensor": one, "rowwise": ((m, 1), (1, n)), "a_rowwise": ((m, 1), ())}[scales]
+        sa = torch.rand(rows[0], device="cuda") + 0.5
+        sb = torch.rand(rows[1], device="cuda") + 0.5
+        for _ in range(2):  # cold, then the warm plan
+            gemm_fuzz._poison("cuda", 4 * m * n)
+            out = scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+            ref = (a.double() * sa.double()) @ (b.double() * sb.double())
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            assert err < 5e-3, (m, n, k, b_nmajor, scales, err)

@@ -84,7 +84,10 @@ class Emulator:
         N = B.shape[0]
         assert B.shape[1] == K and B.shape[2] == L and C.shape[0] == M and C.shape[1] >= N and C.shape[2] == L
         acc = torch.einsum("mkl,nkl->mnl", A.double(), B.double()) * alpha
-        if spec.scale_ab:
+        if spec.scale_rows:
+            assert scales[0].shape == (M,) and scales[1].shape == (N,), "row-wise scales: one per kernel row / column"
+            acc = acc * scales[0].double().view(-1, 1, 1) * scales[1].double().view(1, -1, 1)
+        elif spec.scale_ab:
             acc = acc * (scales[0].double().reshape(()) * scales[1].double().reshape(()))
         if spec.beta_c:
             acc = acc + beta * Csrc.double()
@@ -267,3 +270,24 @@ def test_the_gemm_fuzz_problems_through_the_public_entry_points(emulated, monkey
     monkeypatch.undo()
     assert report.cases == 250
     assert report.wrong == 0, [(f["problem"], f["why"]) for f in report.failures]
+
+
+@pytest.mark.parametrize("rowwise", [False, True, "a_only"])
+def test_fp8_scales_per_tensor_and_row_wise_on_every_route(emulated, monkeypatch, rowwise):
+    """scaled_mm's fp8 calls (swap-AB at small M, split-K, the ordinary path, copies of
+    non-K-major operands), cold and warm, with per-tensor or row-wise scales."""
+    from cute_kernels.gemm import epilogue_api
+    from cute_kernels.gemm.epilogue_api import scaled_mm
+
+    fp8 = torch.float8_e4m3fn
+    monkeypatch.setattr(epilogue_api, "_device_reason", lambda a, b: None)
+    for m, n, k, b_major in [(16, 4096, 1024, "col"), (16, 1024, 8192, "col"), (300, 256, 512, "col"),
+                             (200, 96, 256, "row"), (5, 40, 64, "row")]:
+        for _ in range(2):
+            a = torch.randn(m, k).to(fp8)
+            b = _matrix(k, n, fp8, b_major, 0)
+            sa = (torch.rand(m, 1) + 0.5) if rowwise else (torch.rand(()) + 0.5)
+            sb = (torch.rand(1, n) + 0.5) if rowwise is True else (torch.rand(()) + 0.5)
+            out = scaled_mm(a, b, sa, sb, out_dtype=torch.float32)
+            ref = (a.double() * sa.double()) @ (b.double() * sb.double())
+            assert _rel(out, ref) < 1e-5, (m, n, k, b_major, rowwise)

@@ -194,10 +194,11 @@ def test_linear_checks_shapes_before_anything_runs():
 def test_scaled_mm_names_what_it_cannot_run():
     fp8 = torch.float8_e4m3fn
     a, b = randn(4, 32).to(fp8), randn(32, 8).to(fp8)
-    with pytest.raises(NotImplementedError, match="row/column-wise scales have no kernel"):
-        ops.scaled_mm(a, b, torch.ones(4, 1), torch.ones(1, 8))
-    with pytest.raises(ValueError, match="CUDA device"):  # per-tensor scales reach the sm90 rung's checks
-        ops.scaled_mm(a, b, torch.tensor(1.0), torch.tensor(1.0))
+    for sa, sb in ((torch.ones(4, 1), torch.ones(1, 8)), (torch.tensor(1.0), torch.tensor(1.0))):
+        with pytest.raises(ValueError, match="CUDA device"):  # row-wise and per-tensor scales reach the sm90 rung
+            ops.scaled_mm(a, b, sa, sb)
+    with pytest.raises(ValueError, match=r"scale_b must be float32 with one element .* or shape \(1, 8\)"):
+        ops.scaled_mm(a, b, torch.ones(4, 1), torch.ones(8, 1))
     with pytest.raises(TypeError, match="FP8 dtype"):
         ops.scaled_mm(randn(4, 32).float(), randn(32, 8).float(), torch.tensor(1.0), torch.tensor(1.0))
 
