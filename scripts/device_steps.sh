@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Named steps for one device call, each under its own time cap, logs and results packed into
+# few files (the device tool brings back at most 8):
+#
+#   scripts/device_steps.sh OUTDIR STEP[:CAP_S] ...
+#
+# Steps:  tests             every `gpu` test, sharded (scripts/gpu_tests.sh, GPU_TEST_JOBS shards)
+#         tests=FILES       only these test files or node ids (comma list), sharded the same way
+#         sanitize          compute-sanitizer memcheck + racecheck over one small case per kernel
+#         bench=SUITE       `cute-kernels bench SUITE` (BENCH_ARGS) into OUTDIR/results
+#         script=PATH       python3 PATH --out OUTDIR/results/<name>.json
+# Writes OUTDIR/steps.log (a summary line per step at the end) and OUTDIR/results.tar.gz (the
+# JSON results and every step's log). With CUTE_KERNELS_RESULTS_DIR set to OUTDIR/results the
+# fuzz tests write their records there too. Exit status: 0 when every step passed.
+set -uo pipefail
+[ $# -ge 2 ] || { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+OUTDIR=$1; shift
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mkdir -p "$OUTDIR/results" "$OUTDIR/logs" || exit 1
+OUTDIR="$(cd "$OUTDIR" && pwd)"
+cd "$ROOT" || exit 1
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export CUTE_KERNELS_RESULTS_DIR="$OUTDIR/results"
+BENCH_ARGS=${BENCH_ARGS:-"--rounds 3 --warmup-ms 10 --rep-ms 50"}
+SUMMARY=()
+FAILED=0
+
+run_step() {  # NAME CAP COMMAND...
+  local name=$1 cap=$2; shift 2
+  local log="$OUTDIR/logs/$(echo "$name" | tr -c 'A-Za-z0-9_.-' '_').log" t0=$SECONDS
+  echo "=== $name (cap ${cap}s)"
+  timeout --kill-after=10 "$cap" "$@" > "$log" 2>&1
+  local rc=$?
+  [ $rc -eq 0 ] || FAILED=1
+  tail -n 4 "$log"
+  SUMMARY+=("$(printf '%-40s rc=%-4s %5ss' "$name" "$rc" "$((SECONDS - t0))")")
+}
+
+for spec in "$@"; do
+  step=${spec%%:*}; cap=300
+  [[ "$spec" == *:* ]] && cap=${spec##*:}
+  case "$step" in
+    tests) run_step tests "$cap" bash scripts/gpu_tests.sh "$OUTDIR/logs/pytest" "${GPU_TEST_JOBS:-8}" ;;
+    tests=*) run_step "$step" "$cap" python3 -m pytest -q -rfE -p no:cacheprovider -n "${GPU_TEST_JOBS:-8}" \
+               $(echo "${step#tests=}" | tr ',' ' ') ;;
+    sanitize)
+      SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)
+      run_step memcheck "$cap" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SAN" --tool memcheck --report-api-errors no \
+        --error-exitcode 1 --print-limit 20 python3 -m cute_kernels.bench.sanitize all
+      run_step racecheck "$cap" "$SAN" --tool racecheck --report-api-errors no --error-exitcode 1 --print-limit 20 \
+        python3 -m cute_kernels.bench.sanitize all ;;
+    bench=*)
+      # shellcheck disable=SC2086
+      run_step "$step" "$cap" python3 -m cute_kernels.cli bench "${step#bench=}" $BENCH_ARGS --out-dir "$OUTDIR/results" ;;
+    script=*)
+      path=${step#script=}; name=$(basename "$path" .py)
+      run_step "$step" "$cap" python3 "$path" --out "$OUTDIR/results/$name.json" ;;
+    *) echo "device_steps.sh: unknown step $step" >&2; FAILED=1 ;;
+  esac
+done
+
+echo "=== summary"
+printf '%s\n' "${SUMMARY[@]}" | tee "$OUTDIR/steps.log"
+(cd "$OUTDIR" && tar -czf results.tar.gz results logs) && rm -rf "$OUTDIR/results" "$OUTDIR/logs"
+exit $FAILED
