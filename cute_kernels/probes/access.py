@@ -19,33 +19,13 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from cute_kernels.layouts import ComposedLayout, Layout, Swizzle
 from cute_kernels.runtime import fake_tensor, register_variant, to_cute
 
 from ._launch import fake_1d, job
+from .smem_layouts import ROWS_PER_PASS, SMEM_LAYOUTS, TILE, column_read, row_write
 
 __all__ = ["StridedRead", "SmemTranspose", "TILE", "SMEM_LAYOUTS", "column_read", "row_write",
            "build_strided", "build_transpose"]
-
-TILE = 32
-ROWS_PER_PASS = 8  # the block is 32 x 8 threads: each thread moves TILE / 8 = 4 elements
-# (r, c) -> element offset of the tile in shared memory.
-SMEM_LAYOUTS = {
-    "row_major": Layout((TILE, TILE), (TILE, 1)),
-    "padded": Layout((TILE, TILE), (TILE + 1, 1)),
-    "swizzled": ComposedLayout(Swizzle(5, 0, 5), 0, Layout((TILE, TILE), (TILE, 1))),
-}
-
-
-def column_read() -> Layout:
-    """The TV layout of one warp's shared-memory read in the write-out phase: lane t reads
-    element (t, v) of the tile (column-major tile index t + 32 v), one value per instruction."""
-    return Layout((TILE, TILE), (1, TILE))
-
-
-def row_write() -> Layout:
-    """The TV layout of one warp's shared-memory write in the load phase: lane t writes (v, t)."""
-    return Layout((TILE, TILE), (TILE, 1))
 
 
 class StridedRead:
