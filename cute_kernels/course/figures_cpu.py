@@ -444,3 +444,16 @@ def transformer_result(ctx):
             f"{result.date}): one forward and backward of a Llama-style block, batch {cfg.get('batch')}, "
             f"sequence {cfg.get('seq')}, hidden {cfg.get('hidden')}.\n\n"
             + md_table(["version", "ms", "TFLOP/s", "worst rel_err"], rows))
+
+
+# ---- page 23: host overhead ------------------------------------------------------------------------
+
+@figure("overhead_result", "23-cuda-graphs.md")
+def overhead_result(ctx):
+    result = ctx.results("overhead")
+    if result is None:
+        return "No `overhead` result is committed yet."
+    rows = [[x.case, x.impl + ("*" if x.kind == "ours" else ""), f"{x.ms * 1e3:.1f}"] for x in result.records
+            if x.timed]
+    return (_measured_by(ctx, "overhead") + " Host microseconds per warm call, `*` ours.\n\n"
+            + md_table(["case", "impl", "µs per call"], rows, align="llr"))
