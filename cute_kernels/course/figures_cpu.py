@@ -108,7 +108,7 @@ def roofline(ctx):
 
 # ---- pages 3 and 5: the SM's resources -----------------------------------------------------
 
-@figure("sm_limits", "03-memory-hierarchy.md")
+@figure("sm_limits", "01-gpus.md")
 def sm_limits(ctx):
     from cute_kernels.runtime.occupancy import SM90
 
