@@ -16,9 +16,10 @@ listing) and writes its images under docs/course/img/. Figures need one of three
   tables and plots can be redrawn anywhere. Until the file has them, the block says so and
   shows no number.
 
-Modules: `core` (the registry, the page blocks, the render context), `figures_cpu`
-(layouts, analyses, results: `cpu` figures), `figures_sass` (`compile` figures), `measure`
-(GPU helpers: timing, correctness checks), `figures_gpu` (the `gpu` figures), `__main__` (the
+Modules: `core` (the registry, the page blocks, the render context), `draw` (number formats,
+small PNGs), `figures_cpu` (layouts, analyses, results: `cpu` figures), `figures_sass`
+(`compile` figures), `measure` (GPU helpers: timing, correctness checks), `figures_gpu` (the
+probes' `gpu` figures) and `figures_gpu_ops` (those of the library's ops), `__main__` (the
 command line: `python scripts/course_figures.py --cpu | --gpu`). This package sits at the top
 layer, beside `bench` and `cli`.
 """

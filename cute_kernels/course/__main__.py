@@ -20,14 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-from .core import FIGURES, NEEDS, fill_pages, load_gpu_data
+from .core import FIGURES, NEEDS, fill_pages, load_figures, load_gpu_data
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _select(only: str | None, allowed: tuple[str, ...]) -> set[str]:
-    from . import figures_cpu, figures_gpu, figures_sass  # noqa: F401
-
+    load_figures()
     if not only:
         return {n for n, f in FIGURES.items() if f.needs in allowed}
     chosen: set[str] = set()

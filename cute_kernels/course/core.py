@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = ["Figure", "FIGURES", "figure", "Context", "fill_pages", "md_table", "PLACEHOLDER", "NEEDS",
-           "page_blocks", "GPU_COMMAND"]
+           "page_blocks", "GPU_COMMAND", "load_figures", "load_gpu_data"]
 
 NEEDS = ("cpu", "compile", "gpu")
 GPU_COMMAND = "python3 scripts/course_figures.py --gpu"
@@ -131,6 +131,16 @@ def page_blocks(text: str) -> list[str]:
     return [m["name"] for m in BLOCK.finditer(text)]
 
 
+def load_figures() -> dict[str, Figure]:
+    """FIGURES, after importing the modules that register them (none of them imports the DSL
+    or torch at import time)."""
+    import importlib
+
+    for module in ("figures_cpu", "figures_gpu", "figures_gpu_ops", "figures_sass"):
+        importlib.import_module(f"{__package__}.{module}")
+    return FIGURES
+
+
 def load_gpu_data(root: Path) -> dict:
     """The newest docs/course/data/gpu-*.json (by its date), or {}."""
     files = sorted((root / "docs" / "course" / "data").glob("gpu-*.json"))
@@ -145,8 +155,7 @@ def load_gpu_data(root: Path) -> dict:
 def fill_pages(root: Path, names: set[str] | None = None, *, gpu: dict | None = None) -> dict[str, list[str]]:
     """Re-make the blocks `names` (default: all) of every course page in place; returns
     {page: [names made]}. Raises KeyError for a block no figure is registered for."""
-    from . import figures_cpu, figures_gpu, figures_sass  # noqa: F401  (they register the figures)
-
+    load_figures()
     ctx = Context(root, load_gpu_data(root) if gpu is None else gpu)
     made: dict[str, list[str]] = {}
     for page in sorted((root / "docs" / "course").glob("*.md")):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from .core import figure, md_table
+from .draw import plot
 
 # ---- helpers over committed results -------------------------------------------------------
 
@@ -37,8 +38,6 @@ def _results_table(ctx, suite: str, *, impls=None, dtypes=None, rate: str = "tfl
 
 
 def _plot(ctx, name, draw, size=(6.4, 3.2)):
-    from .figures_gpu import _plot as plot
-
     return plot(ctx, name, draw, size=size)
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cute_kernels.course import figures_cpu, figures_gpu, figures_sass  # noqa: F401
-from cute_kernels.course.core import BLOCK, FIGURES, Context, fill_pages, load_gpu_data
+from cute_kernels.course.core import BLOCK, Context, fill_pages, load_figures, load_gpu_data
+
+FIGURES = load_figures()
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,3 +119,15 @@ def test_a_block_without_a_registered_figure_is_an_error(tree):
     page.write_text("<!-- BEGIN GENERATED: course nothing_like_it -->\n<!-- END GENERATED -->\n")
     with pytest.raises(KeyError, match="nothing_like_it"):
         fill_pages(tree, set())
+
+
+@pytest.mark.compile
+def test_probe_sass_figures_match_the_committed_pages(tree):
+    """The `compile` figures of the probes (cheap: the compile tier builds these variants anyway)
+    are what the committed pages show, for this DSL version."""
+    names = {"vector_add_sass", "reduction_sass", "ilp_sass"}
+    fill_pages(tree, names)
+    for page in ("02-programming-model.md", "06-shared-memory-sync.md", "07-registers-ilp.md"):
+        committed, made = _blocks(ROOT / "docs" / "course" / page), _blocks(tree / "docs" / "course" / page)
+        for name in names & set(committed):
+            assert made[name] == committed[name], f"{page}: {name} is stale; run scripts/course_figures.py --cpu"
