@@ -59,7 +59,7 @@ def _chase(space: str, working_set: int, steps: int = CHASE_STEPS):
 
     chain = chase_chain(working_set, device="cuda")
     out = torch.full((2,), -1, dtype=torch.int64, device="cuda")
-    run_probe(build_chase(space), chain, out, steps, align=4)
+    run_probe(build_chase(space), chain, out, steps)
     torch.cuda.synchronize()
     expect = chase_end(chain, 2 * steps)
     if int(out[1]) != expect:
@@ -77,7 +77,7 @@ def _clock_mhz() -> float:
     _, chain, out = _chase("global", 16 * KB)
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    run_probe(build_chase("global"), chain, out, 200_000, align=4)
+    run_probe(build_chase("global"), chain, out, 200_000)
     stop.record()
     torch.cuda.synchronize()
     return 2 * float(out[0]) / (start.elapsed_time(stop) * 1e3)
@@ -187,9 +187,9 @@ def _measure_strided():
     for s in STRIDES:
         src = randn(m * s, seed=s)
         out = torch.full((m,), float("nan"), device="cuda")
-        run_probe(job, src, out, s, align=4)
+        run_probe(job, src, out, s)
         check_equal(out, src[::s], f"strided read, stride {s}")
-        rows.append({"stride": s, "ms": time_ms(lambda src=src, out=out, s=s: run_probe(job, src, out, s, align=4))})
+        rows.append({"stride": s, "ms": time_ms(lambda src=src, out=out, s=s: run_probe(job, src, out, s))})
         del src
     return {"elements": m, "rows": rows}
 
@@ -294,10 +294,10 @@ def _measure_divergence():
     for g in (1, 2, 4, 8, 16, 32):
         job = build_divergence(g)
         out.fill_(float("nan"))
-        run_probe(job, out, blocks, iters, align=4)
+        run_probe(job, out, blocks, iters)
         check_close(out, divergence_values(g, threads=256, blocks=blocks, iters=iters, device="cuda"),
                     f"divergence group {g}", rtol=1e-4, atol=1e-4)
-        rows.append({"group": g, "ms": time_ms(lambda job=job: run_probe(job, out, blocks, iters, align=4))})
+        rows.append({"group": g, "ms": time_ms(lambda job=job: run_probe(job, out, blocks, iters))})
     return {"blocks": blocks, "iters": iters, "rows": rows}
 
 
@@ -336,10 +336,10 @@ def _measure_occupancy():
         for per_sm in (1, 2, 4, 8):
             nblk = sms * per_sm
             out = torch.full((nblk * 256,), float("nan"), device="cuda")
-            run_probe(job, out, nblk, iters, align=4)
+            run_probe(job, out, nblk, iters)
             check_close(out, fma_values(chains, threads=256, blocks=nblk, iters=iters, device="cuda"),
                         f"fma chains={chains}", rtol=1e-4, atol=1e-3)
-            ms = time_ms(lambda job=job, out=out, nblk=nblk: run_probe(job, out, nblk, iters, align=4))
+            ms = time_ms(lambda job=job, out=out, nblk=nblk: run_probe(job, out, nblk, iters))
             fma.append({"chains": chains, "blocks_per_sm": per_sm, "tflops": 2 * chains * iters * nblk * 256 / ms / 1e9})
     return {"memory": mem, "fma": fma}
 
@@ -394,7 +394,7 @@ def _measure_reductions():
 
         def call(job=job):
             out.zero_()
-            run_probe(job, src, out, blocks, align=4)
+            run_probe(job, src, out, blocks)
 
         call()
         torch.cuda.synchronize()
@@ -431,18 +431,18 @@ def _measure_ilp():
         for per_sm in (2, 8):
             nblk = sms * per_sm
             out = torch.full((nblk * 256,), float("nan"), device="cuda")
-            run_probe(job, out, nblk, iters, align=4)
+            run_probe(job, out, nblk, iters)
             check_close(out, fma_values(chains, threads=256, blocks=nblk, iters=iters, device="cuda"),
                         f"fma chains={chains}", rtol=1e-4, atol=1e-3)
-            ms = time_ms(lambda job=job, out=out, nblk=nblk: run_probe(job, out, nblk, iters, align=4))
+            ms = time_ms(lambda job=job, out=out, nblk=nblk: run_probe(job, out, nblk, iters))
             rows.append({"chains": chains, "warps_per_sm": 8 * per_sm, "tflops": 2 * chains * iters * nblk * 256 / ms / 1e9})
     spill = build_fma(64, 8)
     nblk = sms * 8
     out = torch.full((nblk * 256,), float("nan"), device="cuda")
-    run_probe(spill, out, nblk, iters, align=4)
+    run_probe(spill, out, nblk, iters)
     check_close(out, fma_values(64, threads=256, blocks=nblk, iters=iters, device="cuda"), "fma 64 chains, spilled",
                 rtol=1e-4, atol=1e-2)
-    ms = time_ms(lambda: run_probe(spill, out, nblk, iters, align=4))
+    ms = time_ms(lambda: run_probe(spill, out, nblk, iters))
     return {"rows": rows, "spilled_64": 2 * 64 * iters * nblk * 256 / ms / 1e9}
 
 

@@ -67,11 +67,11 @@ def randn(n: int, *, dtype=None, seed: int = 0):
     return torch.randn(n, device="cuda", generator=gen, dtype=dtype or torch.float32)
 
 
-def run_probe(job, *args, align: int = 16):
+def run_probe(job, *args):
     """Launch a probe's job (see `probes._launch.run`)."""
     from cute_kernels.probes._launch import run
 
-    run(job, *args, align=align)
+    run(job, *args)
 
 
 def gbps(nbytes: float, ms: float) -> float:

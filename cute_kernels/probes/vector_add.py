@@ -116,7 +116,7 @@ def vector_add(a, b, out=None, *, vec: int = 1, threads: int = 256):
         raise ValueError(f"vector_add: needs CUDA tensors, got a on '{a.device}', b on '{b.device}'")
     out = torch.empty_like(a) if out is None else out
     if a.numel():
-        run(build(threads, vec), a, b, out, align=4 * vec)
+        run(build(threads, vec), a, b, out)
     return out
 
 

@@ -70,7 +70,7 @@ def test_pointer_chase_ends_where_the_chain_says_and_counts_cycles(space, workin
     chain = chase_chain(working_set, device="cuda", seed=5)
     out = torch.full((2,), -1, dtype=torch.int64, device="cuda")
     steps = 1000
-    run(build_chase(space), chain, out, steps, align=4)
+    run(build_chase(space), chain, out, steps)
     torch.cuda.synchronize()
     assert int(out[1]) == chase_end(chain, 2 * steps)
     assert steps * 10 < int(out[0]) < steps * 5000  # between 10 and 5000 cycles per dependent load
@@ -114,7 +114,7 @@ def test_strided_read(stride):
     m = 100_003
     src = _randn(m * stride, 8)
     out = _nan(m)
-    run(build_strided(), src, out, stride, align=4)
+    run(build_strided(), src, out, stride)
     assert torch.equal(out, src[::stride])
 
 
@@ -140,7 +140,7 @@ def test_divergence_values(group):
 
     blocks, iters = 3, 200
     out = _nan(blocks * 256)
-    run(build_divergence(group), out, blocks, iters, align=4)
+    run(build_divergence(group), out, blocks, iters)
     want = divergence_values(group, threads=256, blocks=blocks, iters=iters, device="cuda")
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
 
@@ -154,7 +154,7 @@ def test_fma_chains_values_even_when_spilled(chains, min_blocks):
 
     blocks, iters = 5, 301  # not a multiple of the unroll
     out = _nan(blocks * 256)
-    run(build_fma(chains, min_blocks), out, blocks, iters, align=4)
+    run(build_fma(chains, min_blocks), out, blocks, iters)
     want = fma_values(chains, threads=256, blocks=blocks, iters=iters, device="cuda")
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-3)
 
@@ -168,7 +168,7 @@ def test_block_sum(strategy, n, blocks):
 
     src = _randn(n, 10)
     out = torch.zeros(1, device="cuda")
-    run(build_sum(strategy), src, out, blocks, align=4)
+    run(build_sum(strategy), src, out, blocks)
     torch.cuda.synchronize()
     want = src.double().sum().item()
     assert abs(out.item() - want) <= 1e-5 * src.double().abs().sum().item() + 1e-6
@@ -182,5 +182,5 @@ def test_block_sum_propagates_nan():
     src = _randn(4096, 11)
     src[1234] = float("nan")
     out = torch.zeros(1, device="cuda")
-    run(build_sum("shuffle"), src, out, 4, align=4)
+    run(build_sum("shuffle"), src, out, 4)
     assert math.isnan(out.item())
