@@ -98,8 +98,10 @@ class Context:
         return f"[{path.name}](../results/{path.name})" if path else "(no result committed)"
 
     def measured(self, name: str | None = None):
-        """The stored GPU numbers of figure `name` (default: the current one), or None."""
-        return (self.gpu.get("figures") or {}).get(name or self.current)
+        """The stored GPU numbers of figure `name` (default: the current one); None when there
+        are none, or when its measurement failed (`placeholder()` then says why)."""
+        data = (self.gpu.get("figures") or {}).get(name or self.current)
+        return None if isinstance(data, dict) and "error" in data else data
 
     def gpu_source(self) -> str:
         g = self.gpu
@@ -108,6 +110,10 @@ class Context:
 
     def placeholder(self) -> str:
         fig = FIGURES[self.current]
+        data = (self.gpu.get("figures") or {}).get(self.current)
+        if isinstance(data, dict) and "error" in data:
+            return (f"!!! failure \"The measurement failed\"\n    `{GPU_COMMAND}` on {self.gpu.get('device')}, "
+                    f"{self.gpu.get('date')}, stopped with: `{data['error'].splitlines()[0][:300]}`\n")
         return PLACEHOLDER.format(what=fig.what, command=GPU_COMMAND, name=fig.name)
 
 

@@ -60,8 +60,8 @@ def _measure_streams():
     host = torch.randn(64 * MB, dtype=torch.float32).pin_memory()  # 256 MiB
     dev = torch.empty_like(host, device="cuda")
     side = torch.cuda.Stream()
-    check_close(matmul(a[:256], b[:, :256].contiguous()).float(), a[:256].float() @ b[:, :256].float(), "matmul",
-                rtol=2e-2, atol=0.5)
+    c = matmul(a, b)  # checked on a corner, against float32
+    check_close(c[:256, :256].float(), a[:256].float() @ b[:, :256].float(), "matmul", rtol=2e-2, atol=1.0)
 
     def wall(fn, reps=5):
         fn()
@@ -311,7 +311,7 @@ def _measure_autotune():
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16, generator=gen)
     b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16, generator=gen)
     t0 = time.perf_counter()
-    res = autotune(a, b, budget_s=45.0, save=False)
+    res = autotune(a, b, budget_s=30.0, save=False)
     seconds = time.perf_counter() - t0
     ran = [t for t in res.trials if t.ms is not None]
     return {"shape": [4096, 4096, 4096], "candidates": len(search_space()[0]), "trials": len(res.trials),
@@ -325,11 +325,11 @@ def autotune_cost(ctx):
     if d is None:
         return ctx.placeholder()
     m, n, k = d["shape"]
-    rows = [["candidates in the search space", d["candidates"]], ["tried within the 45 s budget", d["trials"]],
+    rows = [["candidates in the search space", d["candidates"]], ["tried within the 30 s budget", d["trials"]],
             ["of them timed (correct)", d["timed"]], ["wall time of the search (s)", _fmt(d["seconds"], ".1f")],
             ["heuristic config (ms)", _fmt(d["heuristic_ms"], ".4f")], ["winner (ms)", _fmt(d["winner_ms"], ".4f")],
             ["speed-up over the heuristic", f"{d['heuristic_ms'] / d['winner_ms']:.3f}x"]]
-    return (f"{ctx.gpu_source()} `autotune(a, b, budget_s=45, save=False)` at {m}x{n}x{k} bf16.\n\n"
+    return (f"{ctx.gpu_source()} `autotune(a, b, budget_s=30, save=False)` at {m}x{n}x{k} bf16.\n\n"
             + md_table(["", "value"], rows, align="lr"))
 
 
@@ -342,7 +342,7 @@ def _measure_graphs():
 
     rows = []
     calls = 100
-    for size in (256, 1024, 4096):
+    for size in (256, 2048):
         gen = torch.Generator(device="cuda").manual_seed(size)
         a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16, generator=gen)
         b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16, generator=gen)

@@ -131,3 +131,10 @@ def test_probe_sass_figures_match_the_committed_pages(tree):
         committed, made = _blocks(ROOT / "docs" / "course" / page), _blocks(tree / "docs" / "course" / page)
         for name in names & set(committed):
             assert made[name] == committed[name], f"{page}: {name} is stale; run scripts/course_figures.py --cpu"
+
+
+def test_a_failed_measurement_is_shown_as_a_failure_not_as_numbers(tree):
+    gpu = {"date": "2026-12-01", "device": "NVIDIA H200", "figures": {"divergence": {"error": "AssertionError: off"}}}
+    ctx = Context(tree, gpu=gpu, current="divergence")
+    text = FIGURES["divergence"].make(ctx)
+    assert "The measurement failed" in text and "AssertionError: off" in text and "|" not in text
