@@ -124,7 +124,7 @@ def _read_case(src, blocks: int, passes: int, vectors: int = 4, smem_pad: int = 
     job = build_read(threads, vectors, smem_pad)
     run_probe(job, src, out, blocks, passes)
     check_close(out, read_sums(src, threads=threads, vectors=vectors, blocks=blocks, passes=passes),
-                f"read(blocks={blocks}, passes={passes})", rtol=1e-4, atol=1e-3 * math.sqrt(passes))
+                f"read(blocks={blocks}, passes={passes})", rtol=1e-4, atol=1e-2 * math.sqrt(passes))
     ms = time_ms(lambda: run_probe(job, src, out, blocks, passes))
     return ms, blocks * passes * threads * 4 * vectors * 4
 
@@ -154,7 +154,7 @@ def _measure_bandwidth():
     job = build_smem_read(256, 8)
     run_probe(job, src, out, blocks, passes)
     check_close(out, smem_read_sums(src, threads=256, vectors=8, blocks=blocks, passes=passes), "smem_read",
-                rtol=1e-4, atol=0.1)
+                rtol=1e-3, atol=0.1)
     ms = time_ms(lambda: run_probe(job, src, out, blocks, passes))
     levels.append(("shared memory", 32 * KB, ms, blocks * passes * 256 * 16))
     return {"sms": sms, "levels": [{"level": l, "working_set": ws, "ms": m, "bytes": b} for l, ws, m, b in levels]}
@@ -296,7 +296,7 @@ def _measure_divergence():
         out.fill_(float("nan"))
         run_probe(job, out, blocks, iters)
         check_close(out, divergence_values(g, threads=256, blocks=blocks, iters=iters, device="cuda"),
-                    f"divergence group {g}", rtol=1e-4, atol=1e-4)
+                    f"divergence group {g}", rtol=3e-4, atol=1e-4)
         rows.append({"group": g, "ms": time_ms(lambda job=job: run_probe(job, out, blocks, iters))})
     return {"blocks": blocks, "iters": iters, "rows": rows}
 
@@ -338,7 +338,7 @@ def _measure_occupancy():
             out = torch.full((nblk * 256,), float("nan"), device="cuda")
             run_probe(job, out, nblk, iters)
             check_close(out, fma_values(chains, threads=256, blocks=nblk, iters=iters, device="cuda"),
-                        f"fma chains={chains}", rtol=1e-4, atol=1e-3)
+                        f"fma chains={chains}", rtol=3e-4, atol=1e-3)
             ms = time_ms(lambda job=job, out=out, nblk=nblk: run_probe(job, out, nblk, iters))
             fma.append({"chains": chains, "blocks_per_sm": per_sm, "tflops": 2 * chains * iters * nblk * 256 / ms / 1e9})
     return {"memory": mem, "fma": fma}
@@ -433,7 +433,7 @@ def _measure_ilp():
             out = torch.full((nblk * 256,), float("nan"), device="cuda")
             run_probe(job, out, nblk, iters)
             check_close(out, fma_values(chains, threads=256, blocks=nblk, iters=iters, device="cuda"),
-                        f"fma chains={chains}", rtol=1e-4, atol=1e-3)
+                        f"fma chains={chains}", rtol=3e-4, atol=1e-3)
             ms = time_ms(lambda job=job, out=out, nblk=nblk: run_probe(job, out, nblk, iters))
             rows.append({"chains": chains, "warps_per_sm": 8 * per_sm, "tflops": 2 * chains * iters * nblk * 256 / ms / 1e9})
     spill = build_fma(64, 8)
@@ -441,7 +441,7 @@ def _measure_ilp():
     out = torch.full((nblk * 256,), float("nan"), device="cuda")
     run_probe(spill, out, nblk, iters)
     check_close(out, fma_values(64, threads=256, blocks=nblk, iters=iters, device="cuda"), "fma 64 chains, spilled",
-                rtol=1e-4, atol=1e-2)
+                rtol=3e-4, atol=1e-2)
     ms = time_ms(lambda: run_probe(spill, out, nblk, iters))
     return {"rows": rows, "spilled_64": 2 * 64 * iters * nblk * 256 / ms / 1e9}
 

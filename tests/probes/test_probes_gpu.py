@@ -88,7 +88,7 @@ def test_read_bandwidth_sums(blocks, passes, tiles, pad):
     out = _nan(blocks * threads)
     run(build_read(threads, vectors, pad), src, out, blocks, passes)
     want = read_sums(src, threads=threads, vectors=vectors, blocks=blocks, passes=passes)
-    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-3 * math.sqrt(passes))
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-2 * math.sqrt(passes))
 
 
 @gpu
@@ -156,7 +156,7 @@ def test_fma_chains_values_even_when_spilled(chains, min_blocks):
     out = _nan(blocks * 256)
     run(build_fma(chains, min_blocks), out, blocks, iters)
     want = fma_values(chains, threads=256, blocks=blocks, iters=iters, device="cuda")
-    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-3)  # fp32 steps against a closed form
 
 
 @gpu
