@@ -408,12 +408,10 @@ def custom_ops(ctx):
 
 @figure("suite_summary", "25-benchmarking.md")
 def suite_summary(ctx):
-    import glob
+    from cute_kernels.bench.records import load_result
 
     rows = []
-    for path in sorted(glob.glob(str(ctx.docs / "results" / "*.json"))):
-        from cute_kernels.bench.records import load_result
-
+    for path in sorted((ctx.docs / "results").glob("*.json")):
         r = load_result(path)
         ours = [x.ratio_to_best_peer for x in r.records if x.kind == "ours" and x.timed and x.ratio_to_best_peer]
         best = {}
