@@ -141,6 +141,13 @@ def plot_result(result: BenchResult, path: str | Path, *, max_bytes: int = MAX_P
 
     Post-condition: the file is a PNG no larger than `max_bytes`; raises RuntimeError if even
     the lowest resolution tried is larger."""
+    return save_png(_figure(result), path, max_bytes=max_bytes, what=f"plot of {result.suite}")
+
+
+def save_png(fig, path: str | Path, *, max_bytes: int = MAX_PNG_BYTES, what: str = "figure",
+             dpis: tuple[int, ...] = (110, 90, 72, 56)) -> Path:
+    """Write matplotlib figure `fig` as a 256-colour palette PNG of at most `max_bytes` (the
+    first of `dpis` that fits), close it, and return the path; RuntimeError if none fits."""
     import matplotlib.pyplot as plt
 
     try:
@@ -150,11 +157,10 @@ def plot_result(result: BenchResult, path: str | Path, *, max_bytes: int = MAX_P
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig = _figure(result)
     try:
-        for dpi in (110, 90, 72, 56):
+        for dpi in dpis:
             raw = io.BytesIO()
-            fig.savefig(raw, format="png", dpi=dpi)
+            fig.savefig(raw, format="png", dpi=dpi, metadata={"Software": None})
             packed = raw
             if Image is not None:
                 raw.seek(0)
@@ -166,4 +172,4 @@ def plot_result(result: BenchResult, path: str | Path, *, max_bytes: int = MAX_P
                 return path
     finally:
         plt.close(fig)
-    raise RuntimeError(f"plot of {result.suite} stays above {max_bytes} bytes even at {dpi} dpi")
+    raise RuntimeError(f"{what} stays above {max_bytes} bytes even at {dpi} dpi")
