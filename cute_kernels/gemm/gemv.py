@@ -31,6 +31,7 @@ import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm, nvvm
 from cutlass.cute.nvgpu import warp
 from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.memory import SmemAllocator
 
 from cute_kernels.gemm.gemv_config import (
     CHUNK_K,
@@ -42,7 +43,9 @@ from cute_kernels.gemm.gemv_config import (
     b_row_layout,
     b_staging_layout,
     choose_role,
+    config_fits,
     k_slot_layout,
+    operand_contract,
     operand_plan,
     output_coord,
     partial_smem_layout,
@@ -164,23 +167,35 @@ class GemvKernel:
         frag_a = cute.make_rmem_tensor(cute.make_layout((8, 1)), self.ab_type)
         frag_a.fill(0.0)  # rows 8-15 stay zero when the small side is at most 8
         frag_b = cute.make_rmem_tensor(cute.make_layout((4, cfg.tiles)), self.ab_type)
-        vals_b = cute.make_rmem_tensor(to_cute(self.b_staging_layout), self.ab_type)
-        vals_a = cute.make_rmem_tensor(to_cute(self.a_staging_layout), self.ab_type)
-        regs = (acc, frag_a, frag_b, vals_a, vals_b)
+        frags = (acc, frag_a, frag_b)
+        vals = self.staging()
+        lane_rows = (mA, mB, rows_a, rows_b, l, q, K)
 
         # ---- main loop: full stages, round-robin over warps; then the K tail, zero-filled
         mine = first_stage + warp_i
         if mine < full_end:
             count = (full_end - mine + cfg.warps - 1) // cfg.warps
-            for i in cutlass.range(count, unroll=1):
-                self.stage(mA, mB, rows_a, rows_b, l, r0, g, q, R, K, (mine + i * cfg.warps) * cfg.stage_k, regs,
-                           False)
+            if cutlass.const_expr(cfg.prefetch):
+                # registers double-buffered: stage i + 1's loads are issued before stage i's MMAs
+                ahead = self.staging()
+                self.load_stage(lane_rows, mine * cfg.stage_k, vals, False)
+                for i in cutlass.range(count - 1, unroll=1):
+                    self.load_stage(lane_rows, (mine + (i + 1) * cfg.warps) * cfg.stage_k, ahead, False)
+                    self.mma_stage(vals, frags)
+                    for x, y in zip(vals, ahead):
+                        x.store(y.load())
+                self.mma_stage(vals, frags)
+            else:
+                for i in cutlass.range(count, unroll=1):
+                    self.load_stage(lane_rows, (mine + i * cfg.warps) * cfg.stage_k, vals, False)
+                    self.mma_stage(vals, frags)
         if full_end < end_stage:
             if warp_i == (full_end - first_stage) % cfg.warps:
-                self.stage(mA, mB, rows_a, rows_b, l, r0, g, q, R, K, full_end * cfg.stage_k, regs, True)
+                self.load_stage(lane_rows, full_end * cfg.stage_k, vals, True)
+                self.mma_stage(vals, frags)
 
         # ---- partials: per-warp sums in shared memory, reduced in a fixed order
-        smem = cutlass.utils.SmemAllocator()
+        smem = SmemAllocator()
         sP = smem.allocate_tensor(cutlass.Float32, to_cute(self.partial_smem_layout), 16)
         brow = to_cute(self.b_row_layout)
         for t in cutlass.range_constexpr(cfg.tiles):
@@ -221,10 +236,27 @@ class GemvKernel:
             out.append(row)
         return out
 
+    def load_atom(self, operand: str, bits: int):
+        """The copy atom of one vector load: B streams through (not kept in L1, whose room A's
+        rows, re-read by every warp, keep: evict-last), with an L2 prefetch hint of
+        `cfg.l2_prefetch` bytes when `cfg.stream_b`."""
+        cfg = self.config
+        nv = cute.nvgpu
+        if operand == "b" and cfg.stream_b:
+            hint = {0: nv.L2PrefetchSize.NONE, 64: nv.L2PrefetchSize.SIZE_64B, 128: nv.L2PrefetchSize.SIZE_128B,
+                    256: nv.L2PrefetchSize.SIZE_256B}[cfg.l2_prefetch]
+            return cute.make_copy_atom(nv.CopyG2ROp(), self.ab_type, num_bits_per_copy=bits,
+                                       l1c_evict_priority=nv.CacheEvictionPriority.NO_ALLOCATE, l2_prefetch_size=hint)
+        if operand == "a":
+            return cute.make_copy_atom(nv.CopyG2ROp(), self.ab_type, num_bits_per_copy=bits,
+                                       l1c_evict_priority=nv.CacheEvictionPriority.EVICT_LAST)
+        return cute.make_copy_atom(nv.CopyUniversalOp(), self.ab_type, num_bits_per_copy=bits)
+
     @cute.jit
-    def load_vector(self, src: cute.Tensor, dst: cute.Tensor, bits: cutlass.Constexpr, inside, predicated: cutlass.Constexpr):
+    def load_vector(self, src: cute.Tensor, dst: cute.Tensor, operand: cutlass.Constexpr, bits: cutlass.Constexpr,
+                    inside, predicated: cutlass.Constexpr):
         """dst <- src (one vector of `bits`), or zeros where a predicated load falls outside."""
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.ab_type, num_bits_per_copy=bits)
+        atom = self.load_atom(operand, bits)
         if cutlass.const_expr(predicated):
             if inside:
                 cute.copy(atom, src, dst)
@@ -233,12 +265,19 @@ class GemvKernel:
         else:
             cute.copy(atom, src, dst)
 
+    def staging(self):
+        """Register tensors (A values, B values) one stage loads into (`a_staging_layout`,
+        `b_staging_layout`)."""
+        return (cute.make_rmem_tensor(to_cute(self.a_staging_layout), self.ab_type),
+                cute.make_rmem_tensor(to_cute(self.b_staging_layout), self.ab_type))
+
     @cute.jit
-    def stage(self, mA: cute.Tensor, mB: cute.Tensor, rows_a, rows_b, l, r0, g, q, R, K, k0, regs,
-              predicated: cutlass.Constexpr):
-        """One stage of `chunks` 32-wide K chunks starting at k0: load, then MMA."""
+    def load_stage(self, lane_rows, k0, vals, predicated: cutlass.Constexpr):
+        """Load the `chunks` 32-wide K chunks of one stage starting at k0 into `vals` (zeros past
+        K when `predicated`)."""
         cfg = self.config
-        acc, frag_a, frag_b, vals_a, vals_b = regs
+        mA, mB, rows_a, rows_b, l, q, K = lane_rows
+        vals_a, vals_b = vals
         p = cfg.k_run
         kslot = to_cute(self.k_slot_layout)
         for u in cutlass.range_constexpr(cfg.chunks):
@@ -248,21 +287,23 @@ class GemvKernel:
                 for i in cutlass.range_constexpr(SLOTS // p):
                     kv = (kc + cute.crd2idx((q, (0, i)), kslot)) // p
                     for t in cutlass.range_constexpr(cfg.tiles):
-                        self.load_vector(rows_b[t][None, kv], vals_b[(None, i), t, u], 16 * p, kv * p < K, predicated)
+                        self.load_vector(rows_b[t][None, kv], vals_b[(None, i), t, u], "b", 16 * p, kv * p < K,
+                                         predicated)
             else:
                 v = cfg.r_vec
                 for w in cutlass.range_constexpr(SLOTS):
                     k = kc + cute.crd2idx((q, w), kslot)
                     column = cute.zipped_divide(mB[None, cutlass.min(k, K - 1), l], (v,))
                     for run in cutlass.range_constexpr(cfg.tiles // v):
-                        self.load_vector(column[None, rows_b[run]], vals_b[w, (None, run), u], 16 * v, k < K,
+                        self.load_vector(column[None, rows_b[run]], vals_b[w, (None, run), u], "b", 16 * v, k < K,
                                          predicated)
             # ---- A: rows g and g + 8, K-vectors or single elements
             for h in cutlass.range_constexpr(2 if cfg.s16 else 1):
                 if cutlass.const_expr(cfg.small_major == "k"):
                     for i in cutlass.range_constexpr(SLOTS // p):
                         kv = (kc + cute.crd2idx((q, (0, i)), kslot)) // p
-                        self.load_vector(rows_a[h][None, kv], vals_a[(None, i), h, u], 16 * p, kv * p < K, predicated)
+                        self.load_vector(rows_a[h][None, kv], vals_a[(None, i), h, u], "a", 16 * p, kv * p < K,
+                                         predicated)
                 else:
                     for w in cutlass.range_constexpr(SLOTS):
                         k = kc + cute.crd2idx((q, w), kslot)
@@ -273,8 +314,15 @@ class GemvKernel:
                             vals_a[w, h, u] = x
                         else:
                             vals_a[w, h, u] = rows_a[h][k]
-        # ---- MMA: per chunk two k16 steps, one m16n8k16 per n8 tile. Fragment value v of A is
-        # (slot, row half) a_fragment_slots(v) of the step; value v of B is slot 4j + v.
+
+    @cute.jit
+    def mma_stage(self, vals, frags):
+        """acc += the stage's products: per chunk two k16 steps, one m16n8k16 per n8 tile. Value v
+        of A's fragment is (slot, row half) `a_fragment_slots`(v) of the step; value v of B's is
+        slot 4j + v of its tile."""
+        cfg = self.config
+        vals_a, vals_b = vals
+        acc, frag_a, frag_b = frags
         atom = cute.make_mma_atom(warp.MmaF16BF16Op(self.ab_type, cutlass.Float32, (16, 8, 16)))
         for u in cutlass.range_constexpr(cfg.chunks):
             for j in cutlass.range_constexpr(2):
@@ -350,34 +398,22 @@ class GemvKernel:
 # ---- compile-only builds (fake tensors with symbolic sizes) -------------------------------------
 
 def fake_operands(config: GemvConfig, role: str = "m", *, c_dtype: str | None = None, bias_dtype: str = "float32"):
-    """Fake caller-order (a (L, M, K), b (L, K, N), out, c_src, bias) for `config` and `role`:
-    the vector-read operands with their unit stride static and the alignment and stride
-    divisibility the vectors need; everything else with dynamic strides."""
+    """Fake caller-order (a (L, M, K), b (L, K, N), out, c_src, bias) for `config` and `role`: a
+    and b as `operand_contract` says (the unit stride static, base alignment and stride
+    divisibility of the vector), every other tensor with dynamic strides (element access)."""
     from cutlass.cute.runtime import make_fake_tensor
-
-    ab, outt = _DSL[config.dtype], _DSL[config.out_dtype]
-    es = 2
-
-    def dyn(div=1):
-        return cute.sym_int64(divisibility=div)
 
     def tensor(dtype, lead, vec, rank=3):
         shape = tuple(cute.sym_int32() for _ in range(rank))
-        stride = tuple(1 if i == lead else dyn(vec) for i in range(rank))
-        return make_fake_tensor(dtype, shape, stride, assumed_align=vec * (dtype.width // 8) if lead is not None else
-                                dtype.width // 8)
+        stride = tuple(1 if i == lead else cute.sym_int64(divisibility=vec) for i in range(rank))
+        return make_fake_tensor(dtype, shape, stride, assumed_align=vec * dtype.width // 8)
 
-    # kernel-order operand -> caller mode that is its K / its rows
-    big_lead = {"k": 2, "r": 1} if role == "n" else {"k": 1, "r": 2}  # a (L, M, K) is big in role n
-    small_lead = 2 if role == "m" else 1
-    big = tensor(ab, big_lead[config.big_major], config.k_run if config.big_major == "k" else config.r_vec)
-    small = tensor(ab, small_lead, config.k_run) if config.small_major == "k" else tensor(ab, None, 1)
-    a, b = (small, big) if role == "m" else (big, small)
-    out = tensor(outt, None, 1)
-    c_src = tensor(_DSL[c_dtype] if c_dtype else outt, None, 1)
-    bias = tensor(_DSL[bias_dtype], None, 1, rank=1)
-    del es
-    return a, b, out, c_src, bias
+    ab = _DSL[config.dtype]
+    contract = operand_contract(config, role)
+    a, b = (tensor(ab, *contract[x]) for x in ("a", "b"))
+    out = tensor(_DSL[config.out_dtype], None, 1)
+    c_src = tensor(_DSL[c_dtype or config.out_dtype], None, 1)
+    return a, b, out, c_src, tensor(_DSL[bias_dtype], None, 1, rank=1)
 
 
 def build_variant(role: str = "m", beta_c: bool = False, bias: str | None = None, activation: str | None = None,
@@ -389,6 +425,37 @@ def build_variant(role: str = "m", beta_c: bool = False, bias: str | None = None
     spec = EpilogueSpec(beta_c=beta_c, bias=bias, activation=activation).validate()
     args = (*fake_operands(cfg, role), cutlass.Float32(1.0), cutlass.Float32(0.0), fake_stream())
     return CompileJob(GemvKernel(cfg, spec, role), args, ("gemm.gemv", cfg, spec, role))
+
+
+# Compile-only variants (`cute-kernels sass gemm.gemv <name>`; tests/gemm/test_gemv_compile.py):
+# both majors of B, every vector width, the small side above and below 8, the strided A, the
+# fused epilogue, a cluster split and the swapped role.
+VARIANT_CONFIGS = {
+    "k16_s16": {},
+    "k16_s8_prefetch": {"s16": False, "prefetch": True},
+    "k8": {"k_run": 4},
+    "k4_chunks2": {"k_run": 2, "tiles": 4, "chunks": 2},
+    "k2_s8": {"k_run": 1, "s16": False},
+    "r16": {"big_major": "r", "r_vec": 8},
+    "r8_strided_a": {"big_major": "r", "r_vec": 4, "tiles": 4, "small_major": "s", "k_run": 8},
+    "r4": {"big_major": "r", "r_vec": 2, "tiles": 4, "s16": False},
+    "r2_strided_a": {"big_major": "r", "r_vec": 1, "tiles": 2, "small_major": "s", "k_run": 1},
+    "epilogue_fp32": {"beta_c": True, "bias": "n", "activation": "gelu_tanh", "out_dtype": "float32"},
+    "cluster4_swapped_fp16": {"cluster_k": 4, "role": "n", "out_major": "s", "bias": "m", "activation": "silu",
+                              "dtype": "float16", "out_dtype": "float16", "s16": False},
+}
+# the vector bits each variant's B loads must show (LDG.*.128 / .64 / 32-bit / .U16)
+VARIANT_B_BITS = {"k16_s16": 128, "k16_s8_prefetch": 128, "k8": 64, "k4_chunks2": 32, "k2_s8": 16, "r16": 128,
+                  "r8_strided_a": 64, "r4": 32, "r2_strided_a": 16, "epilogue_fp32": 128, "cluster4_swapped_fp16": 128}
+
+
+def _register() -> None:
+    from cute_kernels.runtime import register_variant
+
+    register_variant("gemm.gemv", build_variant, configs=VARIANT_CONFIGS, requires={"HMMA"})
+
+
+_register()
 
 
 # ---- the torch-facing side ---------------------------------------------------------------------
@@ -430,8 +497,9 @@ def _fit(t, lead: int | None, vec: int):
     for i in range(3):
         want_ok = stride[i] == 1 if i == lead else stride[i] % vec == 0
         if not want_ok:
-            if shape[i] != 1:
-                raise AssertionError("gemv: read plan and strides disagree")  # unreachable: plan checked
+            if shape[i] != 1:  # the read plan never picks such a vector; say so rather than misread
+                raise ValueError(f"gemv: stride {stride[i]} of mode {i} (extent {shape[i]}) is not a multiple of "
+                                 f"the {vec}-element vector the read plan chose")
             stride[i] = 1 if i == lead else 0
             changed = True
     return t.as_strided(shape, stride) if changed else t
@@ -463,55 +531,47 @@ class GemvRung:
     # ---- the checked path -----------------------------------------------------------------
 
     def read_plan(self, a, b, out):
-        """(role, config fields the problem fixes, caller-order leads, reason): how this problem
-        would run, or a reason it cannot (then the other entries are None)."""
+        """(role, config fields the problem fixes, reason): how this problem would run (the
+        `GemvConfig` fields of its read plan), or a reason it cannot (then the others are None)."""
         import torch
 
         if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
-            return None, None, None, f"inputs must both be bf16 or both fp16, got {a.dtype} and {b.dtype}"
+            return None, None, f"inputs must both be bf16 or both fp16, got {a.dtype} and {b.dtype}"
         if out.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-            return None, None, None, f"output dtype {out.dtype} not supported (bf16, fp16, fp32)"
+            return None, None, f"output dtype {out.dtype} not supported (bf16, fp16, fp32)"
         if a.dim() != 3 or b.dim() != 3 or out.dim() != 3:
-            return None, None, None, "expects 3-D (L, M, K) x (L, K, N) -> (L, M, N) views"
+            return None, None, "expects 3-D (L, M, K) x (L, K, N) -> (L, M, N) views"
         L, M, K = a.shape
         N = b.shape[2]
         role = choose_role(M, N)
         if role is None:
-            return None, None, None, f"M = {M} and N = {N}: neither side is at most {MAX_SMALL}"
+            return None, None, f"M = {M} and N = {N}: neither side is at most {MAX_SMALL}"
         if L > 65535:
-            return None, None, None, f"batch {L} exceeds the grid's z limit 65535"
+            return None, None, f"batch {L} exceeds the grid's z limit 65535"
         if max(M, N, K) >= 2**31 or max(M, N) * K >= 2**62:
-            return None, None, None, "a dimension exceeds 2**31 - 1 (32-bit coordinates)"
+            return None, None, "a dimension exceeds 2**31 - 1 (32-bit coordinates)"
         small, big = (a, b) if role == "m" else (b, a)
         es = a.element_size()
         sp = operand_plan(*_kernel_order(small, "a" if role == "m" else "b", role), small.data_ptr(), es, "small")
         bp = operand_plan(*_kernel_order(big, "b" if role == "m" else "a", role), big.data_ptr(), es, "big")
         if bp.reason is not None:
-            return None, None, None, f"{'b' if role == 'm' else 'a'} (the big operand): {bp.reason}"
+            return None, None, f"{'b' if role == 'm' else 'a'} (the big operand): {bp.reason}"
         k_vecs = [p.vector for p in (sp, bp) if p.major == "k"]
         k_run = min(k_vecs) if k_vecs else 8
         r_vec = bp.vector if bp.major == "r" else 1
-        # the caller mode of K and of the rows for each kernel operand
-        lead_small = (2 if role == "m" else 1) if sp.major == "k" else None
-        if role == "m":
-            lead_big = 1 if bp.major == "k" else 2
-        else:
-            lead_big = 2 if bp.major == "k" else 1
-        big_vec = k_run if bp.major == "k" else r_vec
         c_shape, c_stride = (out.shape[1], out.shape[2]), (out.stride(1), out.stride(2))
         if role == "n":
             c_shape, c_stride = c_shape[::-1], c_stride[::-1]
         # stores walk the small side only where it, and not the rows, has unit stride
         out_major = "s" if c_stride[0] == 1 and c_shape[0] > 1 and c_stride[1] != 1 else "r"
         fields = dict(big_major=bp.major, small_major=sp.major, out_major=out_major, k_run=k_run, r_vec=r_vec,
-                      dtype=_dtype_name(a.dtype), out_dtype=_dtype_name(out.dtype))
-        leads = ((lead_small, k_run), (lead_big, big_vec)) if role == "m" else ((lead_big, big_vec), (lead_small, k_run))
-        return role, fields, leads, None
+                      dtype=_dtype_name(a.dtype), out_dtype=_dtype_name(out.dtype), s16=(M if role == "m" else N) > 8)
+        return role, fields, None
 
     def supports(self, a, b, out) -> str | None:
         from cute_kernels.runtime import tvm_ffi_available
 
-        why = self.read_plan(a, b, out)[3]
+        why = self.read_plan(a, b, out)[2]
         if why is not None:
             return why
         if not tvm_ffi_available():
@@ -520,13 +580,14 @@ class GemvRung:
 
     def config_for(self, a, b, out) -> GemvConfig:
         """The heuristic's config for this problem (`pick_config` on its read plan)."""
-        role, fields, _, why = self.read_plan(a, b, out)
+        role, fields, why = self.read_plan(a, b, out)
         if why is not None:
             raise ValueError(f"{self.name}: {why}")
         L, M, K = a.shape
         N = b.shape[2]
         s, r = (M, N) if role == "m" else (N, M)
         sms = _sm_count(out.device) if out.is_cuda else 132
+        fields = {f: v for f, v in fields.items() if f != "s16"}
         return pick_config(s, r, K, L, sms=sms, **fields)
 
     def compiled(self, config: GemvConfig, spec: EpilogueSpec, role: str, c_dtype, bias_dtype):
@@ -559,7 +620,7 @@ class GemvRung:
             if plan is not None:
                 plan(a, b, out, c, bias, alpha, beta)
                 return out
-        role, fields, leads, why = self.read_plan(a, b, out)
+        role, fields, why = self.read_plan(a, b, out)
         if why is None:
             why = self.supports(a, b, out)
         if why is not None:
@@ -577,20 +638,16 @@ class GemvRung:
         if config is None:
             config = self.config_for(a, b, out)
         else:
-            config = config.validate()
-            s = M if role == "m" else N
-            wanted = dict(fields, s16=s > 8)
-            wrong = {f: getattr(config, f) for f in wanted if getattr(config, f) != wanted[f]}
-            if wrong:
-                raise ValueError(f"{self.name}: config fields {wrong} do not fit this problem (needs "
-                                 f"{ {f: wanted[f] for f in wrong} })")
+            why = config_fits(config.validate(), fields)
+            if why is not None:
+                raise ValueError(f"{self.name}: the config given does not fit this problem: {why}")
         kspec = spec if role == "m" else _skinny.swapped_spec(spec)
-        fixes = leads
+        contract = operand_contract(config, role)
         c_t = c if spec.beta_c else None
         dummy = _r._dummy_bias(out.device)
         fn = self.compiled(config, kspec, role, (c_t if c_t is not None else out).dtype,
                            (bias if bias is not None else dummy).dtype)
-        launch = _launcher(fn, fixes, c_t is not None, bias is not None, dummy)
+        launch = _launcher(fn, (contract["a"], contract["b"]), c_t is not None, bias is not None, dummy)
         launch(a, b, out, c, bias, alpha, beta)
         if sig is not None:
             from cute_kernels.runtime.plan_cache import plain_tensors

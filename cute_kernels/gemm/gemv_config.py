@@ -52,7 +52,10 @@ __all__ = [
     "a_staging_layout",
     "partial_smem_layout",
     "output_coord",
+    "operand_contract",
+    "config_fits",
     "pick_config",
+    "streams_whole_sectors",
     "operand_plan",
     "OperandPlan",
     "choose_role",
@@ -159,6 +162,10 @@ class GemvConfig:
     k_run: contiguous k per slot run (the K-major operands' vector width, elements).
     r_vec: rows per load of an R-major B (1 for K-major B).
     s16: the small side exceeds 8 (rows 8-15 of the MMA's A carry data).
+    prefetch: double-buffer the staging registers, so a warp issues stage i + 1's loads before
+        stage i's MMAs (twice the bytes in flight per warp, more registers).
+    stream_b: B's loads bypass L1 (L1::no_allocate), with an L2 prefetch hint of `l2_prefetch`
+        bytes (0, 64, 128, 256); False: plain cached loads.
     dtype / out_dtype: "bfloat16" | "float16" inputs; bf16 / fp16 / fp32 output.
     """
 
@@ -172,6 +179,9 @@ class GemvConfig:
     k_run: int = 8
     r_vec: int = 1
     s16: bool = True
+    prefetch: bool = False
+    stream_b: bool = True
+    l2_prefetch: int = 0
     dtype: str = "bfloat16"
     out_dtype: str = "bfloat16"
 
@@ -203,7 +213,8 @@ class GemvConfig:
         """Raise ValueError naming the first broken rule; return self."""
         name = type(self).__name__
         for f, allowed in (("tiles", (1, 2, 4, 8, 16)), ("chunks", (1, 2, 4)), ("warps", (1, 2, 4, 8, 16)),
-                           ("cluster_k", (1, 2, 4, 8)), ("k_run", (1, 2, 4, 8)), ("r_vec", (1, 2, 4, 8))):
+                           ("cluster_k", (1, 2, 4, 8)), ("k_run", (1, 2, 4, 8)), ("r_vec", (1, 2, 4, 8)),
+                           ("l2_prefetch", (0, 64, 128, 256))):
             v = getattr(self, f)
             if isinstance(v, bool) or v not in allowed:
                 raise ValueError(f"{name}.{f} must be one of {allowed}, got {v!r}")
@@ -211,8 +222,9 @@ class GemvConfig:
                            ("dtype", _DTYPES), ("out_dtype", _OUT_DTYPES)):
             if getattr(self, f) not in allowed:
                 raise ValueError(f"{name}.{f} must be one of {allowed}, got {getattr(self, f)!r}")
-        if not isinstance(self.s16, bool):
-            raise ValueError(f"{name}.s16 must be a bool, got {self.s16!r}")
+        for f in ("s16", "stream_b", "prefetch"):
+            if not isinstance(getattr(self, f), bool):
+                raise ValueError(f"{name}.{f} must be a bool, got {getattr(self, f)!r}")
         if self.big_major == "k" and self.r_vec != 1:
             raise ValueError(f"{name}: r_vec {self.r_vec} needs big_major 'r' (a K-major B loads along K)")
         if self.tiles % self.r_vec:
@@ -228,7 +240,23 @@ class GemvConfig:
     def tag(self) -> str:
         """A short name for tables and variant keys."""
         return (f"t{self.tiles}c{self.chunks}w{self.warps}k{self.cluster_k}_{self.big_major}{self.small_major}"
-                f"{self.out_major}_run{self.k_run}v{self.r_vec}{'_s16' if self.s16 else '_s8'}")
+                f"{self.out_major}_run{self.k_run}v{self.r_vec}{'_s16' if self.s16 else '_s8'}"
+                f"{'_pre' if self.prefetch else ''}{'' if self.stream_b else '_l1'}"
+                f"{f'_pf{self.l2_prefetch}' if self.l2_prefetch else ''}")
+
+
+def operand_contract(config: GemvConfig, role: str) -> dict:
+    """What a build assumes of the caller's a (L, M, K) and b (L, K, N): per tensor (unit-stride
+    mode, vector elements), the unit-stride mode None for an operand read element by element
+    (any strides). The vector read operand's base is vector-aligned, every other stride and its
+    contiguous extent are multiples of the vector (a vector never straddles a mode's end).
+    role "m": a is the small operand, b the big one; "n" the other way round."""
+    small = (2 if role == "m" else 1, config.k_run) if config.small_major == "k" else (None, 1)
+    if config.big_major == "k":
+        big = (1 if role == "m" else 2, config.k_run)
+    else:
+        big = (2 if role == "m" else 1, config.r_vec)
+    return {"a": small, "b": big} if role == "m" else {"a": big, "b": small}
 
 
 # ---- host-side choices (plain ints: testable without a GPU) ------------------------------------
@@ -285,6 +313,25 @@ def operand_plan(shape, stride, data_ptr: int, elem_bytes: int, role: str) -> Op
     return OperandPlan("k" if i == 1 else "r", v)
 
 
+def config_fits(config: GemvConfig, fields: dict) -> str | None:
+    """Why `config` cannot run a problem whose read plan is `fields` (GemvConfig fields: majors,
+    widest vectors, dtypes, s16), or None. A config may read narrower than the plan allows
+    (a k_run or r_vec dividing the plan's, element loads of a K-major A, 16 MMA rows for a small
+    side of at most 8) and store along either mode; everything else must match."""
+    problems = []
+    for f in ("big_major", "dtype", "out_dtype"):
+        if getattr(config, f) != fields[f]:
+            problems.append(f"{f} {getattr(config, f)!r} (the problem needs {fields[f]!r})")
+    if config.small_major == "k" and fields["small_major"] != "k":
+        problems.append("small_major 'k' (the small operand has no unit stride along K: 's')")
+    for f in ("k_run", "r_vec"):
+        if fields[f] % getattr(config, f):
+            problems.append(f"{f} {getattr(config, f)} (must divide the widest vector the operands allow, {fields[f]})")
+    if fields["s16"] and not config.s16:
+        problems.append("s16 False (the small side exceeds 8)")
+    return "; ".join(problems) or None
+
+
 # ---- the heuristic -----------------------------------------------------------------------------
 
 SMS = 132  # H100 SXM / H200
@@ -296,31 +343,46 @@ def pick_config(s: int, r: int, k: int, l: int = 1, *, big_major: str = "k", sma
                 out_dtype: str = "bfloat16", sms: int = SMS) -> GemvConfig:
     """The config for an (S, R, K, L) problem with these read plans.
 
-    Each warp streams 8 * tiles rows by 32 * chunks k per stage (4 KB of bf16 in flight: tiles
-    x chunks = 8); the heuristic then splits K across warps and cluster CTAs until about
-    `_WARPS_PER_SM` warps per SM exist, keeping at least two stages per warp.
+    A warp streams 8 * tiles rows by 32 * chunks k per stage (4 KB of bf16 at 8 x 1). The
+    heuristic then
+    - shrinks the tiles while a CTA would hold mostly clamped rows (R < 8 * tiles), and while
+      the row blocks cannot fill `sms` SMs even with K split (short K);
+    - lets B bypass L1 where its loads read whole sectors (`streams_whole_sectors`);
+    - splits K into about `_WARPS_PER_SM` warps per SM (two stages per warp where K allows):
+      first over `cluster_k` CTAs (up to 8) while the row blocks leave SMs idle, then over
+      `warps` warps of a CTA (up to 8).
     Post-condition: the result validates.
     """
-    if big_major == "r":
-        tiles = 8 if r_vec == 8 else max(4, r_vec)
-        chunks = 8 // tiles if tiles < 8 else 1
-    else:
-        tiles, chunks = 8, 1
-    rows = 8 * tiles
-    # A single row block and a tiny R: fewer tiles, so CTAs are not mostly clamped rows.
-    while tiles > max(1, r_vec) and rows // 2 >= r:
+    min_tiles = max(1, r_vec)
+    tiles = 8
+    chunks = 1
+    while tiles > min_tiles and 4 * tiles >= r:  # 8 * tiles / 2 rows would still cover R
         tiles //= 2
-        rows //= 2
-    stages = -(-k // (CHUNK_K * chunks))
-    blocks = -(-r // rows) * max(1, l)
-    want = sms * _WARPS_PER_SM
-    per_block = max(1, min(want // blocks, stages // 2 if stages >= 2 else 1))
-    warps = 1
-    while warps * 2 <= min(per_block, 8):
-        warps *= 2
+    stages = -(-k // CHUNK_K)
+    cap = sms * _WARPS_PER_SM
+    while True:
+        blocks = -(-r // (8 * tiles)) * max(1, l)
+        split = max(1, min(cap // blocks, stages // 2 if stages >= 2 else 1, 64))
+        if blocks * min(split, 8) >= sms or tiles == min_tiles:
+            break
+        tiles //= 2
+    # cluster CTAs first while the row blocks alone leave SMs idle, then warps within a CTA
     cluster = 1
-    while cluster * 2 <= 8 and warps * cluster * 2 <= per_block:
+    while cluster * 2 <= min(split, 8) and blocks * cluster < sms:
         cluster *= 2
+    warps = 1
+    while warps * 2 <= min(split // cluster, 8):
+        warps *= 2
     return GemvConfig(tiles=tiles, chunks=chunks, warps=warps, cluster_k=cluster, big_major=big_major,
                       small_major=small_major, out_major=out_major, k_run=k_run, r_vec=r_vec, s16=s > 8,
-                      dtype=dtype, out_dtype=out_dtype).validate()
+                      stream_b=streams_whole_sectors(big_major, k_run, r_vec), dtype=dtype,
+                      out_dtype=out_dtype).validate()
+
+
+def streams_whole_sectors(big_major: str, k_run: int, r_vec: int) -> bool:
+    """Whether one load instruction of B reads whole 32-byte sectors of each row it touches (4
+    lanes x k_run elements along K, or 8 lanes x r_vec along R), so B may bypass L1. Narrower
+    vectors read a sector over several instructions, which L1 must then hold."""
+    if big_major == "k":
+        return 4 * k_run * 2 >= 32
+    return 8 * r_vec * 2 >= 32
