@@ -70,15 +70,6 @@ def _views(role: str, a, b, out, c_src):
     return sel(b, [2, 1, 0]), sel(a, [1, 2, 0]), sel(out, [2, 1, 0]), sel(c_src, [2, 1, 0])
 
 
-def _assume_divisible(t, lead: int, by: int):
-    """`t` (rows, K, L) with every stride but mode `lead`'s declared a multiple of `by` elements
-    (the host checked it), so vectors of `by` elements are provably aligned."""
-    if by == 1:
-        return t
-    stride = tuple(s if i == lead or isinstance(s, int) else cute.assume(s, divby=by) for i, s in enumerate(t.stride))
-    return cute.make_tensor(t.iterator, cute.make_layout(t.shape, stride=stride))
-
-
 _DSMEM = 7  # NVPTX address space of shared::cluster
 
 
@@ -120,13 +111,9 @@ class GemvKernel:
     def __call__(self, a: cute.Tensor, b: cute.Tensor, out: cute.Tensor, c_src: cute.Tensor, bias: cute.Tensor,
                  alpha: cutlass.Float32, beta: cutlass.Float32, stream):
         cfg = self.config
+        # the vector-read operands' strides and bases carry the contract's divisibility
+        # (`fake_operands`), so every vector load is provably aligned
         mA, mB, mC, mCs = _views(self.role, a, b, out, c_src)
-        if cutlass.const_expr(cfg.small_major == "k"):
-            mA = _assume_divisible(mA, 1, cfg.k_run)
-        if cutlass.const_expr(cfg.big_major == "k"):
-            mB = _assume_divisible(mB, 1, cfg.k_run)
-        else:
-            mB = _assume_divisible(mB, 0, cfg.r_vec)
         blocks = cute.ceil_div(mB.shape[0], cfg.rows)
         grid = [blocks * cfg.cluster_k, 1, mC.shape[2]]
         if cutlass.const_expr(cfg.cluster_k > 1):
@@ -434,12 +421,12 @@ VARIANT_CONFIGS = {
     "k16_s16": {},
     "k16_s8_prefetch": {"s16": False, "prefetch": True},
     "k8": {"k_run": 4},
-    "k4_chunks2": {"k_run": 2, "tiles": 4, "chunks": 2},
-    "k2_s8": {"k_run": 1, "s16": False},
+    "k4_chunks2": {"k_run": 2, "tiles": 4, "chunks": 2, "stream_b": False},
+    "k2_s8": {"k_run": 1, "tiles": 4, "s16": False, "stream_b": False},
     "r16": {"big_major": "r", "r_vec": 8},
     "r8_strided_a": {"big_major": "r", "r_vec": 4, "tiles": 4, "small_major": "s", "k_run": 8},
     "r4": {"big_major": "r", "r_vec": 2, "tiles": 4, "s16": False},
-    "r2_strided_a": {"big_major": "r", "r_vec": 1, "tiles": 2, "small_major": "s", "k_run": 1},
+    "r2_strided_a": {"big_major": "r", "r_vec": 1, "tiles": 2, "small_major": "s", "k_run": 1, "stream_b": False},
     "epilogue_fp32": {"beta_c": True, "bias": "n", "activation": "gelu_tanh", "out_dtype": "float32"},
     "cluster4_swapped_fp16": {"cluster_k": 4, "role": "n", "out_major": "s", "bias": "m", "activation": "silu",
                               "dtype": "float16", "out_dtype": "float16", "s16": False},
@@ -647,7 +634,7 @@ class GemvRung:
         dummy = _r._dummy_bias(out.device)
         fn = self.compiled(config, kspec, role, (c_t if c_t is not None else out).dtype,
                            (bias if bias is not None else dummy).dtype)
-        launch = _launcher(fn, (contract["a"], contract["b"]), c_t is not None, bias is not None, dummy)
+        launch = _launcher(fn, contract, a, b, out, c_t, bias, dummy)
         launch(a, b, out, c, bias, alpha, beta)
         if sig is not None:
             from cute_kernels.runtime.plan_cache import plain_tensors
@@ -671,19 +658,34 @@ class GemvRung:
             return None
 
 
-def _launcher(fn, leads, use_c: bool, use_bias: bool, dummy):
-    """launch(a, b, out, c, bias, alpha, beta): the compiled call on the caller's tensors (views
-    only where `_fit` must change an extent-1 stride; detached where they require grad, which
-    DLPack refuses). `leads`: ((lead, vec) of a, (lead, vec) of b)."""
-    (lead_a, vec_a), (lead_b, vec_b) = leads
+def _launcher(fn, contract: dict, a, b, out, c, bias, dummy):
+    """launch(a, b, out, c, bias, alpha, beta): the compiled call on the caller's tensors, for
+    every call with the signature of this one (a, b, out, c or None when beta is 0, bias or
+    None). What depends only on the signature is decided here once: which operands need a
+    view with fixed extent-1 strides (`_fit`), which require grad (DLPack refuses those: their
+    detached alias is passed), and the stand-ins for an absent C or bias."""
+    fits = []
+    for t, (lead, vec) in ((a, contract["a"]), (b, contract["b"])):
+        fitted = _fit(t, lead, vec)
+        fits.append(None if fitted is t else fitted.stride())
+    fit_a, fit_b = fits
+    da, db, dout = a.requires_grad, b.requires_grad, out.requires_grad
+    use_c, use_bias = c is not None, bias is not None
+    dc, dbias = use_c and c.requires_grad, use_bias and bias.requires_grad
 
     def launch(a, b, out, c, bias, alpha, beta):
-        a = _fit(a.detach() if a.requires_grad else a, lead_a, vec_a)
-        b = _fit(b.detach() if b.requires_grad else b, lead_b, vec_b)
-        if out.requires_grad:
+        if da:
+            a = a.detach()
+        if db:
+            b = b.detach()
+        if dout:
             out = out.detach()
-        cs = (c.detach() if c.requires_grad else c) if use_c else out
-        bs = (bias.detach() if bias.requires_grad else bias) if use_bias else dummy
+        if fit_a is not None:
+            a = a.as_strided(a.shape, fit_a)
+        if fit_b is not None:
+            b = b.as_strided(b.shape, fit_b)
+        cs = (c.detach() if dc else c) if use_c else out
+        bs = (bias.detach() if dbias else bias) if use_bias else dummy
         fn(a, b, out, cs, bs, float(alpha), float(beta))
 
     return launch

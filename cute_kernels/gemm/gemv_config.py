@@ -345,6 +345,7 @@ def pick_config(s: int, r: int, k: int, l: int = 1, *, big_major: str = "k", sma
 
     A warp streams 8 * tiles rows by 32 * chunks k per stage (4 KB of bf16 at 8 x 1). The
     heuristic then
+    - uses 4 tiles for a K-major B read in 2- or 4-byte vectors (the registers of 8);
     - shrinks the tiles while a CTA would hold mostly clamped rows (R < 8 * tiles), and while
       the row blocks cannot fill `sms` SMs even with K split (short K);
     - lets B bypass L1 where its loads read whole sectors (`streams_whole_sectors`);
@@ -354,7 +355,9 @@ def pick_config(s: int, r: int, k: int, l: int = 1, *, big_major: str = "k", sma
     Post-condition: the result validates.
     """
     min_tiles = max(1, r_vec)
-    tiles = 8
+    # element-wide K vectors land one per register before they are paired: half the tiles keep
+    # a stage's registers (and the warps per SM) where 16-byte loads have them
+    tiles = 4 if big_major == "k" and k_run <= 2 else 8
     chunks = 1
     while tiles > min_tiles and 4 * tiles >= r:  # 8 * tiles / 2 rows would still cover R
         tiles //= 2

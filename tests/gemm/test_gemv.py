@@ -315,3 +315,27 @@ def test_narrow_vectors_keep_b_in_l1():
     assert [streams_whole_sectors("k", p, 1) for p in (1, 2, 4, 8)] == [False, False, True, True]
     assert [streams_whole_sectors("r", 8, v) for v in (1, 2, 4, 8)] == [False, True, True, True]
     assert not pick_config(4, 4096, 4097, k_run=1).stream_b and pick_config(4, 4096, 4096).stream_b
+
+
+def test_warm_call_replays_the_checked_launch(cpu_rung, monkeypatch):
+    """A second call of a signature skips the checks (no new build asked for) and hands the
+    build the same kind of arguments, here with an extent-1 batch stride the plan must fix."""
+    from cute_kernels.runtime import plan_cache
+
+    monkeypatch.setattr(plan_cache, "PLAN_DEVICES", frozenset({"cuda", "cpu"}))
+    storage = torch.randn(4099 + 8 * 1024).bfloat16()
+    a = storage.as_strided((1, 8, 1024), (4099, 1024, 1))  # L = 1 with a batch stride no vector divides
+    b = torch.randn(1, 512, 1024).bfloat16().transpose(1, 2)
+    out = torch.empty(1, 8, 512, dtype=torch.bfloat16)
+    bias = torch.randn(512, requires_grad=True)
+    cpu_rung(a, b, out, bias=bias, alpha=0.5)
+    first = cpu_rung.made[-1].launched
+    assert len(cpu_rung._plans) == 1 and first[0].stride() == (0, 1024, 1) and not first[4].requires_grad
+    n_builds = len(cpu_rung.made)
+    storage2 = torch.randn(4099 + 8 * 1024).bfloat16()
+    a2 = storage2.as_strided((1, 8, 1024), (4099, 1024, 1))
+    cpu_rung(a2, b, out, bias=bias, alpha=2.0)
+    again = cpu_rung.made[-1].launched
+    assert len(cpu_rung.made) == n_builds  # the plan: no checks, no build lookup
+    assert again[0].data_ptr() == a2.data_ptr() and again[0].stride() == (0, 1024, 1)
+    assert again[5] == 2.0 and again[4].data_ptr() == bias.data_ptr()
