@@ -45,16 +45,17 @@ def copy_bandwidth(timer) -> float:
 
 
 def sweep_configs(base):
-    """The heuristic's config and a grid around it (tiles, warps, cluster split, prefetch), keeping
-    its read plan: one grid for every shape, so the builds are shared."""
+    """The heuristic's config and a grid around it (tiles x chunks, warps, cluster split, prefetch),
+    keeping its read plan: one grid for every shape, so the builds are shared."""
     out = [base]
-    tiles = (8, 16) if base.r_vec == 8 else (4, 8)
-    for t in tiles:
+    shapes = ((8, 1), (16, 1)) if base.r_vec == 8 else ((8, 1), (4, 2))
+    for t, chunks in shapes:
         for warps in (4, 8):
             for cluster in (1, 2, 4):
                 for prefetch in (False, True):
                     try:
-                        c = base.with_(tiles=t, warps=warps, cluster_k=cluster, prefetch=prefetch).validate()
+                        c = base.with_(tiles=t, chunks=chunks, warps=warps, cluster_k=cluster,
+                                       prefetch=prefetch).validate()
                     except ValueError:
                         continue
                     if c not in out:

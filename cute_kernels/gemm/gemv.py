@@ -530,6 +530,9 @@ class GemvRung:
             return None, None, "expects 3-D (L, M, K) x (L, K, N) -> (L, M, N) views"
         L, M, K = a.shape
         N = b.shape[2]
+        if tuple(b.shape[:2]) != (L, K) or tuple(out.shape) != (L, M, N):
+            return None, None, (f"shapes do not compose: a {tuple(a.shape)}, b {tuple(b.shape)}, out "
+                                f"{tuple(out.shape)} (expected (L, M, K), (L, K, N), (L, M, N))")
         role = choose_role(M, N)
         if role is None:
             return None, None, f"M = {M} and N = {N}: neither side is at most {MAX_SMALL}"

@@ -295,11 +295,10 @@ def operand_plan(shape, stride, data_ptr: int, elem_bytes: int, role: str) -> Op
     mode with the wider vector. The small one is read along K with vectors when K has unit
     stride, else element by element with any strides ("s"). A mode of extent 1 counts as unit
     stride (the caller views it so)."""
-    rows, k = shape[0], shape[1]
     units = [i for i in (1, 0) if stride[i] == 1 or shape[i] == 1]
     if role == "small":
         if 1 in units:
-            return OperandPlan("k", pick_vector(k, _others(shape, stride, 1), data_ptr, elem_bytes, 8))
+            return OperandPlan("k", pick_vector(shape[1], _others(shape, stride, 1), data_ptr, elem_bytes, 8))
         return OperandPlan("s", 1)
     if not units:
         return OperandPlan(None, 0, f"strides {tuple(stride)} for shape {tuple(shape)}: neither K nor the rows "

@@ -117,6 +117,9 @@ def test_supports_declines_mixed_dtypes_and_ranks():
     a, b, out = _views(8, 64, 64)
     assert "bf16 or both fp16" in _rung().supports(a, b.half(), out)
     assert "3-D" in _rung().supports(a[0], b[0], out[0])
+    assert "do not compose" in _rung().supports(a, b[:, :32], out)
+    assert "do not compose" in _rung().supports(a, b, out[:, :4])
+    assert "do not compose" in _rung().supports(a.expand(2, 8, 64), b, out)
 
 
 def test_big_operand_without_unit_stride_names_the_operand():

@@ -74,13 +74,14 @@ def test_bias_dtypes_and_c_broadcast_major():
     run(2, 5, 333, 96, alpha=-1.5, beta=2.0, bias_dim="n", bias_dtype=torch.bfloat16, c_unit="rows")
 
 
-@pytest.mark.parametrize("fields", [
-    dict(warps=1), dict(warps=2), dict(warps=8), dict(cluster_k=2), dict(cluster_k=8, warps=2),
-    dict(chunks=2, tiles=4), dict(chunks=4, tiles=2), dict(prefetch=True), dict(prefetch=True, cluster_k=4),
-    dict(stream_b=False), dict(l2_prefetch=256), dict(tiles=16), dict(tiles=1, warps=4),
-])
-@pytest.mark.parametrize("m, n, k", [(16, 520, 4100), (3, 1000, 999)])
-def test_config_knobs(fields, m, n, k):
+KNOBS = [dict(warps=1), dict(warps=2), dict(warps=8), dict(cluster_k=2), dict(cluster_k=8, warps=2),
+         dict(chunks=2, tiles=4), dict(chunks=4, tiles=2), dict(prefetch=True), dict(prefetch=True, cluster_k=4),
+         dict(stream_b=False), dict(l2_prefetch=256), dict(tiles=16), dict(tiles=1, warps=4)]
+
+
+@pytest.mark.parametrize("m, n, k, fields", [(16, 520, 4100, f) for f in KNOBS] + [
+    (3, 1000, 999, f) for f in (dict(warps=1), dict(cluster_k=8, warps=2), dict(prefetch=True), dict(chunks=2))])
+def test_config_knobs(m, n, k, fields):
     r = rung()
     a, b = operands(1, m, n, k)
     out = poisoned_out(1, m, n, torch.bfloat16)
