@@ -18,14 +18,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import torch
 
+# run from a checkout: its cute_kernels, not another installed copy
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 DECODE = [(n, k) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096), (1024, 4096),
                               (2048, 2048), (8192, 2048), (2048, 8192), (768, 768), (3072, 768), (768, 3072),
                               (8192, 8192), (32768, 1024), (1024, 32768))]
-TARGETS = [(m, n, k) for m in (1, 2, 4, 8, 16) for n, k in DECODE]
+# N <= 16 over many rows (the roles swap): an MoE router, a classifier head
+SWAPPED = [(8192, 8, 4096), (32768, 16, 2048), (16384, 2, 768)]
+TARGETS = [(m, n, k) for m in (1, 2, 4, 8, 16) for n, k in DECODE] + SWAPPED
 
 
 def parse_shapes(text: str):
@@ -74,7 +80,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rep-ms", type=float, default=50.0, help="timed milliseconds per measurement")
     args = ap.parse_args(argv)
     if args.sweep and args.shapes is TARGETS:
-        args.shapes = [(m, n, k) for m in (1, 16) for n, k in DECODE]
+        args.shapes = [(m, n, k) for m in (1, 16) for n, k in DECODE] + SWAPPED
 
     from cute_kernels.bench.timing import interleaved, make_gpu_timer
     from cute_kernels.gemm.gemv import RUNG

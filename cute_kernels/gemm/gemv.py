@@ -599,8 +599,9 @@ class GemvRung:
         """out = act(alpha * a @ b + beta * c + bias) for (L, M, K) x (L, K, N) -> (L, M, N) views
         with M <= 16 or N <= 16. c (L, M, N) is read only when beta != 0; bias is (N,) for
         bias_dim "n" (per output column, nn.Linear's) or (M,) for "m"; activation None, "relu",
-        "gelu_tanh" or "silu". config: a GemvConfig to run instead of the heuristic's (its
-        read-plan fields must match the problem's: `config_for` gives them). Returns out."""
+        "gelu_tanh" or "silu". config: a GemvConfig to run instead of the heuristic's; it must fit
+        the problem's read plan (`gemv_config.config_fits`: same majors of B and dtypes, vectors
+        no wider than the operands allow; `config_for` gives the heuristic's). Returns out."""
         sig = self._signature(a, b, out, alpha, beta, c, bias, bias_dim, activation, config)
         if sig is not None:
             try:
