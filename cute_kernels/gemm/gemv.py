@@ -464,7 +464,7 @@ def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _kernel_order(t, role_of_t: str, role: str):
+def _kernel_order(t, role_of_t: str):
     """(shape, stride) of a caller tensor in kernel order (rows, K, L): a (L, M, K) -> (M, K, L),
     b (L, K, N) -> (N, K, L)."""
     if role_of_t == "a":
@@ -538,12 +538,12 @@ class GemvRung:
             return None, None, f"M = {M} and N = {N}: neither side is at most {MAX_SMALL}"
         if L > 65535:
             return None, None, f"batch {L} exceeds the grid's z limit 65535"
-        if max(M, N, K) >= 2**31 or max(M, N) * K >= 2**62:
+        if max(M, N, K) >= 2**31:
             return None, None, "a dimension exceeds 2**31 - 1 (32-bit coordinates)"
         small, big = (a, b) if role == "m" else (b, a)
         es = a.element_size()
-        sp = operand_plan(*_kernel_order(small, "a" if role == "m" else "b", role), small.data_ptr(), es, "small")
-        bp = operand_plan(*_kernel_order(big, "b" if role == "m" else "a", role), big.data_ptr(), es, "big")
+        sp = operand_plan(*_kernel_order(small, "a" if role == "m" else "b"), small.data_ptr(), es, "small")
+        bp = operand_plan(*_kernel_order(big, "b" if role == "m" else "a"), big.data_ptr(), es, "big")
         if bp.reason is not None:
             return None, None, f"{'b' if role == 'm' else 'a'} (the big operand): {bp.reason}"
         k_vecs = [p.vector for p in (sp, bp) if p.major == "k"]
