@@ -1,7 +1,7 @@
 """Fused-epilogue GEMMs on the Hopper rungs: what `cute_kernels.ops.linear` / `scaled_mm` call.
 
     matmul_epilogue(a, b, *, bias=None, bias_dim="n", activation=None, alpha=1.0, beta=0.0,
-                    c=None, out_dtype=None, kernel="sm90_persistent", config=None)
+                    c=None, out_dtype=None, kernel="auto", config=None)
         = activation(alpha * (a @ b) + beta * c + bias)
 
     scaled_mm(a, b, scale_a, scale_b, *, bias=None, activation=None, out_dtype=torch.bfloat16, ...)
@@ -10,8 +10,9 @@
 Shapes follow torch.matmul for 2-D and batched 3-D operands (a 2-D operand or a batch of 1
 broadcasts). bias is 1-D: one value per output column (`bias_dim="n"`, nn.Linear's
 (out_features,)) or per row (`"m"`). On an sm_90 GPU the sm90_persistent / sm90_warp_specialized
-kernels apply every term in registers before the single store (`hopper.epilogue`); every
-argument is checked, with an error naming it, before anything launches.
+kernels (or, with kernel="auto" and a side of at most 16, the memory-bound gemv rung) apply
+every term in registers before the single store (`hopper.epilogue`); every argument is checked,
+with an error naming it, before anything launches.
 """
 
 from __future__ import annotations
@@ -25,22 +26,28 @@ from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_sig
 
 __all__ = ["matmul_epilogue", "scaled_mm", "fusing_kernel", "ACTIVATIONS", "FUSING_KERNELS"]
 
-FUSING_KERNELS = ("sm90_persistent", "sm90_warp_specialized", "sm90_tma_wgmma")
+FUSING_KERNELS = ("sm90_persistent", "sm90_warp_specialized", "sm90_tma_wgmma", "gemv")
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 _rungs: dict = {}
 
 
-def _rung(kernel: str):
-    """The rung object for `kernel` (imported once per process)."""
+def _rung(kernel: str, a3=None, b3=None, out3=None):
+    """The rung object for `kernel`; for "auto", the specialist that serves this problem's
+    shape (the gemv rung when a side is at most 16) if it takes it, else the top fusing rung."""
+    if kernel == "auto":
+        special = _rung("gemv")
+        if a3 is not None and special.supports(a3, b3, out3) is None:
+            return special
+        kernel = FUSING_KERNELS[0]
     rung = _rungs.get(kernel)
     if rung is None:
         if kernel not in FUSING_KERNELS:
-            raise ValueError(f"kernel must be one of {FUSING_KERNELS}, got {kernel!r}")
-        import importlib
+            raise ValueError(f"kernel must be 'auto' or one of {FUSING_KERNELS}, got {kernel!r}")
+        from .registry import KERNELS
 
-        rung = _rungs[kernel] = importlib.import_module(f"cute_kernels.gemm.{kernel}").rung
+        rung = _rungs[kernel] = KERNELS[kernel]
     return rung
 
 
@@ -50,8 +57,9 @@ _HOPPER: dict = {}  # device index -> whether it is sm_90 or newer (asked once p
 
 def fusing_kernel(a: torch.Tensor, kernel: str = "auto") -> str | None:
     """The rung that fuses an epilogue for 16-bit inputs like `a` on `a`'s device: `kernel` itself
-    when it is a fusing rung that can run there, the top one for "auto", else None (the caller
-    then applies bias and activation after a plain GEMM)."""
+    when it is a fusing rung that can run there, "auto" for "auto" (`matmul_epilogue` then picks
+    per problem: the gemv rung for a side of at most 16, else the top fusing rung), else None
+    (the caller then applies bias and activation after a plain GEMM)."""
     if kernel != "auto" and kernel not in FUSING_KERNELS:
         return None
     if a.device.type != "cuda" or a.dtype not in _EPILOGUE_DTYPES:
@@ -62,7 +70,7 @@ def fusing_kernel(a: torch.Tensor, kernel: str = "auto") -> str | None:
         hopper = _HOPPER[index] = torch.cuda.get_device_capability(index) >= (9, 0)
     if not hopper:
         return None
-    return FUSING_KERNELS[0] if kernel == "auto" else kernel
+    return kernel
 
 
 def _device_reason(a, b) -> str | None:
@@ -137,7 +145,8 @@ def _run(name, a, b, *, bias, bias_dim, activation, alpha, beta, c, out_dtype, k
         c3 = c3 if batched else c3.unsqueeze(0)
     out3 = torch.empty((L, M, N), dtype=out_dtype, device=a.device)
     if M and N and L:
-        rung = _rung(kernel)
+        # a config given is the Hopper rungs' (Sm90GemmConfig): "auto" then means their top rung
+        rung = _rung(FUSING_KERNELS[0] if config is not None and kernel == "auto" else kernel, a3, b3, out3)
         why = rung.supports(a3, b3, out3)
         if why is not None:
             raise ValueError(f"{name}: kernel {kernel!r} cannot run this problem: {why}")
@@ -198,7 +207,7 @@ def _keep_plan(sig, launch, given: tuple, views: tuple, out3, batched: bool) -> 
 
 
 def matmul_epilogue(a, b, *, bias=None, bias_dim: str = "n", activation: str | None = None, alpha: float = 1.0,
-                    beta: float = 0.0, c=None, out_dtype=None, kernel: str = "sm90_persistent", config=None):
+                    beta: float = 0.0, c=None, out_dtype=None, kernel: str = "auto", config=None):
     """activation(alpha * (a @ b) + beta * c + bias), fused into the GEMM's epilogue.
 
     a (M, K) or (L, M, K); b (K, N) or (L, K, N); both bf16 or both fp16, on one sm_90 GPU.
@@ -214,7 +223,7 @@ def matmul_epilogue(a, b, *, bias=None, bias_dim: str = "n", activation: str | N
 
 
 def scaled_mm(a, b, scale_a, scale_b, *, bias=None, bias_dim: str = "n", activation: str | None = None,
-              out_dtype=torch.bfloat16, kernel: str = "sm90_persistent", config=None):
+              out_dtype=torch.bfloat16, kernel: str = "auto", config=None):
     """activation(scale_a * scale_b * (a @ b) + bias) for fp8 a, b (as torch._scaled_mm). a
     (M, K) row-major and b (K, N) column-major (b = w.t() of an (N, K) row-major w) read
     directly; other layouts are copied to those first. scale_a, scale_b: float32 tensors on

@@ -594,14 +594,44 @@ class GemvRung:
                 fake_stream(tvm_ffi_env_stream=True), key=key, options=TVM_FFI_OPTION)
         return fn
 
+    def plan_for(self, a, b, out, *, alpha=1.0, beta=0.0, c=None, config=None, bias=None, bias_dim: str = "n",
+                 activation=None, scale_a=None, scale_b=None):
+        """The stored plan of a call with these arguments in the Hopper rungs' protocol
+        (`Sm90Rung.plan_for`): `plan(a, b, out, alpha, beta, c, bias, scale_a, scale_b)` on
+        any tensors whose storage holds this call's 3-D views at the same offsets (so
+        `matmul` may pass the 2-D tensors it was given: the recorded views are formed with
+        `as_strided`), or None."""
+        if scale_a is not None or scale_b is not None:
+            return None
+        sig = self._signature(a, b, out, alpha, beta, c, bias, bias_dim, activation, config)
+        try:
+            launch = None if sig is None else self._plans.get(sig)
+        except TypeError:
+            return None
+        if launch is None:
+            return None
+        use_c = beta != 0
+        layouts = [(tuple(t.shape), t.stride()) for t in (a, b, out)]
+        c_layout = (tuple(c.shape), c.stride()) if use_c else None
+        (sa, ta), (sb, tb), (so, to) = layouts
+
+        def plan(a, b, out, alpha, beta, c, bias, scale_a, scale_b):
+            launch(a.as_strided(sa, ta), b.as_strided(sb, tb), out.as_strided(so, to),
+                   c.as_strided(*c_layout) if use_c else None, bias, alpha, beta)
+
+        return plan
+
     def __call__(self, a, b, out, *, alpha: float = 1.0, beta: float = 0.0, c=None, bias=None, bias_dim: str = "n",
-                 activation: str | None = None, config: GemvConfig | None = None):
+                 activation: str | None = None, config: GemvConfig | None = None, scale_a=None, scale_b=None):
         """out = act(alpha * a @ b + beta * c + bias) for (L, M, K) x (L, K, N) -> (L, M, N) views
         with M <= 16 or N <= 16. c (L, M, N) is read only when beta != 0; bias is (N,) for
         bias_dim "n" (per output column, nn.Linear's) or (M,) for "m"; activation None, "relu",
         "gelu_tanh" or "silu". config: a GemvConfig to run instead of the heuristic's; it must fit
         the problem's read plan (`gemv_config.config_fits`: same majors of B and dtypes, vectors
-        no wider than the operands allow; `config_for` gives the heuristic's). Returns out."""
+        no wider than the operands allow; `config_for` gives the heuristic's). scale_a/scale_b:
+        fp8 dequantization scales, which this rung (16-bit inputs) never takes. Returns out."""
+        if scale_a is not None or scale_b is not None:
+            raise ValueError(f"{self.name}: takes bf16/fp16 inputs, so no fp8 scales (scale_a, scale_b)")
         sig = self._signature(a, b, out, alpha, beta, c, bias, bias_dim, activation, config)
         if sig is not None:
             try:

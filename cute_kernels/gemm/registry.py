@@ -1,4 +1,5 @@
-"""`KERNELS`: the GEMM ladder, rung name -> rung object, in ladder order (slowest idea first).
+"""`KERNELS`: the GEMM ladder, rung name -> rung object, in ladder order (slowest idea first),
+then the specialists (rungs for one class of shapes, which "auto" asks before the ladder).
 
 The table below is static: each rung is named by "module:attribute", and the module is
 imported only when the rung is looked up, so listing the ladder needs neither the CuTe DSL
@@ -29,6 +30,9 @@ LADDER: tuple[tuple[str, str], ...] = (
     ("sm90_tma_wgmma", "cute_kernels.gemm.sm90_tma_wgmma:rung"),
     ("sm90_warp_specialized", "cute_kernels.gemm.sm90_warp_specialized:rung"),
     ("sm90_persistent", "cute_kernels.gemm.sm90_persistent:rung"),
+    # Specialists: rungs for one class of shapes, above the ladder's top so that "auto" asks
+    # them first; each declines (`supports`) every problem outside its class.
+    ("gemv", "cute_kernels.gemm.gemv:RUNG"),  # a side of at most 16: GEMV, decode batches, small heads
 )
 
 

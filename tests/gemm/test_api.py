@@ -89,6 +89,7 @@ def test_as_unit_stride_normalizes_extent_one_modes():
 def test_ladder_order_and_names():
     assert [name for name, _ in LADDER] == [
         "naive", "simt_smem", "sm70_mma", "sm80_mma", "sm90_tma_wgmma", "sm90_warp_specialized", "sm90_persistent",
+        "gemv",  # a specialist: above the ladder's top, so "auto" asks it first
     ]
     assert KERNELS.ladder == tuple(name for name, _ in LADDER)
 

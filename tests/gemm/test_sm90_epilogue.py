@@ -54,15 +54,23 @@ def test_bad_epilogue_arguments_raise(kw, exc, msg):
         _check_epilogue("rung", out, args["beta"], args["c"], args["bias"], args["bias_dim"], args["activation"])
 
 
-def test_scales_must_be_device_fp32_scalars():
+def test_scales_are_per_tensor_or_row_wise_device_fp32():
     from cute_kernels.gemm.sm90_rung import _check_scales
 
     out = torch.empty(1, 4, 5)
     with pytest.raises(ValueError, match="both"):
         _check_scales("rung", out, torch.ones(1), None)
-    with pytest.raises(ValueError, match="one-element float32"):
+    with pytest.raises(ValueError, match=r"per tensor .* or row-wise: scale_a with M = 4"):
         _check_scales("rung", out, torch.ones(2), torch.ones(1))
+    with pytest.raises(ValueError, match="float32"):
+        _check_scales("rung", out, torch.ones(1, dtype=torch.float16), torch.ones(1))
     assert _check_scales("rung", out, None, None) is None
+    sa, sb, rows = _check_scales("rung", out, torch.ones(()), torch.ones(1, 1))
+    assert not rows and sa.shape == sb.shape == (1,)
+    sa, sb, rows = _check_scales("rung", out, torch.rand(4, 1), torch.rand(1, 5))
+    assert rows and sa.shape == (4,) and sb.shape == (5,) and sa.is_contiguous()
+    sa, sb, rows = _check_scales("rung", out, torch.rand(4, 1), torch.tensor(2.0))  # one of each: repeated
+    assert rows and sb.shape == (5,) and bool((sb == 2.0).all())
 
 
 @pytest.mark.parametrize("m,n,k", [(16, 8192, 8192), (4096, 4096, 4096), (8192, 8192, 8192), (333, 517, 4096)])
@@ -81,7 +89,7 @@ def test_fusing_kernel_names_a_rung_only_where_one_can_fuse(monkeypatch):
     assert epilogue_api.fusing_kernel(x, "sm80_mma") is None  # not a fusing rung
     fake = type("FakeCuda", (), {"device": torch.device("cuda", 0), "dtype": torch.bfloat16})()
     monkeypatch.setattr(epilogue_api, "_HOPPER", {0: True})
-    assert epilogue_api.fusing_kernel(fake) == "sm90_persistent"
+    assert epilogue_api.fusing_kernel(fake) == "auto"  # matmul_epilogue picks per problem (gemv or sm90_persistent)
     assert epilogue_api.fusing_kernel(fake, "sm90_tma_wgmma") == "sm90_tma_wgmma"
     fake.dtype = torch.float32
     assert epilogue_api.fusing_kernel(fake) is None  # the sm90 rungs take 16-bit inputs here
