@@ -74,6 +74,7 @@ from .product import (
     zipped_product,
 )
 from .recast import downcast, recast_layout, upcast
+from .semantics import SEMANTICS, current_semantics, layout_semantics
 from .swizzle import Swizzle, make_swizzle
 
 # The workbench: atoms, tiled MMAs and copies, analysis and rendering (all pure Python).
@@ -99,6 +100,7 @@ __all__ = [
     "bank_conflicts", "coalescing", "dtype_bits", "dtype_name", "gmma_smem_atom", "make_tiled_copy",
     "make_tiled_mma", "print_layout", "smem_atom", "tma_atom", "to_html", "to_latex", "to_svg",
     "vector_width",
+    "SEMANTICS", "current_semantics", "layout_semantics",
     "ArithTuple", "ComposedLayout", "E", "InexactCompositionError", "IntTuple", "Layout", "LayoutError", "ScaledBasis", "Swizzle",
     "append", "blocked_product", "ceil_div", "coalesce", "compatible", "complement", "composition",
     "congruent", "cosize", "crd2crd", "crd2idx", "depth", "downcast", "filter", "filter_zeros",

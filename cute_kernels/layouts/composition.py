@@ -6,12 +6,13 @@ from math import gcd
 from typing import Any
 
 from .basis import ScaledBasis
-from .coalesce import coalesce_x
+from .coalesce import coalesce, coalesce_x
 from .errors import LayoutError
 from .int_tuple import ceil_div, flatten, is_int, is_tuple
 from .layout import Layout, make_layout
+from .semantics import current_semantics, with_semantics
 
-__all__ = ["composition", "with_shape"]
+__all__ = ["composition", "with_shape", "extended_lhs"]
 
 
 _VERIFY_LIMIT = 1 << 16  # largest right operand checked element by element when the quick checks fail
@@ -156,6 +157,19 @@ def _merge_profile(a: Any, b: Any) -> Any:
     return tuple(_merge_profile(x, y) for x, y in zip(a, b))
 
 
+def extended_lhs(lhs: Layout, rhs: Layout) -> Layout:
+    """The flat form of ``lhs`` that composition walks, extended past ``size(lhs)`` by the rule in
+    force (see :mod:`~cute_kernels.layouts.semantics`): ``coalesce_x`` under ``"dsl"`` (the last
+    leaf as written continues), ``coalesce`` under ``"pycute"`` (the last non-trivial mode does).
+
+    Post-condition: ``extended_lhs(A, B)(i) == A(i)`` for ``0 <= i < size(A)``.
+    """
+    if current_semantics() == "pycute":
+        return coalesce(lhs, _coprofile(rhs.stride))
+    return coalesce_x(lhs, _coprofile(rhs.stride))
+
+
+@with_semantics
 def composition(lhs: Any, rhs: Any, *args: Any) -> Any:
     """Functional composition ``R = lhs o rhs`` (CuTe's ``composition``).
 
@@ -163,13 +177,20 @@ def composition(lhs: Any, rhs: Any, *args: Any) -> Any:
       ``compatible(rhs.shape, R.shape)`` (R has rhs's shape, possibly refined).
     * ``rhs`` an int ``n``: composition with ``n:1``, the first ``n`` elements of ``lhs``.
     * ``rhs`` a tuple (a tiler): mode by mode, ``R[i] = composition(lhs[i], rhs[i])``; ``None``
-      keeps that mode. As CuTe does, modes of ``lhs`` beyond ``len(rhs)`` are dropped.
+      keeps that mode. As CuTe does, modes of ``lhs`` beyond ``len(rhs)`` are dropped (under
+      ``semantics="pycute"`` they are kept, as pycute does).
+    * ``semantics``: where ``rhs`` reaches beyond ``size(lhs)``, how ``lhs`` extends: ``"dsl"``
+      (default, also CuTe C++): its last leaf as written continues, so ``lhs(i)`` past its size is
+      what ``lhs`` computes there; ``"pycute"``: ``coalesce(lhs)`` continues (size-1 modes,
+      trailing ones included, do not count). See :mod:`~cute_kernels.layouts.semantics`;
+      ``with layout_semantics(...)`` sets it for a block.
     * ``lhs`` a :class:`Swizzle`: a :class:`ComposedLayout` ``lhs o 0 o rhs``; ``composition(f, offset, g)``
       builds ``f o offset o g``.
     * ``lhs`` a :class:`ComposedLayout`: composes its inner layout with ``rhs``.
 
     Post-conditions: ``compatible(rhs.shape, R.shape)`` and ``R(c) == lhs(rhs(c))`` for every
-    coordinate ``c`` of ``rhs`` (CuTe's ``@post`` in layout.hpp).
+    coordinate ``c`` of ``rhs`` (CuTe's ``@post`` in layout.hpp), ``lhs`` evaluated past its size
+    by the semantics' rule (under ``"pycute"``: ``R(c) == coalesce(lhs)(rhs(c))``).
 
     Admissibility: each stride of ``rhs`` must step over whole modes of ``lhs`` or divide a mode
     (stride divisibility), and each resulting mode must divide what remains of ``rhs``'s shape
@@ -201,7 +222,7 @@ def composition(lhs: Any, rhs: Any, *args: Any) -> Any:
     if rhs is None:
         return lhs
     if isinstance(rhs, Layout):
-        flat = coalesce_x(lhs, _coprofile(rhs.stride))
+        flat = extended_lhs(lhs, rhs)
         try:
             result = _compose(flat.shape, flat.stride, rhs.shape, rhs.stride, lhs, rhs)
             _check_no_carry(flat, rhs, lhs)
@@ -212,7 +233,7 @@ def composition(lhs: Any, rhs: Any, *args: Any) -> Any:
             # Our checks are sufficient, not necessary (a stride-0 mode hides carries, a short rest
             # may not reach the wrap): accept CuTe's answer where it is verifiably the composition.
             n = rhs.size()
-            if n <= _VERIFY_LIMIT and all(cute_result(i) == lhs(rhs(i)) for i in range(n)):
+            if n <= _VERIFY_LIMIT and all(cute_result(i) == flat(rhs(i)) for i in range(n)):
                 return cute_result
             raise
     if is_int(rhs):
@@ -223,10 +244,12 @@ def composition(lhs: Any, rhs: Any, *args: Any) -> Any:
         modes = list(lhs) if is_tuple(lhs.shape) else [lhs]
         if len(rhs) > len(modes):
             raise LayoutError(f"composition: tiler {rhs} has more modes than {lhs}")
-        return make_layout(*(composition(m, t) for m, t in zip(modes, rhs)))
+        kept = modes[len(rhs):] if current_semantics() == "pycute" else []
+        return make_layout(*(composition(m, t) for m, t in zip(modes, rhs)), *kept)
     raise LayoutError(f"composition: cannot compose a Layout with {type(rhs).__name__}")
 
 
+@with_semantics
 def with_shape(layout: Any, shape: Any) -> Any:
     """``layout`` viewed through the compact column-major ``shape``: ``composition(layout, Layout(shape))``.
 
