@@ -233,7 +233,7 @@ def composition(lhs: Any, rhs: Any, *args: Any) -> Any:
             # Our checks are sufficient, not necessary (a stride-0 mode hides carries, a short rest
             # may not reach the wrap): accept CuTe's answer where it is verifiably the composition.
             n = rhs.size()
-            if n <= _VERIFY_LIMIT and all(cute_result(i) == flat(rhs(i)) for i in range(n)):
+            if n <= _VERIFY_LIMIT and all(cute_result(i) == flat._offset(rhs(i)) for i in range(n)):
                 return cute_result
             raise
     if is_int(rhs):
