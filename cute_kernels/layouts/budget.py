@@ -42,7 +42,7 @@ class Clip:
         return (
             f"(showing rows 0-{self.rows - 1} and columns 0-{self.cols - 1} of the {self.total_rows} x "
             f"{self.total_cols} grid: {self.total_rows * self.total_cols} cells, more than the budget of "
-            f"{self.budget}; pass {flag} to draw more)"
+            f"{self.budget}; pass {flag} (--max-cells N) to draw more)"
         )
 
 

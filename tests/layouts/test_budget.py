@@ -21,7 +21,7 @@ def test_a_huge_layout_prints_its_corner_quickly():
     lines = text.splitlines()
     assert lines[0] == "(100000,100000):(1,100000)"
     assert lines[-1] == ("(showing rows 0-63 and columns 0-63 of the 100000 x 100000 grid: 10000000000 cells, "
-                         "more than the budget of 4096; pass max_cells= to draw more)")
+                         "more than the budget of 4096; pass max_cells= (--max-cells N) to draw more)")
     assert [c.strip() for c in lines[3].split("|")[1:4]] == ["0", "100000", "200000"]
     assert len(text) < 100_000
 
