@@ -30,6 +30,8 @@ __all__ = [
     "with_edges",
     "gen_beyond_pair",
     "gen_beyond_divide_pair",
+    "gen_f2_layout",
+    "gen_f2_swizzle",
     "nest",
 ]
 
@@ -349,3 +351,34 @@ def gen_beyond_divide_pair(draw: Draw) -> tuple[Layout, Layout]:
     if draw(0, 2) == 0:  # one more mode past everything the tiler covers (it stays injective)
         leaves.append((draw(2, 5), max(s * d for s, d in leaves)))
     return layout, _nest_pairs(draw, leaves, 1)
+
+
+def gen_f2_layout(draw: Draw, max_bits: int = 8, compact: bool = False, zeros: bool = True,
+                  bits: int | None = None) -> Layout:
+    """A layout that is linear over F2: power-of-two leaves whose images are disjoint runs of
+    output bits, in a random order. ``compact``: the runs tile ``[0, 2**n)`` (a bijection onto it);
+    otherwise some runs are skipped (gaps), and with ``zeros`` stride-0 and size-1 leaves appear.
+    ``bits`` fixes ``n``, the number of output bits."""
+    n = bits if bits is not None else draw(1, max_bits)
+    cuts = sorted({draw(1, n - 1) for _ in range(draw(0, min(3, n - 1)))}) if n > 1 else []
+    runs = [(a, b) for a, b in zip([0] + cuts, cuts + [n])]
+    leaves = [(1 << (b - a), 1 << a) for a, b in runs if compact or draw(0, 3) > 0]
+    if not leaves:
+        leaves = [(1 << (runs[0][1] - runs[0][0]), 1)]
+    if not compact and zeros:
+        if draw(0, 3) == 0:
+            leaves.append((1 << draw(1, 2), 0))
+        if draw(0, 3) == 0:
+            leaves.append((1, (1 << draw(0, 4)) if draw(0, 1) else 0))  # size-1: any stride, powers of two divide
+    for i in range(len(leaves) - 1, 0, -1):
+        j = draw(0, i)
+        leaves[i], leaves[j] = leaves[j], leaves[i]
+    return _nest_pairs(draw, leaves, 2)
+
+
+def gen_f2_swizzle(draw: Draw, bits: int) -> Swizzle:
+    """A swizzle acting within the low ``bits`` bits (``M + B + |S| <= bits``), at least 2 bits wide."""
+    b = draw(1, max(1, bits // 2))
+    s = draw(b, max(b, bits - b))
+    m = draw(0, max(0, bits - b - s))
+    return Swizzle(b, m, s if draw(0, 2) else -s)

@@ -206,6 +206,8 @@ class _Panel:
     title: str = ""
     row_label: str = ""
     col_label: str = ""
+    col_names: list[str] | None = None  # header labels instead of 0, 1, 2...
+    row_names: list[str] | None = None
 
 
 @dataclass
@@ -312,9 +314,11 @@ def _svg(pic: _Picture) -> str:
         if p.title:
             out.append(f'<text x="{x0:g}" y="{y0 - 16:g}" font-size="11">{escape(p.title)}</text>')
         for c in range(p.cols):
-            out.append(f'<text class="l h" x="{x0 + (c + 0.5) * _CW:g}" y="{y0 - 4:g}">{c}</text>')
+            name = escape(p.col_names[c]) if p.col_names else c
+            out.append(f'<text class="l h" x="{x0 + (c + 0.5) * _CW:g}" y="{y0 - 4:g}">{name}</text>')
         for r in range(p.rows):
-            out.append(f'<text class="r" x="{x0 - 4:g}" y="{y0 + (r + 0.65) * _CH:g}">{r}</text>')
+            name = escape(p.row_names[r]) if p.row_names else r
+            out.append(f'<text class="r" x="{x0 - 4:g}" y="{y0 + (r + 0.65) * _CH:g}">{name}</text>')
             for c in range(p.cols):
                 l1, l2, fill = p.cell(r, c)
                 x, y = x0 + c * _CW, y0 + r * _CH
