@@ -316,9 +316,9 @@ def f2(layout: Any, *, names: Sequence[str] | None = None, dtype: Any = None) ->
             from .atoms import dtype_bits
 
             k = _log2(dtype_bits(dtype) // 8) if dtype_bits(dtype) >= 8 else None
-            if k is None or outer.base < k:
+            if k is None or (outer.bits and outer.base < k):
                 raise LayoutError(f"{outer} on byte addresses splits a {dtype} element; no element-wise F2 view")
-            outer = Swizzle(outer.bits, outer.base - k, outer.shift)
+            outer = Swizzle(outer.bits, max(0, outer.base - k), outer.shift)
         if isinstance(layout.inner, Swizzle):  # a layout after a swizzle (a right inverse): L o Sw
             outer_map = _index_map(outer)
             return outer_map.compose(f2_swizzle(layout.inner, outer_map.in_bits))
