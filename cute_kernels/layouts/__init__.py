@@ -83,6 +83,7 @@ from .atoms import CopyAtom, MmaAtom, atom, atom_names, dtype_bits, dtype_name
 from .copy_atoms import tma_atom
 from .f2 import F2Layout, f2
 from .swizzle_search import SwizzleSearch, find_swizzle, fragment_access
+from .explain import Explanation, explain
 from .render import print_layout, to_html, to_latex, to_svg
 from .smem_atoms import SmemAtom, gmma_smem_atom, smem_atom
 from .tiled import TiledCopy, TiledMMA, make_tiled_copy, make_tiled_mma
@@ -98,7 +99,7 @@ def flatten(x: Any) -> Any:
 
 
 __all__ = [
-    "F2Layout", "f2", "SwizzleSearch", "find_swizzle", "fragment_access",
+    "Explanation", "explain", "F2Layout", "f2", "SwizzleSearch", "find_swizzle", "fragment_access",
     "Access", "CopyAtom", "MmaAtom", "SmemAtom", "TiledCopy", "TiledMMA", "atom", "atom_names",
     "bank_conflicts", "coalescing", "dtype_bits", "dtype_name", "gmma_smem_atom", "make_tiled_copy",
     "make_tiled_mma", "print_layout", "smem_atom", "tma_atom", "to_html", "to_latex", "to_svg",

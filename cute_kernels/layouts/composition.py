@@ -11,6 +11,7 @@ from .errors import LayoutError
 from .int_tuple import ceil_div, flatten, is_int, is_tuple
 from .layout import Layout, make_layout
 from .semantics import current_semantics, with_semantics
+from .trace import note, suspended, tracing
 
 __all__ = ["composition", "with_shape", "extended_lhs"]
 
@@ -51,8 +52,14 @@ def _compose(lhs_shape: Any, lhs_stride: Any, rhs_shape: Any, rhs_stride: Any, l
             strict,
         )
     if rhs_stride == 0:
+        if tracing():
+            note("leaf", f"B's mode {rhs_shape}:0 is a broadcast: it stays {rhs_shape}:0", shape=rhs_shape, stride=0, walk=[])
         return Layout(rhs_shape, 0)
     if not is_tuple(lhs_shape):
+        if tracing():
+            note("leaf", f"B's mode {rhs_shape}:{rhs_stride} on A's single mode (stride {lhs_stride}): "
+                 f"{rhs_shape}:{rhs_stride * lhs_stride}", shape=rhs_shape, stride=rhs_stride,
+                 walk=[(0, "last", f"{rhs_shape}:{rhs_stride * lhs_stride}")])
         return Layout(rhs_shape, rhs_stride * lhs_stride)
 
     if any(is_tuple(x) for x in lhs_shape):
@@ -63,7 +70,9 @@ def _compose(lhs_shape: Any, lhs_stride: Any, rhs_shape: Any, rhs_stride: Any, l
     result_shape: list[int] = []
     result_stride: list[Any] = []
     rest_shape, rest_stride = rhs_shape, rhs_stride
-    for curr_shape, curr_stride in zip(lhs_shape[:-1], lhs_stride[:-1]):
+    walk: list[tuple[int, str]] = []  # (mode of A, what happened there), for explain()
+    words: list[str] = []
+    for m, (curr_shape, curr_stride) in enumerate(zip(lhs_shape[:-1], lhs_stride[:-1])):
         magnitude = abs(rest_stride)
         # Stride divisibility: the stride must step over whole modes of A, or stay inside one
         # mode that it divides (or that it finishes in: then the rest is consumed here).
@@ -75,24 +84,48 @@ def _compose(lhs_shape: Any, lhs_stride: Any, rhs_shape: Any, rhs_stride: Any, l
             # CuTe accepts a stride below the mode's extent without checking divisibility (and is wrong
             # unless the rest ends inside this mode): report whether CuTe itself would have refused.
             error = InexactCompositionError if weak_ok else LayoutError
+            if tracing():
+                note("fail", f"B's mode {rhs_shape}:{rhs_stride} fails at A's mode {m} ({curr_shape}:{curr_stride}): "
+                     f"the stride {magnitude} left to walk neither divides nor is a multiple of {curr_shape}"
+                     + (" (CuTe's own check, stride < shape, lets it through, but the result would not be A o B)"
+                        if weak_ok else ""), shape=rhs_shape, stride=rhs_stride, walk=walk + [(m, "fail", f"stride {magnitude}?")], mode=m)
             raise error(
                 f"composition {lhs} o {rhs}: stride divisibility condition fails, stride {magnitude} "
                 f"neither divides nor is divided by shape {curr_shape}"
             )
         if next_shape == 1 or rest_shape == 1:
+            if tracing():
+                walk.append((m, "skip", f"/{curr_shape}"))
+                words.append(f"mode {m} ({curr_shape}:{curr_stride}) is stepped over: stride {magnitude} -> {abs(next_stride)}"
+                             if rest_shape > 1 else f"mode {m} ({curr_shape}:{curr_stride}): nothing left to place")
             rest_stride = next_stride
             continue
         new_shape = min(next_shape, rest_shape)
         if rest_shape % new_shape != 0:
+            if tracing():
+                note("fail", f"B's mode {rhs_shape}:{rhs_stride} fails at A's mode {m} ({curr_shape}:{curr_stride}): "
+                     f"it takes {new_shape} elements there, which does not divide the {rest_shape} left to place",
+                     shape=rhs_shape, stride=rhs_stride, walk=walk + [(m, "fail", f"{new_shape}|{rest_shape}?")], mode=m)
             raise LayoutError(
                 f"composition {lhs} o {rhs}: shape divisibility condition fails, {new_shape} does not divide "
                 f"the remaining shape {rest_shape}"
             )
         result_shape.append(new_shape)
         result_stride.append(rest_stride * curr_stride)
+        if tracing():
+            walk.append((m, "take", f"{new_shape}:{rest_stride * curr_stride}"))
+            words.append(f"mode {m} ({curr_shape}:{curr_stride}) gives {new_shape}:{rest_stride * curr_stride} "
+                         f"({new_shape} elements at stride {magnitude} within it)")
         rest_shape //= new_shape
         rest_stride = next_stride
 
+    if tracing():
+        last = len(lhs_shape) - 1
+        tail = (f"; the rest, {rest_shape} element(s), continues A's last mode ({lhs_shape[-1]}:{lhs_stride[-1]}) at stride "
+                f"{rest_stride}: {rest_shape}:{rest_stride * lhs_stride[-1]}") if rest_shape > 1 else ""
+        note("leaf", f"B's mode {rhs_shape}:{rhs_stride} walks A's modes: " + "; ".join(words or ["(no inner mode)"]) + tail,
+             shape=rhs_shape, stride=rhs_stride,
+             walk=walk + ([(last, "last", f"{rest_shape}:{rest_stride * lhs_stride[-1]}")] if rest_shape > 1 else []))
     if not result_shape:
         return Layout(rest_shape, rest_stride * lhs_stride[-1])
     if rest_shape == 1:
@@ -124,6 +157,10 @@ def _check_no_carry(flat: Layout, rhs: Layout, lhs: Layout) -> None:
             totals[m] += max(((j * d) // below[m]) % a for j in range(min(s, period)))
     for m, (t, a) in enumerate(zip(totals, extents)):
         if t >= a:
+            if tracing():
+                note("fail", f"B's modes overlap in A's mode {m} (extent {a}): the largest coordinates they reach there "
+                     f"add up to {t}, so the sum carries into the next mode and A o B is not a layout", mode=m,
+                     walk=[(m, "fail", f"carry {t}>={a}")])
             raise InexactCompositionError(
                 f"composition {lhs} o {rhs}: the modes of the right operand overlap in mode {m} of the left "
                 f"(coalesced shape {flat.shape}): their images would carry, so A o B is not a layout"
@@ -223,17 +260,25 @@ def composition(lhs: Any, rhs: Any, *args: Any) -> Any:
         return lhs
     if isinstance(rhs, Layout):
         flat = extended_lhs(lhs, rhs)
+        if tracing():
+            note("flatten", f"A = {lhs} is walked in its coalesced form {flat} ({current_semantics()} semantics: past its "
+                 f"size A continues {'its last leaf as written' if current_semantics() == 'dsl' else 'coalesce(A)'})",
+                 lhs=lhs, flat=flat, rhs=rhs)
         try:
             result = _compose(flat.shape, flat.stride, rhs.shape, rhs.stride, lhs, rhs)
             _check_no_carry(flat, rhs, lhs)
             return result
         except InexactCompositionError:
             # CuTe's own refusal (a plain LayoutError) wins where another mode makes CuTe refuse.
-            cute_result = _compose(flat.shape, flat.stride, rhs.shape, rhs.stride, lhs, rhs, strict=False)
+            with suspended():
+                cute_result = _compose(flat.shape, flat.stride, rhs.shape, rhs.stride, lhs, rhs, strict=False)
             # Our checks are sufficient, not necessary (a stride-0 mode hides carries, a short rest
             # may not reach the wrap): accept CuTe's answer where it is verifiably the composition.
             n = rhs.size()
             if n <= _VERIFY_LIMIT and all(cute_result(i) == flat._offset(rhs(i)) for i in range(n)):
+                if tracing():
+                    note("verify", f"CuTe's weak checks accept the pair, and its answer {cute_result} is verified element "
+                         f"by element to be A o B", result=cute_result)
                 return cute_result
             raise
     if is_int(rhs):

@@ -11,6 +11,7 @@ from .errors import LayoutError
 from .int_tuple import is_int, is_tuple
 from .layout import Layout, make_layout
 from .semantics import current_semantics, with_semantics
+from .trace import note, tracing
 
 __all__ = ["logical_divide", "zipped_divide", "tiled_divide", "flat_divide", "zip2_by", "tile_unzip"]
 
@@ -69,7 +70,11 @@ def logical_divide(layout: Any, tiler: Any) -> Any:
         raise LayoutError(f"logical_divide: tiler must be a Layout, int, None or tuple, got {type(tiler).__name__}")
     # pycute completes the tiler to size(layout); CuTe (C++ and the DSL) to the coalesced shape.
     cotarget = layout.size() if current_semantics() == "pycute" else coalesce(layout).shape
-    return composition(layout, make_layout(tiler, complement(tiler, cotarget)))
+    rest = complement(tiler, cotarget)
+    if tracing():
+        note("tile", f"the tiler {tiler} is completed by its complement to {cotarget}, {rest}: the divide is "
+             f"{layout} o {make_layout(tiler, rest)} (mode 0 one tile, mode 1 the tiles)", tiler=tiler, rest=rest)
+    return composition(layout, make_layout(tiler, rest))
 
 
 def zip2_by(t: Any, guide: Any) -> Any:

@@ -11,6 +11,7 @@ from .errors import LayoutError
 from .int_tuple import ceil_div, is_int, is_tuple, product
 from .layout import Layout, append, make_layout, make_ordered_layout
 from .semantics import with_semantics
+from .trace import note, tracing
 
 __all__ = [
     "logical_product",
@@ -63,7 +64,11 @@ def logical_product(block: Any, tiler: Any) -> Any:
         tiler = Layout(tiler)
     if not isinstance(tiler, Layout):
         raise LayoutError(f"logical_product: tiler must be a Layout, int, None or tuple, got {type(tiler).__name__}")
-    return make_layout(block, composition(complement(block, block.size() * tiler.cosize()), tiler))
+    rest = complement(block, block.size() * tiler.cosize())
+    if tracing():
+        note("tile", f"the block {block} is repeated where its complement to {block.size() * tiler.cosize()} "
+             f"({rest}) sends the tiler {tiler}: the product is ({block}, {rest} o {tiler})", block=block, rest=rest)
+    return make_layout(block, composition(rest, tiler))
 
 
 @with_semantics

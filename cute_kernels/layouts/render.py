@@ -86,6 +86,11 @@ def _values(layout: Any, dtype: Any, swizzle_unit: str | None) -> tuple[int, int
     return rows, cols, lambda r, c: f(r + rows * c)
 
 
+def layout_grid(layout: Any) -> tuple[int, int, Callable[[int, int], int]]:
+    """``(rows, cols, f)`` of a layout's picture: ``f(r, c)`` is the offset drawn in cell (r, c)."""
+    return _values(layout, None, None)
+
+
 def _tv_owners(tv: Layout, tile: tuple[int, int]) -> dict[int, list[tuple[int, int]]]:
     """tile index -> [(thread, value), ...] for a TV layout ``(T, V) -> m + M*n``."""
     if len(tv) != 2:
