@@ -30,7 +30,7 @@ def parse_layout_arg(text: str) -> Any:
     return as_layout(text)
 
 
-def _pictures(args: argparse.Namespace, obj: Any, dtype: Any = None) -> None:
+def _pictures(args: argparse.Namespace, obj: Any, dtype: Any = None, access: Any = None) -> None:
     from cute_kernels.layouts import render
 
     from .errors import write_file
@@ -40,14 +40,20 @@ def _pictures(args: argparse.Namespace, obj: Any, dtype: Any = None) -> None:
     if args.svg:
         write_file(args.svg, render.to_svg(obj, dtype, max_cells=picture_cells), "SVG")
     if args.html:
-        write_file(args.html, render.html_page(obj, dtype), "HTML")
+        if args.command == "atom":  # atoms: the text and the SVG
+            write_file(args.html, render.html_page(obj, dtype), "HTML")
+        else:  # a layout: the interactive page (hover for coordinates, banks, threads; editable)
+            from cute_kernels.layouts.html import layout_page
+
+            write_file(args.html, layout_page(obj, dtype, access, max_cells=picture_cells), "HTML page")
     if args.latex:
         write_file(args.latex, render.to_latex(obj, dtype, max_cells=picture_cells), "TikZ")
 
 
 def _add_picture_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--svg", metavar="FILE", help="also write an SVG picture")
-    p.add_argument("--html", metavar="FILE", help="also write an HTML page (text and SVG)")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page (for a layout: hover a cell for "
+                                                  "its coordinate, index, bank and thread; edit the layout in place)")
     p.add_argument("--latex", metavar="FILE", help="also write a standalone TikZ document")
 
 
@@ -57,10 +63,16 @@ def cmd_layout(args: argparse.Namespace) -> int:
 
     obj = parse_layout_arg(args.layout)
     dtype = args.dtype or getattr(obj, "dtype", None)
+    if args.access and dtype is None:
+        raise CliError("--access needs --dtype (the banks depend on the element width)")
     print(render.to_text(obj, dtype, max_cells=args.max_cells))
     if dtype is not None:
         print(f"\nsize {obj.size()}, widest vector access: {vector_width(obj, dtype)}")
-    _pictures(args, obj, dtype)
+    if args.access:
+        from cute_kernels.layouts.analysis import bank_conflicts
+
+        print(bank_conflicts(obj, args.access, dtype))
+    _pictures(args, obj, dtype, args.access)
     return 0
 
 
@@ -109,7 +121,7 @@ def cmd_conflicts(args: argparse.Namespace) -> int:
         print(f"global-memory tile {layout}")
         print(coalescing(layout, dtype, args.access, base=args.base))
     print(f"widest vector access: {vector_width(layout, dtype, swizzle_unit=args.swizzle_unit)}")
-    _pictures(args, layout, dtype)
+    _pictures(args, layout, dtype, args.access if args.smem else None)
     return 0
 
 
@@ -130,6 +142,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--dtype", help="element type (bf16, f16, f32, e4m3...): colour by bank, apply swizzles to byte addresses")
     p.add_argument("--max-cells", dest="max_cells", type=_positive, default=4096, metavar="N",
                    help="print at most N cells of the grid (default 4096: a 64x64 corner of a larger layout)")
+    p.add_argument("--access", help="a warp access (as for `conflicts --access`): print its bank conflicts, and on the "
+                                    "--html page show which thread reads each cell")
     _add_picture_flags(p)
     p.set_defaults(func=cmd_layout)
 
