@@ -37,7 +37,7 @@ def logical_product(block: Any, tiler: Any) -> Any:
     (modes beyond it pass through); an int ``n`` means ``n:1``.
 
     Post-conditions: ``result[0] == block``; ``size(result) == size(block) * size(tiler)``;
-    ``result[1]`` is compatible with ``tiler``. If ``block`` is injective, the result is injective.
+    ``result[1]`` is compatible with ``tiler``. If ``block`` and ``tiler`` are injective, so is the result.
 
     Note: pycute (nvidia-cutlass 4.2) computes ``logical_product(A, <int>)`` wrongly (it treats the
     int as a full shape without its complement); this function follows CuTe C++ and the DSL.
