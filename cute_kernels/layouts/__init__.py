@@ -6,6 +6,12 @@ Everything public is re-exported here flat, named as in CuTe::
     >>> composition(Layout((6, 2), (8, 2)), Layout((4, 3), (3, 1)))
     Layout(((2, 2), 3), ((24, 2), 8))
 
+Besides the algebra (one module per operation, as in CuTe) the package holds the workbench: atoms
+and tiled MMAs/copies, the memory-access analysis (``analysis``), drawing (``render``, with the
+size ``budget``), the F2 view (``f2``), the swizzle search (``swizzle_search``), ``explain``
+(with the step recorder ``trace``) and the interactive page (``html``). Where NVIDIA's
+implementations disagree, ``semantics`` chooses (the DSL's rule by default).
+
 Importing this package imports neither torch nor the CuTe DSL nor hypothesis (the hypothesis
 strategies live in :mod:`cute_kernels.layouts.strategies`, imported explicitly).
 """

@@ -300,6 +300,8 @@ def with_shape(layout: Any, shape: Any) -> Any:
 
     Requires ``product(shape) == size(layout)`` (a reshape, not a restriction).
     Post-condition: ``result.shape`` is compatible with ``shape`` and ``result(i) == layout(i)``.
+    ``semantics`` is accepted as by :func:`composition`; a reshape stays inside the domain, where
+    the rules agree.
     """
     from .int_tuple import product
 

@@ -173,7 +173,8 @@ def _complement_panels(ex: Explanation) -> list:
             o = a(i) + c(k)
             if o < n:
                 where.setdefault(o, (i, k))
-    width = min(16, n)
+    width = max(w for w in range(1, min(16, n) + 1) if n % w == 0)  # full rows where n allows
+    width = width if width >= 8 or n <= 16 else min(16, n)
     rows = -(-n // width)
 
     def cell(r: int, col: int):

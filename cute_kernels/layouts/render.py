@@ -301,7 +301,9 @@ _CW, _CH, _PAD, _HEAD = 44, 28, 30, 28
 
 def _svg(pic: _Picture) -> str:
     w, h = pic.extent()
-    width = int(w * _CW + 2 * _PAD)
+    # wide enough for the titles too (monospace: about 0.6 em a character)
+    titles = [len(pic.title) * 7.3] + [p.x * _CW + len(p.title) * 6.7 for p in pic.panels]
+    width = int(max(w * _CW, *titles) + 2 * _PAD)
     height = int(h * _CH + 2 * _PAD + _HEAD)
     # Shared attributes live in the style sheet so that each cell costs one rect and its text.
     out = [
@@ -363,10 +365,7 @@ def _mma_picture(atom: Any) -> _Picture:
 _CONFLICT_FILLS = ("#ffffff", "#ccebc5", "#fed9a6", "#fdae61", "#f46d43", "#d73027")
 
 
-def bank_svg(banks: Any, title: str = "") -> str:
-    """SVG of a shared-memory instruction's banks: one row per phase, one column per bank, each
-    cell the number of distinct words that bank serves (1 is conflict-free; the row's largest
-    entry is the phase's wavefronts), coloured from white (unused) to red (deep conflicts)."""
+def _bank_picture(banks: Any, title: str = "") -> _Picture:
     rows = [tuple(r) for r in banks]
 
     def cell(r: int, c: int):
@@ -374,7 +373,14 @@ def bank_svg(banks: Any, title: str = "") -> str:
         return (str(n) if n else ""), "", _CONFLICT_FILLS[min(n, len(_CONFLICT_FILLS) - 1)]
 
     panel = _Panel(0, 0, len(rows), len(rows[0]) if rows else 0, cell, "bank", "phase")
-    return _svg(_Picture([panel], title))
+    return _Picture([panel], title)
+
+
+def bank_svg(banks: Any, title: str = "") -> str:
+    """SVG of a shared-memory instruction's banks: one row per phase, one column per bank, each
+    cell the number of distinct words that bank serves (1 is conflict-free; the row's largest
+    entry is the phase's wavefronts), coloured from white (unused) to red (deep conflicts)."""
+    return _svg(_bank_picture(banks, title))
 
 
 def mma_atom_svg(atom: Any) -> str:
