@@ -1,14 +1,18 @@
 """``cute-kernels layout | atom | conflicts``: the layout workbench on the command line.
 
-Pure Python (no torch, no DSL). Text goes to stdout; ``--svg FILE``, ``--html FILE`` and
-``--latex FILE`` write pictures as well.
+Pure Python (no torch, no DSL). Text goes to stdout, a large grid as its corner (``--max-cells``);
+``--svg FILE``, ``--html FILE`` and ``--latex FILE`` write pictures as well (for ``layout`` and
+``conflicts``, ``--html`` is the interactive page: hover a cell for its coordinate, index, bank
+and the thread of ``--access`` that reads it; edit the layout in place).
 
     cute-kernels layout "(4,(2,2)):(2,(1,8))"
     cute-kernels layout "Sw<3,4,3> o 0 o (8,64):(64,1)" --dtype bf16 --svg sw128.svg
+    cute-kernels layout "Sw<3,4,3> o 0 o (8,64):(64,1)" --dtype bf16 --access ldmatrix_x4 --html sw128.html
     cute-kernels atom SM80_16x8x16_F32BF16BF16F32_TN
     cute-kernels atom "GMMA::Layout_K_SW128_Atom<bf16>" --html atom.html
     cute-kernels atom --list SM90_64x
     cute-kernels conflicts --smem "Sw<3,4,3> o 0 o (8,64):(64,1)" --dtype bf16 --access ldmatrix_x4
+    cute-kernels conflicts --smem "(8,64):(64,1)" --access SM75_U32x4_LDSM_N    # a copy atom, or a TV layout
     cute-kernels conflicts --gmem "(64,64):(64,1)" --dtype bf16 --access vec128
 """
 
