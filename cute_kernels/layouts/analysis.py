@@ -412,13 +412,14 @@ def bank_conflicts(smem_layout: Any, access: Any, dtype: Any = "bf16", *, swizzl
     acc = parse_access(access, dtype)
     instrs = warp_accesses(smem_layout, dtype, acc, swizzle_unit=swizzle_unit, max_elements=max_elements)
     nbytes = max(1, bits // 8)
-    per, ideals, way, addresses = [], [], 0, []
+    def byte_addresses(lanes):
+        return [[o * nbytes + b for o in offs for b in range(0, nbytes, BANK_BYTES)] for offs in lanes]
+
+    per, ideals, way = [], [], 0
     for lanes in instrs:
-        addrs = [[o * nbytes + b for o in offs for b in range(0, nbytes, BANK_BYTES)] for offs in lanes]
-        w, ideal, wy = wavefronts(addrs, acc.phase_threads)
+        w, ideal, wy = wavefronts(byte_addresses(lanes), acc.phase_threads)
         per.append(w)
         ideals.append(ideal)
-        addresses.append(addrs)
         way = max(way, wy)
     worst = max(range(len(per)), key=lambda i: (per[i] / max(ideals[i], 1), per[i]))
     phases = math.ceil(acc.active_threads / acc.phase_threads)
@@ -432,7 +433,7 @@ def bank_conflicts(smem_layout: Any, access: Any, dtype: Any = "bf16", *, swizzl
         mean_wavefronts=sum(per) / len(per),
         way=way,
         per_instruction=tuple(per),
-        banks=bank_words(addresses[worst], acc.phase_threads),
+        banks=bank_words(byte_addresses(instrs[worst]), acc.phase_threads),
     )
 
 
