@@ -3,7 +3,8 @@
 - `gpu` tests skip with a reason where CUDA is absent.
 - `compile` tests skip where the CuTe DSL is not importable; they set CUTE_DSL_ARCH=sm_90a so
   kernels compile for Hopper on a machine without a GPU.
-- With CI set, hypothesis runs the derandomized `ci` profile (no deadline).
+- With CI set, hypothesis runs the derandomized `ci` profile (no deadline); `HYPOTHESIS_PROFILE=deep`
+  selects the long `deep` profile (tests/layouts/test_laws.py scales its 21,000-example law set with it).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ settings.register_profile(
     print_blob=True,
 )
 settings.register_profile("dev", deadline=None, max_examples=200)
+# For users hunting rare cases: HYPOTHESIS_PROFILE=deep python3 -m pytest tests/layouts (fresh draws every
+# run, 25x the dev examples per property; the bulk law set in test_laws.py runs 5x its CI count, 105,000).
+settings.register_profile("deep", deadline=None, max_examples=5000, suppress_health_check=[HealthCheck.too_slow],
+                          print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 

@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if not argv else 2
-    return int(args.func(args) or 0)
+    from cute_kernels.cli.errors import run_guarded  # one-line errors for every subcommand
+
+    return run_guarded(args.command, args.func, args)
 
 
 if __name__ == "__main__":

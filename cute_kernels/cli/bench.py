@@ -19,7 +19,10 @@ Exit status: 0; 1 when one of our implementations failed its correctness check; 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+
+from .errors import CliError
 
 SUITE_NAMES = ("gemm", "gemm_shapes", "attention", "attention_bwd", "copy", "skinny", "fp8", "ladder", "decode", "overhead")
 # Ceilings each suite's percentages need (the HBM bandwidth is always measured).
@@ -69,6 +72,15 @@ def _validate(args) -> None:
         raise SystemExit("cute-kernels bench: --ceilings and --no-ceilings contradict each other")
 
 
+@contextlib.contextmanager
+def _choice(what: str):
+    """A ValueError from choosing impls or cases is the user's: one line, exit 2."""
+    try:
+        yield
+    except ValueError as err:
+        raise CliError(f"{what}: {err}") from None
+
+
 def _log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -109,7 +121,8 @@ def _list(args) -> int:
                     f"{n} ({i.kind}{'; ' + r if (r := i.available()) else ''})" for n, i in impls.items()))
             continue
         suite = SUITES[name]
-        cases = suite.parse_cases(args.cases) if args.cases else suite.cases
+        with _choice("--cases"):
+            cases = suite.parse_cases(args.cases) if args.cases else suite.cases
         print(f"{name}: {suite.description}")
         print("  cases: " + ", ".join(f"{c.name}:{c.dtype}" for c in cases))
         for n, impl in suite.impls().items():
@@ -138,7 +151,8 @@ def _run_one(name: str, args, timer, ceilings: dict):
                                      sync=None if cpu else torch.cuda.synchronize)
         by_case = overhead_impls()
         if args.impl:  # names apply to the case that has them (cublas: the GEMM, sdpa: attention)
-            _check_names(args.impl, [i for impls in by_case.values() for i in impls], "overhead")
+            with _choice("--impl"):
+                _check_names(args.impl, [i for impls in by_case.values() for i in impls], "overhead")
             by_case = {c: select_impls(impls, args.impl, lambda i: True, strict=False) for c, impls in by_case.items()}
         records, skipped = run_overhead(by_case, timer=host_timer, rounds=args.rounds, device=args.device,
                                         seed=args.seed, log=_log)
@@ -148,8 +162,10 @@ def _run_one(name: str, args, timer, ceilings: dict):
                            suite="overhead", records=records, skipped=skipped,
                            settings={"rounds": args.rounds, "timer": host_timer.backend, "device": args.device})
     suite = SUITES[name]
-    cases = suite.parse_cases(args.cases) if args.cases else suite.cases
-    impls = select_impls(suite.impls(), args.impl, suite.default, strict=args.suite != "all")
+    with _choice("--cases"):
+        cases = suite.parse_cases(args.cases) if args.cases else suite.cases
+    with _choice("--impl"):
+        impls = select_impls(suite.impls(), args.impl, suite.default, strict=args.suite != "all")
     partial = _json_path(name, args)
 
     def progress(so_far) -> None:  # keep finished cases on disk in case a later one hangs

@@ -2,13 +2,20 @@
 
 Without a GPU it explores layouts, an MMA atom and a bank-conflict analysis, then compiles a
 Hopper kernel for sm_90a and summarizes its SASS. With a GPU it also runs our GEMM beside cuBLAS
-on the same tensors and prints the ratio.
+on the same tensors and prints the ratio. A base install (no torch, no CuTe DSL) runs the layout
+part and says in one line which extra the rest needs.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 import time
+
+from .errors import CliError
+
+GPU_EXTRA = "pip install 'cute-kernels[gpu]'"
 
 
 def add_parser(sub) -> None:
@@ -62,6 +69,9 @@ def _sass_part(kernel: str | None) -> str | None:
     if not names:
         print("(no kernel variants registered)")
         return None
+    if kernel and kernel not in names:
+        print(f"(no SASS variant is registered for {kernel}; skipping SASS)")
+        return None
     preferred = [kernel] if kernel else ["gemm.sm90_persistent", "gemm.sm90_tma_wgmma", "gemm.naive", "elementwise.vector_copy"]
     name = next((n for n in preferred if n in names), names[0])
     _section(f"Compiling {name} for {os.environ.get('CUTE_DSL_ARCH')}")
@@ -109,8 +119,32 @@ def _gpu_part(size: int, kernel: str | None) -> None:
     print(f"{name} / cublas: {times['cublas'].median / times[name].median:.2f}x (rel_err {err:.1e})")
 
 
+def _missing_gpu_stack() -> list[str]:
+    return [name for module, name in (("torch", "PyTorch"), ("cutlass", "the CuTe DSL"))
+            if importlib.util.find_spec(module) is None]
+
+
+def _check_kernel(kernel: str | None) -> None:
+    """An unknown --kernel is an error before anything runs (not a silent switch to another rung)."""
+    if kernel is None:
+        return
+    from cute_kernels.gemm import KERNELS
+
+    if kernel not in KERNELS:
+        raise CliError(f"unknown GEMM kernel {kernel!r}; the rungs are: {', '.join(KERNELS)}")
+
+
 def run(args) -> int:
+    missing = _missing_gpu_stack()
+    if missing and args.kernel:
+        raise CliError(f"--kernel needs {' and '.join(missing)}, which the base install lacks: {GPU_EXTRA}")
+    if not missing:
+        _check_kernel(args.kernel)
     _layouts_part()
+    if missing:
+        print(f"cute-kernels demo: the SASS and GEMM parts need {' and '.join(missing)}, not installed here; "
+              f"install them with: {GPU_EXTRA}", file=sys.stderr)
+        return 0
     _sass_part(args.kernel and f"gemm.{args.kernel}")
     _gpu_part(args.size, args.kernel)
     return 0

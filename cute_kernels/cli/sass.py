@@ -13,7 +13,8 @@ from __future__ import annotations
 import ast
 import json
 import os
-import sys
+
+from .errors import CliError
 
 
 def add_parser(subparsers) -> None:
@@ -46,6 +47,37 @@ def parse_override(text: str) -> tuple[str, object]:
     except (ValueError, SyntaxError):
         value = raw
     return key, value
+
+
+def _check_overrides(variant, overrides: dict) -> None:
+    """Every --set key must be a build argument of the variant."""
+    import inspect
+
+    params = inspect.signature(variant.build).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(overrides) - set(params))
+    if unknown:
+        raise CliError(f"unknown --set key(s) {', '.join(unknown)} for {variant.name}; its build arguments: "
+                       f"{', '.join(params) or '(none)'}")
+
+
+def _check_arch(arch: str | None) -> str | None:
+    """A well-formed arch the CuTe DSL compiles for, or a one-line error listing those."""
+    if arch is None:
+        return None
+    from cute_kernels.runtime.arch import normalize_arch
+
+    try:
+        arch = normalize_arch(arch)
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    from cutlass.base_dsl.enums import Arch
+
+    known = [a.name for a in Arch]
+    if arch not in known:
+        raise CliError(f"unsupported --arch {arch}; the CuTe DSL compiles for {', '.join(known)}")
+    return arch
 
 
 def report_dict(report) -> dict:
@@ -93,15 +125,22 @@ def run(args) -> int:
             print(f"{v.name}: configs {', '.join(v.configs)}; requires {requires}; forbids {forbids}")
         return 0
     if not args.name:
-        print("cute-kernels sass: give a variant NAME or --list", file=sys.stderr)
-        return 2
+        raise CliError("give a variant NAME or --list")
     try:
         variant = get_variant(args.name)
         overrides = dict(parse_override(text) for text in args.overrides)
-        report = compile_variant(args.name, args.config, arch=args.arch, **overrides)
+        variant.config(args.config)  # an unknown config name fails here, before any build
     except (KeyError, ValueError) as err:
-        print(f"cute-kernels sass: {err.args[0] if err.args else err}", file=sys.stderr)
-        return 2
+        raise CliError(str(err.args[0] if err.args else err)) from None
+    _check_overrides(variant, overrides)
+    arch = _check_arch(args.arch)
+    try:
+        report = compile_variant(args.name, args.config, arch=arch, **overrides)
+    except Exception as err:  # noqa: BLE001 - with an explicit --arch, a refusal is the user's choice
+        if arch is None:
+            raise
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise CliError(f"{args.name} does not compile for {arch}: {first}") from err
     problems = check_variant(report, variant)
     if args.json:
         data = report_dict(report)

@@ -6,6 +6,12 @@ Everything public is re-exported here flat, named as in CuTe::
     >>> composition(Layout((6, 2), (8, 2)), Layout((4, 3), (3, 1)))
     Layout(((2, 2), 3), ((24, 2), 8))
 
+Besides the algebra (one module per operation, as in CuTe) the package holds the workbench: atoms
+and tiled MMAs/copies, the memory-access analysis (``analysis``), drawing (``render``, with the
+size ``budget``), the F2 view (``f2``), the swizzle search (``swizzle_search``), ``explain``
+(with the step recorder ``trace``) and the interactive page (``html``). Where NVIDIA's
+implementations disagree, ``semantics`` chooses (the DSL's rule by default).
+
 Importing this package imports neither torch nor the CuTe DSL nor hypothesis (the hypothesis
 strategies live in :mod:`cute_kernels.layouts.strategies`, imported explicitly).
 """
@@ -74,12 +80,16 @@ from .product import (
     zipped_product,
 )
 from .recast import downcast, recast_layout, upcast
+from .semantics import SEMANTICS, current_semantics, layout_semantics
 from .swizzle import Swizzle, make_swizzle
 
 # The workbench: atoms, tiled MMAs and copies, analysis and rendering (all pure Python).
 from .analysis import Access, bank_conflicts, coalescing, vector_width
 from .atoms import CopyAtom, MmaAtom, atom, atom_names, dtype_bits, dtype_name
 from .copy_atoms import tma_atom
+from .f2 import F2Layout, f2
+from .swizzle_search import SwizzleSearch, find_swizzle, fragment_access
+from .explain import Explanation, explain
 from .render import print_layout, to_html, to_latex, to_svg
 from .smem_atoms import SmemAtom, gmma_smem_atom, smem_atom
 from .tiled import TiledCopy, TiledMMA, make_tiled_copy, make_tiled_mma
@@ -95,10 +105,12 @@ def flatten(x: Any) -> Any:
 
 
 __all__ = [
+    "Explanation", "explain", "F2Layout", "f2", "SwizzleSearch", "find_swizzle", "fragment_access",
     "Access", "CopyAtom", "MmaAtom", "SmemAtom", "TiledCopy", "TiledMMA", "atom", "atom_names",
     "bank_conflicts", "coalescing", "dtype_bits", "dtype_name", "gmma_smem_atom", "make_tiled_copy",
     "make_tiled_mma", "print_layout", "smem_atom", "tma_atom", "to_html", "to_latex", "to_svg",
     "vector_width",
+    "SEMANTICS", "current_semantics", "layout_semantics",
     "ArithTuple", "ComposedLayout", "E", "InexactCompositionError", "IntTuple", "Layout", "LayoutError", "ScaledBasis", "Swizzle",
     "append", "blocked_product", "ceil_div", "coalesce", "compatible", "complement", "composition",
     "congruent", "cosize", "crd2crd", "crd2idx", "depth", "downcast", "filter", "filter_zeros",

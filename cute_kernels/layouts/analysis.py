@@ -34,7 +34,17 @@ convention for ``smem_ptr_flag`` layouts and the DSL's swizzled pointers: the sw
 (unit-stride) mode; ``ldmatrix``/``stmatrix`` walk the rows first (lane ``t`` reads row ``t %
 rows`` of the vector column ``t // rows``: the matrices an MMA fragment needs), plain vectors walk
 the contiguous mode first (consecutive threads read consecutive vectors). Successive
-instructions continue where the previous one stopped until the tile is covered.
+instructions continue where the previous one stopped until the tile is covered. Each of these can
+be given as text too, as on the command line: a copy atom's name (``"SM75_U32x4_LDSM_N"``) or a TV
+layout (``"((8,4),8):((32,1),4)"``); the tile layouts likewise (``"(8,64):(64,1)"``).
+
+**Budgets.** The analyses enumerate every element of the tile; past ``max_elements`` (default
+:data:`~cute_kernels.layouts.budget.ELEMENTS`) they refuse with a message instead of running for
+minutes. ``vector_width`` of a plain layout is computed from its coalesced modes, at any size.
+
+The reports print as the tables the docs show (``repr`` is that text, so the prompt shows it) and
+display in Jupyter as an HTML table (``_repr_html_``), the bank-conflict report with a picture of
+the worst instruction's banks.
 """
 
 from __future__ import annotations
@@ -45,10 +55,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from . import budget
 from .atoms import CopyAtom, dtype_bits, dtype_name
+from .display import Report
 from .errors import LayoutError
-from .int_tuple import product
+from .int_tuple import flatten, is_int, product
 from .layout import Layout
+from .parse import as_layout
 
 __all__ = [
     "Access",
@@ -107,11 +120,38 @@ def _phase_for_bits(bits: int) -> int:
 
 
 _NAMED = re.compile(r"(ldmatrix|stmatrix|ldsm|stsm)_?x([124])(_?t|_?trans)?\Z|vec(8|16|32|64|128)\Z|scalar\Z|u(32|64|128)\Z|cp_?async(_16b?)?\Z")
+ACCESS_FORMS = ("ldmatrix_x1|x2|x4[_trans], stmatrix_x1|x2|x4[_trans], vec32|vec64|vec128, scalar, cp_async, "
+                "a copy atom's name (SM75_U32x4_LDSM_N, SM90_U32x4_STSM_N, SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>...) "
+                "or a TV layout (thread, value) -> tile index such as '((8,4),8):((32,1),4)'")
+
+
+def _access_from_text(text: str, dtype: Any) -> Access | None:
+    """A copy atom by name, or a TV layout in CuTe's notation; None when the text is neither."""
+    from .atoms import atom
+
+    if text[:2].upper() == "SM":
+        try:
+            rec = atom(text)
+        except LayoutError:
+            rec = None
+        if isinstance(rec, CopyAtom):
+            return parse_access(rec, dtype)
+        if rec is not None:
+            raise LayoutError(f"{text} is an MMA atom, not an access; give its operand's TV layout "
+                              f"(atom({text!r}).c_layout) or a copy atom")
+    if ":" in text:
+        try:
+            tv = as_layout(text)
+        except LayoutError as err:
+            raise LayoutError(f"access {text!r} looks like a TV layout but does not parse: {err}") from None
+        return parse_access(tv, dtype)
+    return None
 
 
 def parse_access(access: Any, dtype: Any = None) -> Access:
-    """An :class:`Access` for a name, a copy atom, an :class:`Access` or a TV layout (see the
-    module docstring). ``dtype`` fixes the width of ``"scalar"`` and of TV-layout values."""
+    """An :class:`Access` for a name, a copy atom (or its name), an :class:`Access` or a TV layout
+    (or its text); see the module docstring. ``dtype`` fixes the width of ``"scalar"`` and of
+    TV-layout values."""
     if isinstance(access, Access):
         access.validate()
         return access
@@ -142,10 +182,10 @@ def parse_access(access: Any, dtype: Any = None) -> Access:
     key = access.strip().lower().replace(".", "_").replace("-", "_")
     m = _NAMED.match(key)
     if not m:
-        raise LayoutError(
-            f"unknown access {access!r}; use ldmatrix_x1|x2|x4[_trans], stmatrix_x1|x2|x4[_trans], "
-            "vec32|vec64|vec128, scalar, cp_async, a copy atom or a TV layout"
-        )
+        found = _access_from_text(access.strip(), dtype)
+        if found is not None:
+            return found
+        raise LayoutError(f"unknown access {access!r}; use {ACCESS_FORMS}")
     if m.group(1):
         count = int(m.group(2))
         kind = "ldmatrix" if m.group(1) in ("ldmatrix", "ldsm") else "stmatrix"
@@ -209,15 +249,21 @@ def _contiguous_mode(offset: Callable[[int], int], rows: int, cols: int) -> int:
     raise LayoutError("the tile has no unit-stride mode: a vector access needs contiguous elements")
 
 
-def warp_accesses(layout: Any, dtype: Any, access: Any, *, swizzle_unit: str = "bytes") -> list[list[list[int]]]:
+def warp_accesses(layout: Any, dtype: Any, access: Any, *, swizzle_unit: str = "bytes",
+                  max_elements: int = budget.ELEMENTS) -> list[list[list[int]]]:
     """The element offsets each lane reads, instruction by instruction: ``out[i][t]`` is the list
     of offsets lane ``t`` addresses in instruction ``i`` (empty for an idle lane).
 
     Raises :class:`LayoutError` if a lane's vector is not contiguous and aligned in memory (the
-    instruction would be illegal) or the tile does not split into the access's vectors.
+    instruction would be illegal), the tile does not split into the access's vectors, or it has
+    more than ``max_elements`` elements.
     """
+    layout = as_layout(layout)
     bits = dtype_bits(dtype)
     acc = parse_access(access, dtype)
+    count = product(acc.tv.shape) if acc.tv is not None else layout.size()
+    budget.check(count, max_elements, f"the access of tile {layout}",
+                 "analyse a tile of it (composition(layout, (rows, cols))) or pass max_elements=")
     offset = element_offset_fn(layout, bits, swizzle_unit)
     n = max(1, acc.vector_bits // bits) if acc.vector_bits else 1
     if acc.vector_bits and acc.vector_bits < bits:
@@ -267,11 +313,8 @@ def warp_accesses(layout: Any, dtype: Any, access: Any, *, swizzle_unit: str = "
     return instrs
 
 
-def wavefronts(byte_addresses: Sequence[Sequence[int]], phase_threads: int) -> tuple[int, int, int]:
-    """``(wavefronts, ideal, way)`` of one warp-wide shared-memory instruction, where
-    ``byte_addresses[t]`` lists the bytes lane ``t`` touches (empty if idle). See the module
-    docstring for the model."""
-    total = ideal = way = 0
+def _phases(byte_addresses: Sequence[Sequence[int]], phase_threads: int):
+    """Per phase: ``{bank: {word, ...}}`` and the set of words, for the phases that touch memory."""
     for p in range(0, len(byte_addresses), phase_threads):
         banks: dict[int, set[int]] = defaultdict(set)
         words: set[int] = set()
@@ -280,8 +323,16 @@ def wavefronts(byte_addresses: Sequence[Sequence[int]], phase_threads: int) -> t
                 w = a // BANK_BYTES
                 words.add(w)
                 banks[w % NUM_BANKS].add(w)
-        if not words:
-            continue
+        if words:
+            yield banks, words
+
+
+def wavefronts(byte_addresses: Sequence[Sequence[int]], phase_threads: int) -> tuple[int, int, int]:
+    """``(wavefronts, ideal, way)`` of one warp-wide shared-memory instruction, where
+    ``byte_addresses[t]`` lists the bytes lane ``t`` touches (empty if idle). See the module
+    docstring for the model."""
+    total = ideal = way = 0
+    for banks, words in _phases(byte_addresses, phase_threads):
         deepest = max(len(s) for s in banks.values())
         total += deepest
         ideal += math.ceil(len(words) / NUM_BANKS)
@@ -289,10 +340,17 @@ def wavefronts(byte_addresses: Sequence[Sequence[int]], phase_threads: int) -> t
     return total, ideal, way
 
 
-@dataclass(frozen=True)
-class BankConflictReport:
+def bank_words(byte_addresses: Sequence[Sequence[int]], phase_threads: int) -> tuple[tuple[int, ...], ...]:
+    """Per phase, the number of distinct words each of the 32 banks serves (the wavefronts of a
+    phase are its largest entry)."""
+    return tuple(tuple(len(banks.get(b, ())) for b in range(NUM_BANKS)) for banks, _ in _phases(byte_addresses, phase_threads))
+
+
+@dataclass(frozen=True, repr=False)
+class BankConflictReport(Report):
     """Result of :func:`bank_conflicts`. Per-instruction figures are over the warp-wide
-    instructions needed to cover the tile; ``wavefronts`` is the worst instruction."""
+    instructions needed to cover the tile; ``wavefronts`` is the worst instruction, and
+    ``banks`` holds, per phase of that instruction, the distinct words each bank serves."""
 
     access: str
     dtype: str
@@ -303,6 +361,7 @@ class BankConflictReport:
     mean_wavefronts: float
     way: int
     per_instruction: tuple[int, ...]
+    banks: tuple[tuple[int, ...], ...] = ()
 
     @property
     def conflict_degree(self) -> float:
@@ -313,32 +372,52 @@ class BankConflictReport:
     def conflict_free(self) -> bool:
         return self.wavefronts == self.ideal_wavefronts
 
+    def _verdict(self) -> str:
+        return "conflict-free" if self.conflict_free else f"{self.way}-way bank conflict"
+
     def __str__(self) -> str:
-        verdict = "conflict-free" if self.conflict_free else f"{self.way}-way bank conflict"
         return (
             f"{self.access} on {self.dtype}: {self.instructions} instruction(s), {self.phases} phase(s) each\n"
             f"  wavefronts per instruction: {self.wavefronts} (ideal {self.ideal_wavefronts}, "
             f"mean {self.mean_wavefronts:g})\n"
-            f"  conflict degree {self.conflict_degree:g}x: {verdict}"
+            f"  conflict degree {self.conflict_degree:g}x: {self._verdict()}"
         )
 
+    def table(self) -> list[tuple[str, str]]:
+        return [
+            ("instructions", str(self.instructions)), ("phases per instruction", str(self.phases)),
+            ("wavefronts (worst instruction)", str(self.wavefronts)), ("ideal", str(self.ideal_wavefronts)),
+            ("mean wavefronts", f"{self.mean_wavefronts:g}"), ("conflict degree", f"{self.conflict_degree:g}x"),
+            ("verdict", self._verdict()),
+        ]
 
-def bank_conflicts(smem_layout: Any, access: Any, dtype: Any = "bf16", *, swizzle_unit: str = "bytes") -> BankConflictReport:
+    def picture_svg(self) -> str | None:
+        if not self.banks:
+            return None
+        from .render import bank_svg
+
+        return bank_svg(self.banks, f"worst instruction: distinct words per bank, one row per phase ({self.access})")
+
+
+def bank_conflicts(smem_layout: Any, access: Any, dtype: Any = "bf16", *, swizzle_unit: str = "bytes",
+                   max_elements: int = budget.ELEMENTS) -> BankConflictReport:
     """Wavefronts and conflict degree of reading (or writing) the tile ``smem_layout`` (coordinates
-    -> element offsets in shared memory) with ``access``, in the 32-bank model of the module
-    docstring.
+    -> element offsets in shared memory, a layout or its text) with ``access``, in the 32-bank
+    model of the module docstring.
 
     Post-conditions: ``wavefronts >= ideal_wavefronts``; ``conflict_degree == 1.0`` iff no bank
     serves two distinct words within one phase of any instruction.
     """
     bits = dtype_bits(dtype)
     acc = parse_access(access, dtype)
-    instrs = warp_accesses(smem_layout, dtype, acc, swizzle_unit=swizzle_unit)
+    instrs = warp_accesses(smem_layout, dtype, acc, swizzle_unit=swizzle_unit, max_elements=max_elements)
     nbytes = max(1, bits // 8)
+    def byte_addresses(lanes):
+        return [[o * nbytes + b for o in offs for b in range(0, nbytes, BANK_BYTES)] for offs in lanes]
+
     per, ideals, way = [], [], 0
     for lanes in instrs:
-        addrs = [[o * nbytes + b for o in offs for b in range(0, nbytes, BANK_BYTES)] for offs in lanes]
-        w, ideal, wy = wavefronts(addrs, acc.phase_threads)
+        w, ideal, wy = wavefronts(byte_addresses(lanes), acc.phase_threads)
         per.append(w)
         ideals.append(ideal)
         way = max(way, wy)
@@ -354,11 +433,12 @@ def bank_conflicts(smem_layout: Any, access: Any, dtype: Any = "bf16", *, swizzl
         mean_wavefronts=sum(per) / len(per),
         way=way,
         per_instruction=tuple(per),
+        banks=bank_words(byte_addresses(instrs[worst]), acc.phase_threads),
     )
 
 
-@dataclass(frozen=True)
-class CoalescingReport:
+@dataclass(frozen=True, repr=False)
+class CoalescingReport(Report):
     """Result of :func:`coalescing`: per warp-wide request, worst and mean over the tile."""
 
     access: str
@@ -383,18 +463,27 @@ class CoalescingReport:
             f"  efficiency {100 * self.efficiency:.1f}%"
         )
 
+    def table(self) -> list[tuple[str, str]]:
+        return [
+            ("warp requests", str(self.requests)), ("bytes per request", str(self.bytes_per_request)),
+            ("sectors (worst request)", str(self.sectors)), ("ideal sectors", str(self.ideal_sectors)),
+            ("mean sectors", f"{self.mean_sectors:g}"), ("128-byte lines", str(self.lines)),
+            ("efficiency", f"{100 * self.efficiency:.1f}%"),
+        ]
 
-def coalescing(layout: Any, dtype: Any = "bf16", access: Any = "vec128", *, base: int = 0) -> CoalescingReport:
+
+def coalescing(layout: Any, dtype: Any = "bf16", access: Any = "vec128", *, base: int = 0,
+               max_elements: int = budget.ELEMENTS) -> CoalescingReport:
     """32-byte sectors and 128-byte lines per warp request when a warp reads the global-memory tile
-    ``layout`` (coordinates -> element offsets) with ``access``, the tile starting at byte
-    ``base`` (128-byte aligned when 0).
+    ``layout`` (coordinates -> element offsets, a layout or its text) with ``access``, the tile
+    starting at byte ``base`` (128-byte aligned when 0).
 
     Post-conditions: ``sectors >= ideal_sectors = ceil(bytes / 32)`` for a 32-byte aligned request;
     ``lines <= sectors <= 4 * lines``.
     """
     bits = dtype_bits(dtype)
     acc = parse_access(access, dtype)
-    instrs = warp_accesses(layout, dtype, acc, swizzle_unit="elements")
+    instrs = warp_accesses(layout, dtype, acc, swizzle_unit="elements", max_elements=max_elements)
     worst = None
     total_sectors = 0
     for lanes in instrs:
@@ -422,8 +511,8 @@ def coalescing(layout: Any, dtype: Any = "bf16", access: Any = "vec128", *, base
     )
 
 
-@dataclass(frozen=True)
-class VectorWidth:
+@dataclass(frozen=True, repr=False)
+class VectorWidth(Report):
     """The widest legal vector access: ``bits`` and ``elements`` (``bits == elements * dtype bits``)."""
 
     bits: int
@@ -431,6 +520,9 @@ class VectorWidth:
 
     def __str__(self) -> str:
         return f"{self.bits}-bit vectors ({self.elements} element{'s' if self.elements != 1 else ''})"
+
+    def table(self) -> list[tuple[str, str]]:
+        return [("bits per vector", str(self.bits)), ("elements per vector", str(self.elements))]
 
 
 def _contiguous_first(layout: Any) -> Any:
@@ -453,9 +545,10 @@ def _contiguous_first(layout: Any) -> Any:
 
 
 def vector_width(
-    layout: Any, dtype: Any = "bf16", *, max_bits: int = 128, swizzle_unit: str = "bytes", along: str = "contiguous"
+    layout: Any, dtype: Any = "bf16", *, max_bits: int = 128, swizzle_unit: str = "bytes", along: str = "contiguous",
+    max_elements: int = budget.ELEMENTS,
 ) -> VectorWidth:
-    """The widest vector a thread may use to access ``layout``'s elements.
+    """The widest vector a thread may use to access ``layout``'s elements (a layout or its text).
 
     ``along="index"`` vectorizes the layout's own index order (CuTe's ``max_common_vector`` with a
     compact register layout); ``along="contiguous"`` (the default) first moves the unit-stride
@@ -463,10 +556,13 @@ def vector_width(
     ``n`` elements (a power of two, ``n * bits <= max_bits``) are legal when, for every ``k``,
     indices ``k*n .. k*n + n-1`` map to consecutive offsets starting at a multiple of ``n`` (the
     alignment hardware vectors need, assuming an aligned base pointer).
+    A plain layout is decided from its coalesced modes at any size; a swizzled one is enumerated,
+    up to ``max_elements`` elements.
     Post-condition: the result divides ``size(layout)`` and is at least one element.
     """
     if along not in ("contiguous", "index"):
         raise LayoutError(f"vector_width: along must be 'contiguous' or 'index', not {along!r}")
+    layout = as_layout(layout)
     if hasattr(layout, "element_layout"):
         layout, swizzle_unit = layout.element_layout, "elements"
     if along == "contiguous":
@@ -474,14 +570,44 @@ def vector_width(
     bits = dtype_bits(dtype)
     if max_bits < bits:
         raise LayoutError(f"vector_width: max_bits {max_bits} is narrower than one {bits}-bit element")
-    offset = element_offset_fn(layout, bits, swizzle_unit)
+    limit = 1 << (max_bits // bits).bit_length() - 1  # the widest power of two allowed
+    n = _plain_vector(layout, limit)
+    if n is None:
+        n = _enumerated_vector(layout, bits, swizzle_unit, limit, max_elements)
+    return VectorWidth(n * bits, n)
+
+
+def _plain_vector(layout: Any, limit: int) -> int | None:
+    """The widest vector of a plain layout with integer strides, from ``coalesce(layout)`` (None for
+    other layouts). On coalesced modes ``s0:d0, s1:d1, ...``, ``n > 1`` elements are legal exactly
+    when ``d0 == 1``, ``n`` divides ``s0`` (a group never straddles into the next mode, which
+    cannot continue it: coalescing would have merged it) and every other stride is a multiple of
+    ``n`` (each group starts aligned)."""
+    from .coalesce import coalesce
+
+    if not isinstance(layout, Layout) or not all(is_int(d) for d in flatten(layout.stride)):
+        return None
+    flat = coalesce(layout)
+    shapes, strides = flatten(flat.shape), flatten(flat.stride)
+    if shapes[0] == 1 or strides[0] != 1:
+        return 1
+    n = 1
+    while 2 * n <= limit and shapes[0] % (2 * n) == 0 and all(d % (2 * n) == 0 for d in strides[1:]):
+        n *= 2
+    return n
+
+
+def _enumerated_vector(layout: Any, bits: int, swizzle_unit: str, limit: int, max_elements: int) -> int:
+    """The same answer, by evaluating every element (the reference :func:`_plain_vector` is tested against)."""
     size = layout.size()
+    budget.check(size, max_elements, f"vector_width of {layout}", "pass max_elements= or analyse a tile of it")
+    offset = element_offset_fn(layout, bits, swizzle_unit)
     offs = [offset(i) for i in range(size)]
     n = 1
-    while (2 * n) * bits <= max_bits and size % (2 * n) == 0:
+    while 2 * n <= limit and size % (2 * n) == 0:
         m = 2 * n
         if all(offs[k] % m == 0 and offs[k + 1 : k + m] == list(range(offs[k] + 1, offs[k] + m)) for k in range(0, size, m)):
             n = m
         else:
             break
-    return VectorWidth(n * bits, n)
+    return n

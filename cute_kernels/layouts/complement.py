@@ -8,6 +8,7 @@ from .coalesce import coalesce, filter
 from .errors import LayoutError
 from .int_tuple import ceil_div, flatten, is_int, is_tuple
 from .layout import Layout
+from .trace import note, tracing
 
 __all__ = ["complement"]
 
@@ -53,7 +54,13 @@ def complement(layout: Layout, cotarget: Any = None) -> Layout:
         raise LayoutError(f"complement: {layout} has non-integer strides")
     if any(d < 0 for d in strides):
         raise LayoutError(f"complement: {layout} has a negative stride; complement needs non-negative strides")
+    if tracing():
+        note("filter", f"the modes of {layout} that reach offsets (filter: no size-1 or stride-0 modes), by stride: "
+             + ", ".join(f"{s}:{d}" for d, s in sorted(zip(strides, shapes))) + f"; the codomain to cover is {cotarget}",
+             layout=layout, modes=sorted(zip(strides, shapes)), cotarget=cotarget)
     if strides == (0,):
+        if tracing():
+            note("rest", f"{layout} reaches only offset 0: the complement is all of {cotarget}")
         return Layout(_ceil_div_shape(cotarget, 1))
 
     result_shape: list[int] = []
@@ -61,13 +68,27 @@ def complement(layout: Layout, cotarget: Any = None) -> Layout:
     for d, s in sorted(zip(strides, shapes), key=lambda ds: ds[0]):
         current = result_stride[-1]
         if d < current:
+            if tracing():
+                note("fail", f"mode {s}:{d} starts inside the {current} offsets the smaller modes already span: "
+                     f"{layout} is not injective, and its complement is undefined", mode=(s, d))
             raise LayoutError(f"complement: {layout} is not injective (stride {d} overlaps the modes below it, extent {current})")
         if d % current != 0:
+            if tracing():
+                note("fail", f"mode {s}:{d}: its stride is not a multiple of {current}, the extent of the modes below it, "
+                     "so the gap before it is not a whole number of copies", mode=(s, d))
             raise LayoutError(
                 f"complement: stride divisibility fails for {layout}, stride {d} is not a multiple of {current}, "
                 "the extent of the modes below it"
             )
+        if tracing():
+            note("gap", f"mode {s}:{d} starts where the smaller modes end ({current}): no gap" if d == current else
+                 f"below mode {s}:{d} the smaller modes span {current} offset(s): the complement fills the gap "
+                 f"with {d // current}:{current}", mode=(s, d), gap=(d // current, current))
         result_shape.append(d // current)
         result_stride.append(d * s)
-    result_shape.append(_ceil_div_shape(cotarget, result_stride[-1]))
+    rest = _ceil_div_shape(cotarget, result_stride[-1])
+    if tracing():
+        note("rest", f"above everything (extent {result_stride[-1]}) the complement repeats up to the codomain {cotarget}: "
+             f"{rest}:{result_stride[-1]}", rest=(rest, result_stride[-1]))
+    result_shape.append(rest)
     return coalesce(Layout(tuple(result_shape), tuple(result_stride)))

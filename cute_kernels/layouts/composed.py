@@ -60,7 +60,11 @@ class ComposedLayout(Drawable):
         return self.inner.size() if isinstance(self.inner, Layout) else self.outer.size()
 
     def cosize(self) -> int:
-        """Codomain extent: ``max(self(i)) + 1`` over the domain."""
+        """Codomain extent: ``max(self(i)) + 1`` over the domain (enumerated, up to
+        :data:`~cute_kernels.layouts.budget.ELEMENTS` elements)."""
+        from . import budget
+
+        budget.check(self.size(), budget.ELEMENTS, f"cosize of {self}", "a swizzled layout's cosize is enumerated")
         return max(self(i) for i in range(self.size())) + 1
 
     def __len__(self) -> int:

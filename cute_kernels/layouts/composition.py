@@ -6,12 +6,14 @@ from math import gcd
 from typing import Any
 
 from .basis import ScaledBasis
-from .coalesce import coalesce_x
+from .coalesce import coalesce, coalesce_x
 from .errors import LayoutError
 from .int_tuple import ceil_div, flatten, is_int, is_tuple
 from .layout import Layout, make_layout
+from .semantics import current_semantics, with_semantics
+from .trace import note, suspended, tracing
 
-__all__ = ["composition", "with_shape"]
+__all__ = ["composition", "with_shape", "extended_lhs"]
 
 
 _VERIFY_LIMIT = 1 << 16  # largest right operand checked element by element when the quick checks fail
@@ -50,8 +52,14 @@ def _compose(lhs_shape: Any, lhs_stride: Any, rhs_shape: Any, rhs_stride: Any, l
             strict,
         )
     if rhs_stride == 0:
+        if tracing():
+            note("leaf", f"B's mode {rhs_shape}:0 is a broadcast: it stays {rhs_shape}:0", shape=rhs_shape, stride=0, walk=[])
         return Layout(rhs_shape, 0)
     if not is_tuple(lhs_shape):
+        if tracing():
+            note("leaf", f"B's mode {rhs_shape}:{rhs_stride} on A's single mode (stride {lhs_stride}): "
+                 f"{rhs_shape}:{rhs_stride * lhs_stride}", shape=rhs_shape, stride=rhs_stride,
+                 walk=[(0, "last", f"{rhs_shape}:{rhs_stride * lhs_stride}")])
         return Layout(rhs_shape, rhs_stride * lhs_stride)
 
     if any(is_tuple(x) for x in lhs_shape):
@@ -62,7 +70,9 @@ def _compose(lhs_shape: Any, lhs_stride: Any, rhs_shape: Any, rhs_stride: Any, l
     result_shape: list[int] = []
     result_stride: list[Any] = []
     rest_shape, rest_stride = rhs_shape, rhs_stride
-    for curr_shape, curr_stride in zip(lhs_shape[:-1], lhs_stride[:-1]):
+    walk: list[tuple[int, str]] = []  # (mode of A, what happened there), for explain()
+    words: list[str] = []
+    for m, (curr_shape, curr_stride) in enumerate(zip(lhs_shape[:-1], lhs_stride[:-1])):
         magnitude = abs(rest_stride)
         # Stride divisibility: the stride must step over whole modes of A, or stay inside one
         # mode that it divides (or that it finishes in: then the rest is consumed here).
@@ -74,24 +84,48 @@ def _compose(lhs_shape: Any, lhs_stride: Any, rhs_shape: Any, rhs_stride: Any, l
             # CuTe accepts a stride below the mode's extent without checking divisibility (and is wrong
             # unless the rest ends inside this mode): report whether CuTe itself would have refused.
             error = InexactCompositionError if weak_ok else LayoutError
+            if tracing():
+                note("fail", f"B's mode {rhs_shape}:{rhs_stride} fails at A's mode {m} ({curr_shape}:{curr_stride}): "
+                     f"the stride {magnitude} left to walk neither divides nor is a multiple of {curr_shape}"
+                     + (" (CuTe's own check, stride < shape, lets it through, but the result would not be A o B)"
+                        if weak_ok else ""), shape=rhs_shape, stride=rhs_stride, walk=walk + [(m, "fail", f"stride {magnitude}?")], mode=m)
             raise error(
                 f"composition {lhs} o {rhs}: stride divisibility condition fails, stride {magnitude} "
                 f"neither divides nor is divided by shape {curr_shape}"
             )
         if next_shape == 1 or rest_shape == 1:
+            if tracing():
+                walk.append((m, "skip", f"/{curr_shape}"))
+                words.append(f"mode {m} ({curr_shape}:{curr_stride}) is stepped over: stride {magnitude} -> {abs(next_stride)}"
+                             if rest_shape > 1 else f"mode {m} ({curr_shape}:{curr_stride}): nothing left to place")
             rest_stride = next_stride
             continue
         new_shape = min(next_shape, rest_shape)
         if rest_shape % new_shape != 0:
+            if tracing():
+                note("fail", f"B's mode {rhs_shape}:{rhs_stride} fails at A's mode {m} ({curr_shape}:{curr_stride}): "
+                     f"it takes {new_shape} elements there, which does not divide the {rest_shape} left to place",
+                     shape=rhs_shape, stride=rhs_stride, walk=walk + [(m, "fail", f"{new_shape}|{rest_shape}?")], mode=m)
             raise LayoutError(
                 f"composition {lhs} o {rhs}: shape divisibility condition fails, {new_shape} does not divide "
                 f"the remaining shape {rest_shape}"
             )
         result_shape.append(new_shape)
         result_stride.append(rest_stride * curr_stride)
+        if tracing():
+            walk.append((m, "take", f"{new_shape}:{rest_stride * curr_stride}"))
+            words.append(f"mode {m} ({curr_shape}:{curr_stride}) gives {new_shape}:{rest_stride * curr_stride} "
+                         f"({new_shape} elements at stride {magnitude} within it)")
         rest_shape //= new_shape
         rest_stride = next_stride
 
+    if tracing():
+        last = len(lhs_shape) - 1
+        tail = (f"; the rest, {rest_shape} element(s), continues A's last mode ({lhs_shape[-1]}:{lhs_stride[-1]}) at stride "
+                f"{rest_stride}: {rest_shape}:{rest_stride * lhs_stride[-1]}") if rest_shape > 1 else ""
+        note("leaf", f"B's mode {rhs_shape}:{rhs_stride} walks A's modes: " + "; ".join(words or ["(no inner mode)"]) + tail,
+             shape=rhs_shape, stride=rhs_stride,
+             walk=walk + ([(last, "last", f"{rest_shape}:{rest_stride * lhs_stride[-1]}")] if rest_shape > 1 else []))
     if not result_shape:
         return Layout(rest_shape, rest_stride * lhs_stride[-1])
     if rest_shape == 1:
@@ -123,6 +157,10 @@ def _check_no_carry(flat: Layout, rhs: Layout, lhs: Layout) -> None:
             totals[m] += max(((j * d) // below[m]) % a for j in range(min(s, period)))
     for m, (t, a) in enumerate(zip(totals, extents)):
         if t >= a:
+            if tracing():
+                note("fail", f"B's modes overlap in A's mode {m} (extent {a}): the largest coordinates they reach there "
+                     f"add up to {t}, so the sum carries into the next mode and A o B is not a layout", mode=m,
+                     walk=[(m, "fail", f"carry {t}>={a}")])
             raise InexactCompositionError(
                 f"composition {lhs} o {rhs}: the modes of the right operand overlap in mode {m} of the left "
                 f"(coalesced shape {flat.shape}): their images would carry, so A o B is not a layout"
@@ -156,6 +194,19 @@ def _merge_profile(a: Any, b: Any) -> Any:
     return tuple(_merge_profile(x, y) for x, y in zip(a, b))
 
 
+def extended_lhs(lhs: Layout, rhs: Layout) -> Layout:
+    """The flat form of ``lhs`` that composition walks, extended past ``size(lhs)`` by the rule in
+    force (see :mod:`~cute_kernels.layouts.semantics`): ``coalesce_x`` under ``"dsl"`` (the last
+    leaf as written continues), ``coalesce`` under ``"pycute"`` (the last non-trivial mode does).
+
+    Post-condition: ``extended_lhs(A, B)(i) == A(i)`` for ``0 <= i < size(A)``.
+    """
+    if current_semantics() == "pycute":
+        return coalesce(lhs, _coprofile(rhs.stride))
+    return coalesce_x(lhs, _coprofile(rhs.stride))
+
+
+@with_semantics
 def composition(lhs: Any, rhs: Any, *args: Any) -> Any:
     """Functional composition ``R = lhs o rhs`` (CuTe's ``composition``).
 
@@ -163,13 +214,20 @@ def composition(lhs: Any, rhs: Any, *args: Any) -> Any:
       ``compatible(rhs.shape, R.shape)`` (R has rhs's shape, possibly refined).
     * ``rhs`` an int ``n``: composition with ``n:1``, the first ``n`` elements of ``lhs``.
     * ``rhs`` a tuple (a tiler): mode by mode, ``R[i] = composition(lhs[i], rhs[i])``; ``None``
-      keeps that mode. As CuTe does, modes of ``lhs`` beyond ``len(rhs)`` are dropped.
+      keeps that mode. As CuTe does, modes of ``lhs`` beyond ``len(rhs)`` are dropped (under
+      ``semantics="pycute"`` they are kept, as pycute does).
+    * ``semantics``: where ``rhs`` reaches beyond ``size(lhs)``, how ``lhs`` extends: ``"dsl"``
+      (default, also CuTe C++): its last leaf as written continues, so ``lhs(i)`` past its size is
+      what ``lhs`` computes there; ``"pycute"``: ``coalesce(lhs)`` continues (size-1 modes,
+      trailing ones included, do not count). See :mod:`~cute_kernels.layouts.semantics`;
+      ``with layout_semantics(...)`` sets it for a block.
     * ``lhs`` a :class:`Swizzle`: a :class:`ComposedLayout` ``lhs o 0 o rhs``; ``composition(f, offset, g)``
       builds ``f o offset o g``.
     * ``lhs`` a :class:`ComposedLayout`: composes its inner layout with ``rhs``.
 
     Post-conditions: ``compatible(rhs.shape, R.shape)`` and ``R(c) == lhs(rhs(c))`` for every
-    coordinate ``c`` of ``rhs`` (CuTe's ``@post`` in layout.hpp).
+    coordinate ``c`` of ``rhs`` (CuTe's ``@post`` in layout.hpp), ``lhs`` evaluated past its size
+    by the semantics' rule (under ``"pycute"``: ``R(c) == coalesce(lhs)(rhs(c))``).
 
     Admissibility: each stride of ``rhs`` must step over whole modes of ``lhs`` or divide a mode
     (stride divisibility), and each resulting mode must divide what remains of ``rhs``'s shape
@@ -201,18 +259,26 @@ def composition(lhs: Any, rhs: Any, *args: Any) -> Any:
     if rhs is None:
         return lhs
     if isinstance(rhs, Layout):
-        flat = coalesce_x(lhs, _coprofile(rhs.stride))
+        flat = extended_lhs(lhs, rhs)
+        if tracing():
+            note("flatten", f"A = {lhs} is walked in its coalesced form {flat} ({current_semantics()} semantics: past its "
+                 f"size A continues {'its last leaf as written' if current_semantics() == 'dsl' else 'coalesce(A)'})",
+                 lhs=lhs, flat=flat, rhs=rhs)
         try:
             result = _compose(flat.shape, flat.stride, rhs.shape, rhs.stride, lhs, rhs)
             _check_no_carry(flat, rhs, lhs)
             return result
         except InexactCompositionError:
             # CuTe's own refusal (a plain LayoutError) wins where another mode makes CuTe refuse.
-            cute_result = _compose(flat.shape, flat.stride, rhs.shape, rhs.stride, lhs, rhs, strict=False)
+            with suspended():
+                cute_result = _compose(flat.shape, flat.stride, rhs.shape, rhs.stride, lhs, rhs, strict=False)
             # Our checks are sufficient, not necessary (a stride-0 mode hides carries, a short rest
             # may not reach the wrap): accept CuTe's answer where it is verifiably the composition.
             n = rhs.size()
-            if n <= _VERIFY_LIMIT and all(cute_result(i) == lhs(rhs(i)) for i in range(n)):
+            if n <= _VERIFY_LIMIT and all(cute_result(i) == flat._offset(rhs(i)) for i in range(n)):
+                if tracing():
+                    note("verify", f"CuTe's weak checks accept the pair, and its answer {cute_result} is verified element "
+                         f"by element to be A o B", result=cute_result)
                 return cute_result
             raise
     if is_int(rhs):
@@ -223,15 +289,19 @@ def composition(lhs: Any, rhs: Any, *args: Any) -> Any:
         modes = list(lhs) if is_tuple(lhs.shape) else [lhs]
         if len(rhs) > len(modes):
             raise LayoutError(f"composition: tiler {rhs} has more modes than {lhs}")
-        return make_layout(*(composition(m, t) for m, t in zip(modes, rhs)))
+        kept = modes[len(rhs):] if current_semantics() == "pycute" else []
+        return make_layout(*(composition(m, t) for m, t in zip(modes, rhs)), *kept)
     raise LayoutError(f"composition: cannot compose a Layout with {type(rhs).__name__}")
 
 
+@with_semantics
 def with_shape(layout: Any, shape: Any) -> Any:
     """``layout`` viewed through the compact column-major ``shape``: ``composition(layout, Layout(shape))``.
 
     Requires ``product(shape) == size(layout)`` (a reshape, not a restriction).
     Post-condition: ``result.shape`` is compatible with ``shape`` and ``result(i) == layout(i)``.
+    ``semantics`` is accepted as by :func:`composition`; a reshape stays inside the domain, where
+    the rules agree.
     """
     from .int_tuple import product
 

@@ -10,6 +10,8 @@ from .composition import composition
 from .errors import LayoutError
 from .int_tuple import is_int, is_tuple
 from .layout import Layout, make_layout
+from .semantics import current_semantics, with_semantics
+from .trace import note, tracing
 
 __all__ = ["logical_divide", "zipped_divide", "tiled_divide", "flat_divide", "zip2_by", "tile_unzip"]
 
@@ -34,6 +36,7 @@ def _composed(layout: Any, op, tiler: Any) -> Any | None:
     return None
 
 
+@with_semantics
 def logical_divide(layout: Any, tiler: Any) -> Any:
     """CuTe's ``logical_divide``: ``composition(layout, make_layout(tiler, complement(tiler, shape(coalesce(layout)))))``.
 
@@ -45,6 +48,12 @@ def logical_divide(layout: Any, tiler: Any) -> Any:
     Post-conditions: ``size(result) == size(layout)`` when the tiler's complement is exact
     (``size(tiler)`` divides ``size(layout)``); ``result[0]`` computes ``composition(layout, tiler)``;
     as a function of the index, ``result`` is ``layout`` composed with a bijection of its domain.
+
+    ``semantics`` (``"dsl"`` default, ``"cpp"`` the same rule, or ``"pycute"``; see
+    :mod:`~cute_kernels.layouts.semantics`) matters where ``make_layout(tiler, complement)``
+    reaches past ``size(layout)`` (a tiler that does not divide the layout): the layout extends by
+    :func:`~cute_kernels.layouts.composition.composition`'s rule, and under ``"pycute"`` the
+    complement is taken to ``size(layout)`` instead of ``shape(coalesce(layout))``.
     """
     composed = _composed(layout, logical_divide, tiler)
     if composed is not None:
@@ -59,8 +68,13 @@ def logical_divide(layout: Any, tiler: Any) -> Any:
         tiler = Layout(tiler)
     if not isinstance(tiler, Layout):
         raise LayoutError(f"logical_divide: tiler must be a Layout, int, None or tuple, got {type(tiler).__name__}")
-    cotarget = coalesce(layout).shape
-    return composition(layout, make_layout(tiler, complement(tiler, cotarget)))
+    # pycute completes the tiler to size(layout); CuTe (C++ and the DSL) to the coalesced shape.
+    cotarget = layout.size() if current_semantics() == "pycute" else coalesce(layout).shape
+    rest = complement(tiler, cotarget)
+    if tracing():
+        note("tile", f"the tiler {tiler} is completed by its complement to {cotarget}, {rest}: the divide is "
+             f"{layout} o {make_layout(tiler, rest)} (mode 0 one tile, mode 1 the tiles)", tiler=tiler, rest=rest)
+    return composition(layout, make_layout(tiler, rest))
 
 
 def zip2_by(t: Any, guide: Any) -> Any:
@@ -85,11 +99,14 @@ def tile_unzip(layout: Layout, tiler: Any) -> Layout:
     return Layout(zip2_by(layout.shape, tiler), zip2_by(layout.stride, tiler))
 
 
+@with_semantics
 def zipped_divide(layout: Any, tiler: Any) -> Any:
     """CuTe's ``zipped_divide``: :func:`logical_divide`, then gather ``((tile modes...), (rest modes...))``.
 
     Post-conditions: rank 2; ``result[0]`` is the tile (``composition(layout, tiler)`` by mode);
     the same function of the index as ``logical_divide(layout, tiler)`` up to reordering modes.
+    ``semantics``: as for :func:`logical_divide` (a tiler reaching past the layout extends it by
+    the chosen rule).
     """
     composed = _composed(layout, zipped_divide, tiler)
     if composed is not None:
@@ -109,11 +126,13 @@ def _unpack(layout: Layout, first: bool, second: bool) -> Layout:
     return make_layout(*modes)
 
 
+@with_semantics
 def tiled_divide(layout: Any, tiler: Any) -> Any:
     """CuTe's ``tiled_divide``: ``zipped_divide`` with the rest modes unpacked: ``((tile...), r0, r1, ...)``.
 
     Post-conditions: ``result[0] == zipped_divide(layout, tiler)[0]``; the same function of the index
-    as the zipped divide; ``rank(result) == 1 + rank(zipped[1])``.
+    as the zipped divide; ``rank(result) == 1 + rank(zipped[1])``. ``semantics``: as for
+    :func:`logical_divide`.
     """
     composed = _composed(layout, tiled_divide, tiler)
     if composed is not None:
@@ -121,11 +140,12 @@ def tiled_divide(layout: Any, tiler: Any) -> Any:
     return _unpack(zipped_divide(layout, tiler), False, True)
 
 
+@with_semantics
 def flat_divide(layout: Any, tiler: Any) -> Any:
     """CuTe's ``flat_divide``: ``zipped_divide`` with both modes unpacked: ``(t0, t1, ..., r0, r1, ...)``.
 
     Post-conditions: the same function of the index as the zipped divide;
-    ``rank(result) == rank(zipped[0]) + rank(zipped[1])``.
+    ``rank(result) == rank(zipped[0]) + rank(zipped[1])``. ``semantics``: as for :func:`logical_divide`.
     """
     composed = _composed(layout, flat_divide, tiler)
     if composed is not None:

@@ -26,6 +26,12 @@ __all__ = [
     "gen_divide_pair",
     "gen_product_pair",
     "gen_swizzle",
+    "gen_edge_layout",
+    "with_edges",
+    "gen_beyond_pair",
+    "gen_beyond_divide_pair",
+    "gen_f2_layout",
+    "gen_f2_swizzle",
     "nest",
 ]
 
@@ -270,3 +276,109 @@ def gen_swizzle(draw: Draw, max_bits: int = 3, max_base: int = 4, allow_negative
         s = -s
     return Swizzle(b, m, s)
 
+
+
+def with_edges(draw: Draw, layout: Layout, zero: bool = True, max_stride: int = 40) -> Layout:
+    """``layout`` with edge-case leaves added: size-1 leaves anywhere (inner and trailing, with
+    arbitrary strides, which never change the function inside the domain) and, with ``zero``,
+    a stride-0 (broadcast) leaf; the leaves are nested afresh."""
+    flat = list(zip(flatten(layout.shape), flatten(layout.stride)))
+    for _ in range(draw(0, 2)):
+        flat.insert(draw(0, len(flat)), (1, draw(0, max_stride)))
+    if zero and draw(0, 3) == 0:
+        flat.insert(draw(0, len(flat)), (draw(2, 4), 0))
+    if draw(0, 2) == 0:
+        flat.append((1, draw(0, max_stride)))  # a trailing size-1 mode: where the semantics differ
+    return _nest_pairs(draw, flat, 2)
+
+
+def gen_edge_layout(draw: Draw, max_leaves: int = 4, max_stride: int = 40) -> Layout:
+    """A random layout biased to the edges (see :func:`with_edges`), and now and then a layout
+    all of whose leaves have size 1."""
+    if draw(0, 15) == 0:
+        return _nest_pairs(draw, [(1, draw(0, max_stride)) for _ in range(draw(1, 3))], 2)
+    return with_edges(draw, gen_layout(draw, max_leaves=max_leaves, max_stride=max_stride, max_depth=1),
+                      max_stride=max_stride)
+
+
+def gen_beyond_pair(draw: Draw, rule: str = "dsl") -> tuple[Layout, Layout]:
+    """``(A, B)`` with ``composition(A, B)`` admissible under ``rule`` and B's image reaching past
+    ``size(A)``: A from :func:`gen_edge_layout`, B's leaves walking A's coalesced modes (the
+    flat form each rule extends) with the unbounded last mode used often. May return a pair whose
+    B stays inside A when none was found in a few attempts."""
+    from .composition import composition
+    from .errors import LayoutError
+    from .semantics import layout_semantics
+
+    a = gen_edge_layout(draw)
+    flat = coalesce_x(a) if rule == "dsl" else coalesce(a)
+    chain = list(flatten(flat.shape))
+    b = Layout(1, 0)
+    for _ in range(6):
+        leaves = []
+        for _ in range(draw(1, 3)):
+            if draw(0, 7) == 0:
+                leaves.append((draw(1, 4), 0))
+            elif draw(0, 1):
+                # walk onto the last (unbounded) mode: past the end of A
+                prefix = 1
+                for c in chain[:-1]:
+                    prefix *= c
+                leaves.append((draw(2, 6), prefix * draw(1, 3)))
+            else:
+                leaves.append(_chain_leaf(draw, chain, 512))
+        b = _nest_pairs(draw, leaves, 2)
+        try:
+            with layout_semantics(rule):
+                composition(a, b)
+        except LayoutError:
+            continue
+        if b.cosize() > a.size():
+            return a, b
+    return a, b
+
+
+def gen_beyond_divide_pair(draw: Draw) -> tuple[Layout, Layout]:
+    """``(layout, tiler)`` where the tiler does not divide the layout (its size does not divide
+    ``size(layout)``, or it reaches past it), so ``make_layout(tiler, complement)`` reaches
+    beyond the layout: the regime where the divides of the two semantics can differ."""
+    layout = gen_edge_layout(draw)
+    chain = list(flatten(coalesce(layout).shape))
+    chain[-1] *= draw(1, 3)
+    if draw(0, 1):
+        chain.append(draw(2, 4))
+    leaves, _ = _sub_grid(draw, chain)
+    if draw(0, 2) == 0:  # one more mode past everything the tiler covers (it stays injective)
+        leaves.append((draw(2, 5), max(s * d for s, d in leaves)))
+    return layout, _nest_pairs(draw, leaves, 1)
+
+
+def gen_f2_layout(draw: Draw, max_bits: int = 8, compact: bool = False, zeros: bool = True,
+                  bits: int | None = None) -> Layout:
+    """A layout that is linear over F2: power-of-two leaves whose images are disjoint runs of
+    output bits, in a random order. ``compact``: the runs tile ``[0, 2**n)`` (a bijection onto it);
+    otherwise some runs are skipped (gaps), and with ``zeros`` stride-0 and size-1 leaves appear.
+    ``bits`` fixes ``n``, the number of output bits."""
+    n = bits if bits is not None else draw(1, max_bits)
+    cuts = sorted({draw(1, n - 1) for _ in range(draw(0, min(3, n - 1)))}) if n > 1 else []
+    runs = [(a, b) for a, b in zip([0] + cuts, cuts + [n])]
+    leaves = [(1 << (b - a), 1 << a) for a, b in runs if compact or draw(0, 3) > 0]
+    if not leaves:
+        leaves = [(1 << (runs[0][1] - runs[0][0]), 1)]
+    if not compact and zeros:
+        if draw(0, 3) == 0:
+            leaves.append((1 << draw(1, 2), 0))
+        if draw(0, 3) == 0:
+            leaves.append((1, (1 << draw(0, 4)) if draw(0, 1) else 0))  # size-1: any stride, powers of two divide
+    for i in range(len(leaves) - 1, 0, -1):
+        j = draw(0, i)
+        leaves[i], leaves[j] = leaves[j], leaves[i]
+    return _nest_pairs(draw, leaves, 2)
+
+
+def gen_f2_swizzle(draw: Draw, bits: int) -> Swizzle:
+    """A swizzle acting within the low ``bits`` bits (``M + B + |S| <= bits``), at least 2 bits wide."""
+    b = draw(1, max(1, bits // 2))
+    s = draw(b, max(b, bits - b))
+    m = draw(0, max(0, bits - b - s))
+    return Swizzle(b, m, s if draw(0, 2) else -s)

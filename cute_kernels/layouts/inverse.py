@@ -61,6 +61,8 @@ def left_inverse(layout: Any) -> Any:
     modes sorted by stride; each non-zero stride must be divisible by the extent of the modes
     below it (the left-inverse divisibility condition; :class:`LayoutError` otherwise).
     For a :class:`ComposedLayout` ``sw o off o L`` it returns ``L⁻¹ o -off o sw``.
+    A layout whose strides are all 0 gets ``1:0``, as the DSL gives (CuTe C++ returns its last
+    mode with stride 0; both map the only offset, 0, back to index 0).
     """
     from .composed import ComposedLayout
     from .swizzle import Swizzle
@@ -74,6 +76,10 @@ def left_inverse(layout: Any) -> Any:
     shapes, strides, prefix = _coalesced_modes(layout)
     if any(d < 0 for d in strides):
         raise LayoutError(f"left_inverse: {layout} has a negative stride; the left inverse needs non-negative strides")
+    if all(d == 0 for d in strides):
+        # A constant layout (image {0}): the DSL 4.8.1 returns 1:0; CuTe C++ returns the last
+        # mode's shape with stride 0 (3:0 for 3:0). Both map 0 back to 0; we follow the DSL.
+        return Layout(1, 0)
     order = sorted(range(len(strides)), key=lambda k: strides[k])
     result_shape: list[int] = []
     result_stride: list[int] = [0]

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 from . import int_tuple as it
 from .basis import ScaledBasis
 from .display import Drawable
-from .errors import LayoutError
+from .errors import LayoutError, LayoutIndexError, LayoutTypeError
 from .int_tuple import IntTuple, flatten, is_int, is_tuple, product
 
 __all__ = [
@@ -81,6 +81,10 @@ class Layout(Drawable):
     get stride 0, as CuTe's ``make_layout(shape)`` does).
 
     * ``L(i)`` for an int ``i`` in ``[0, size(L))``: the offset of the ``i``-th colex coordinate.
+      Past ``size(L)`` the last leaf continues, as in CuTe (this is how composition extends a
+      layout, see :mod:`~cute_kernels.layouts.semantics`); a negative index raises
+      :class:`~cute_kernels.layouts.errors.LayoutIndexError` (an ``IndexError``) and a non-integer
+      one :class:`~cute_kernels.layouts.errors.LayoutTypeError` (a ``TypeError``).
     * ``L(c)`` / ``L(c0, c1, ...)``: the offset of a coordinate, hierarchical (weakly congruent:
       an int at a tuple mode is decoded colex inside it) or flat (one int per leaf).
     * a coordinate containing ``None`` (CuTe's ``_``) returns the sublayout (``L(None, 3)``);
@@ -140,6 +144,8 @@ class Layout(Drawable):
         if len(args) == 0:
             raise LayoutError("a layout is called with an index or a coordinate")
         crd = args[0] if len(args) == 1 else tuple(args)
+        if type(crd) is not int or crd < 0:
+            _check_coordinate(crd, self)
         if it.has_none(crd):
             return slice_and_offset(crd, self)[0]
         return self._offset(crd)
@@ -175,6 +181,26 @@ class Layout(Drawable):
         if not isinstance(out, Layout):
             raise LayoutError(f"{text!r} is not a plain layout")
         return out
+
+
+def _check_coordinate(crd: Any, layout: "Layout") -> None:
+    """Raise a clear TypeError for a non-integer coordinate and an IndexError for a negative one."""
+    if isinstance(crd, (tuple, list)):
+        for c in crd:
+            _check_coordinate(c, layout)
+        return
+    if crd is None:
+        return
+    if not is_int(crd):
+        raise LayoutTypeError(
+            f"layout {layout} takes integer indices or coordinates (tuples of ints, None to slice), "
+            f"not {type(crd).__name__} {crd!r}"
+        )
+    if crd < 0:
+        raise LayoutIndexError(
+            f"index {crd} is out of range for layout {layout}: indices and coordinates are non-negative "
+            f"(its domain is 0..{layout.size() - 1})"
+        )
 
 
 def is_layout(x: Any) -> bool:

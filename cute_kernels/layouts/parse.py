@@ -13,7 +13,7 @@ from typing import Any
 from .basis import ScaledBasis
 from .errors import LayoutError
 
-__all__ = ["parse_layout", "parse_int_tuple"]
+__all__ = ["parse_layout", "parse_int_tuple", "as_layout"]
 
 _TOKEN = re.compile(r"\s*(?:(?P<int>-?_?\d+)|(?P<sym>[():,<>@])|(?P<sw>Sw?(?=<))|(?P<o>o(?![A-Za-z0-9_])))")
 
@@ -130,3 +130,44 @@ def parse_int_tuple(text: str) -> Any:
     if p.peek() is not None:
         raise LayoutError(f"cannot parse int tuple {text!r}: trailing {p.peek()[1]!r}")
     return out
+
+
+def as_layout(x: Any) -> Any:
+    """Whatever names a layout, as the object the workbench works on (the one coercion the CLI
+    and the Python API share):
+
+    * a :class:`Layout`, :class:`ComposedLayout`, :class:`Swizzle` or GMMA smem atom: itself;
+    * CuTe's printed notation, ``"(8,64):(64,1)"`` or ``"Sw<3,4,3> o 0 o (8,64):(64,1)"``;
+    * a bare shape, ``"(8,64)"``, ``(8, 64)`` or ``8``: the compact column-major layout of it;
+    * a GMMA smem atom's name, ``"GMMA::Layout_K_SW128_Atom<bf16>"``.
+
+    Anything else raises :class:`LayoutError` naming what was given.
+    """
+    from .composed import ComposedLayout
+    from .int_tuple import is_int, is_tuple
+    from .layout import Layout
+    from .swizzle import Swizzle
+
+    if isinstance(x, (Layout, ComposedLayout, Swizzle)) or hasattr(x, "element_layout"):
+        return x
+    if is_int(x) or (is_tuple(x) and x):
+        return Layout(x)
+    if not isinstance(x, str):
+        raise LayoutError(f"expected a layout or its text such as '(8,64):(64,1)', got {type(x).__name__}")
+    text = x.strip()
+    if "Layout_" in text and "_Atom<" in text:
+        from .smem_atoms import smem_atom
+
+        return smem_atom(text)
+    try:
+        return parse_layout(text)
+    except LayoutError:
+        if ":" in text or "Sw" in text or "S<" in text:
+            raise
+        try:
+            return Layout(parse_int_tuple(text))
+        except LayoutError:
+            raise LayoutError(
+                f"cannot read a layout from {x!r}: expected CuTe's notation such as '(8,64):(64,1)', "
+                "a shape such as '(8,64)', or a GMMA atom name such as 'GMMA::Layout_K_SW128_Atom<bf16>'"
+            ) from None

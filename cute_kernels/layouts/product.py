@@ -10,6 +10,8 @@ from .divide import _composed, _unpack, tile_unzip
 from .errors import LayoutError
 from .int_tuple import ceil_div, is_int, is_tuple, product
 from .layout import Layout, append, make_layout, make_ordered_layout
+from .semantics import with_semantics
+from .trace import note, tracing
 
 __all__ = [
     "logical_product",
@@ -26,6 +28,7 @@ def _modes(layout: Layout) -> list[Layout]:
     return list(layout) if is_tuple(layout.shape) else [layout]
 
 
+@with_semantics
 def logical_product(block: Any, tiler: Any) -> Any:
     """CuTe's ``logical_product``: ``make_layout(block, composition(complement(block, size(block) * cosize(tiler)), tiler))``.
 
@@ -34,10 +37,16 @@ def logical_product(block: Any, tiler: Any) -> Any:
     (modes beyond it pass through); an int ``n`` means ``n:1``.
 
     Post-conditions: ``result[0] == block``; ``size(result) == size(block) * size(tiler)``;
-    ``result[1]`` is compatible with ``tiler``. If ``block`` is injective, the result is injective.
+    ``result[1]`` is compatible with ``tiler``. If ``block`` and ``tiler`` are injective, so is the result.
 
     Note: pycute (nvidia-cutlass 4.2) computes ``logical_product(A, <int>)`` wrongly (it treats the
     int as a full shape without its complement); this function follows CuTe C++ and the DSL.
+
+    ``semantics`` (``"dsl"``, ``"cpp"``, ``"pycute"``; see :mod:`~cute_kernels.layouts.semantics`)
+    is the composition's rule for a tiler reaching past the complement. The complement is taken
+    to ``size(block) * cosize(tiler)``, so the tiler stays inside it and the rules agree (a
+    property test checks this); the argument exists so that a ``layout_semantics`` block and an
+    explicit argument mean the same everywhere. It applies to every product below.
     """
     composed = _composed(block, logical_product, tiler)
     if composed is not None:
@@ -55,14 +64,20 @@ def logical_product(block: Any, tiler: Any) -> Any:
         tiler = Layout(tiler)
     if not isinstance(tiler, Layout):
         raise LayoutError(f"logical_product: tiler must be a Layout, int, None or tuple, got {type(tiler).__name__}")
-    return make_layout(block, composition(complement(block, block.size() * tiler.cosize()), tiler))
+    rest = complement(block, block.size() * tiler.cosize())
+    if tracing():
+        note("tile", f"the block {block} is repeated where its complement to {block.size() * tiler.cosize()} "
+             f"({rest}) sends the tiler {tiler}: the product is ({block}, {rest} o {tiler})", block=block, rest=rest)
+    return make_layout(block, composition(rest, tiler))
 
 
+@with_semantics
 def zipped_product(block: Any, tiler: Any) -> Any:
     """CuTe's ``zipped_product``: :func:`logical_product` gathered as ``((block modes...), (tiler modes...))``.
 
     Post-conditions: rank 2; for a layout tiler, equal to the logical product; for a tuple tiler, the
     same offsets as the logical product with the ``(block_i, repeat_i)`` pairs regrouped.
+    ``semantics``: as for :func:`logical_product`.
     """
     composed = _composed(block, zipped_product, tiler)
     if composed is not None:
@@ -70,10 +85,12 @@ def zipped_product(block: Any, tiler: Any) -> Any:
     return tile_unzip(logical_product(block, tiler), tiler)
 
 
+@with_semantics
 def tiled_product(block: Any, tiler: Any) -> Any:
     """CuTe's ``tiled_product``: ``zipped_product`` with the tiler modes unpacked: ``((block...), t0, t1, ...)``.
 
     Post-condition: the same function of the index as the zipped product, ``result[0] == zipped[0]``.
+    ``semantics``: as for :func:`logical_product`.
     """
     composed = _composed(block, tiled_product, tiler)
     if composed is not None:
@@ -81,10 +98,12 @@ def tiled_product(block: Any, tiler: Any) -> Any:
     return _unpack(zipped_product(block, tiler), False, True)
 
 
+@with_semantics
 def flat_product(block: Any, tiler: Any) -> Any:
     """CuTe's ``flat_product``: ``zipped_product`` with both modes unpacked: ``(b0, b1, ..., t0, t1, ...)``.
 
     Post-condition: the same function of the index as the zipped product.
+    ``semantics``: as for :func:`logical_product`.
     """
     composed = _composed(block, flat_product, tiler)
     if composed is not None:
@@ -139,6 +158,7 @@ def _rank_product(block: Any, tiler: Any, raked: bool) -> Any:
     return coalesce(_zip(product_[1], product_[0]), (1,) * r)
 
 
+@with_semantics
 def blocked_product(block: Any, tiler: Any) -> Any:
     """CuTe's ``blocked_product``: ``tiler`` copies of ``block``, each block contiguous in the result.
 
@@ -148,6 +168,7 @@ def blocked_product(block: Any, tiler: Any) -> Any:
     Like the CuTe DSL, a rank-1 tuple block with an int-shaped tiler is rejected (:class:`LayoutError`).
     Post-conditions: ``rank(result) == max(rank(block), rank(tiler))``; ``size(result) ==
     size(block) * size(tiler)``; ``result[i].shape[0] == block[i].shape``.
+    ``semantics``: as for :func:`logical_product`.
     """
     composed = _composed(block, blocked_product, tiler)
     if composed is not None:
@@ -155,12 +176,14 @@ def blocked_product(block: Any, tiler: Any) -> Any:
     return _rank_product(block, tiler, raked=False)
 
 
+@with_semantics
 def raked_product(block: Any, tiler: Any) -> Any:
     """CuTe's ``raked_product``: like :func:`blocked_product` but the copies are interleaved.
 
     Mode ``i`` of the result is ``(tiler_i', block_i)``, coalesced (as the CuTe DSL does):
     consecutive coordinates step through the copies first. Post-conditions as for
     :func:`blocked_product` (the function, not the exact mode structure, since modes may merge).
+    ``semantics``: as for :func:`logical_product`.
     """
     composed = _composed(block, raked_product, tiler)
     if composed is not None:
@@ -168,6 +191,7 @@ def raked_product(block: Any, tiler: Any) -> Any:
     return _rank_product(block, tiler, raked=True)
 
 
+@with_semantics
 def tile_to_shape(block: Any, target_shape: Any, order: Any = None) -> Any:
     """CuTe's ``tile_to_shape``: repeat ``block`` (``blocked_product``) until it has ``target_shape``.
 
@@ -176,7 +200,7 @@ def tile_to_shape(block: Any, target_shape: Any, order: Any = None) -> Any:
     mode size of ``block`` to divide the corresponding target size (:class:`LayoutError` otherwise).
     Post-conditions: ``compatible(target_shape, result.shape)`` by mode sizes, i.e.
     ``size(result[i]) == size(target_shape[i])``; ``result`` restricted to the first block is ``block``.
-    A :class:`ComposedLayout` tiles its inner layout.
+    A :class:`ComposedLayout` tiles its inner layout. ``semantics``: as for :func:`logical_product`.
     """
     composed = _composed(block, lambda b, t: tile_to_shape(b, t, order), target_shape)
     if composed is not None:

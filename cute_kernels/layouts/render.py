@@ -12,6 +12,10 @@ SVG and TikZ back ends draw the same panels, so the two agree cell for cell.
   coloured by thread (eight colours cycling with ``t % 8``, as CuTe's ``print_latex``).
 * An MMA atom is drawn the CuTe way: A (M x K) on the left, B (K x N, transposed) above, C
   (M x N) at the origin between them. Shared-memory operands (stride-0 thread modes) are grey.
+
+Every grid is held to a budget (:mod:`~cute_kernels.layouts.budget`): past ``max_cells`` the top-
+left corner is drawn and a line (the picture's title) says which part of how large a grid it is;
+only the drawn cells are evaluated, so a 10^10-element layout prints as quickly as a small one.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from xml.sax.saxutils import escape
 
+from . import budget
 from .errors import LayoutError
 from .int_tuple import flatten, product
 from .layout import Layout
@@ -41,6 +46,7 @@ __all__ = [
     "mma_atom_svg",
     "copy_atom_svg",
     "layout_latex",
+    "bank_svg",
     "mma_atom_latex",
     "THREAD_COLORS",
     "BANK_COLORS",
@@ -80,11 +86,17 @@ def _values(layout: Any, dtype: Any, swizzle_unit: str | None) -> tuple[int, int
     return rows, cols, lambda r, c: f(r + rows * c)
 
 
+def layout_grid(layout: Any) -> tuple[int, int, Callable[[int, int], int]]:
+    """``(rows, cols, f)`` of a layout's picture: ``f(r, c)`` is the offset drawn in cell (r, c)."""
+    return _values(layout, None, None)
+
+
 def _tv_owners(tv: Layout, tile: tuple[int, int]) -> dict[int, list[tuple[int, int]]]:
     """tile index -> [(thread, value), ...] for a TV layout ``(T, V) -> m + M*n``."""
     if len(tv) != 2:
         raise LayoutError(f"a TV layout has two modes (thread, value); {tv} has {len(tv)}")
     nt, nv = tv[0].size(), tv[1].size()
+    budget.check(nt * nv, budget.ELEMENTS, f"TV layout {tv}", "draw a smaller tile of threads and values")
     owners: dict[int, list[tuple[int, int]]] = {}
     thr_strides = flatten(tv[0].stride) if hasattr(tv[0], "stride") else (1,)
     if all(d == 0 for d in thr_strides):
@@ -104,7 +116,10 @@ def _tv_owners(tv: Layout, tile: tuple[int, int]) -> dict[int, list[tuple[int, i
 
 # ---- text -----------------------------------------------------------------------------------------
 
-def _text_grid(title: str, rows: int, cols: int, label: Callable[[int, int], str]) -> str:
+def _text_grid(title: str, rows: int, cols: int, label: Callable[[int, int], str],
+               max_cells: int = budget.TEXT_CELLS) -> str:
+    shown = budget.clip(rows, cols, max_cells)
+    rows, cols = shown.rows, shown.cols
     labels = [[label(r, c) for c in range(cols)] for r in range(rows)]
     w = max([len(x) for row in labels for x in row] + [len(str(cols - 1))])
     rw = len(str(rows - 1))
@@ -114,18 +129,33 @@ def _text_grid(title: str, rows: int, cols: int, label: Callable[[int, int], str
     for r in range(rows):
         lines.append(f"{r:>{rw}}  |" + "|".join(f" {x:>{w}} " for x in labels[r]) + "|")
         lines.append(sep)
+    if shown.clipped:
+        lines.append(shown.note())
     return "\n".join(lines)
 
 
-def layout_text(layout: Any, dtype: Any = None, *, swizzle_unit: str | None = None) -> str:
-    """The grid CuTe's ``print_layout`` prints: the layout, then each coordinate's offset."""
+def layout_text(layout: Any, dtype: Any = None, *, swizzle_unit: str | None = None,
+                max_cells: int = budget.TEXT_CELLS) -> str:
+    """The grid CuTe's ``print_layout`` prints: the layout, then each coordinate's offset (past
+    ``max_cells`` cells, the top-left corner and a line saying so)."""
+    layout = _as_drawable(layout)
     rows, cols, f = _values(layout, dtype, swizzle_unit)
-    return _text_grid(str(layout), rows, cols, lambda r, c: str(f(r, c)))
+    return _text_grid(str(layout), rows, cols, lambda r, c: str(f(r, c)), max_cells)
 
 
-def print_layout(layout: Any, dtype: Any = None, *, swizzle_unit: str | None = None) -> None:
+def print_layout(layout: Any, dtype: Any = None, *, swizzle_unit: str | None = None,
+                 max_cells: int = budget.TEXT_CELLS) -> None:
     """Print :func:`layout_text` (CuTe's ``print_layout``)."""
-    print(layout_text(layout, dtype, swizzle_unit=swizzle_unit))
+    print(layout_text(layout, dtype, swizzle_unit=swizzle_unit, max_cells=max_cells))
+
+
+def _as_drawable(obj: Any) -> Any:
+    """A layout given as CuTe's text (``"(8,64):(64,1)"``, a GMMA atom name) becomes the object."""
+    if isinstance(obj, str):
+        from .parse import as_layout
+
+        return as_layout(obj)
+    return obj
 
 
 def _tv_label(owners: list[tuple[int, int]] | None, nthreads: int) -> str:
@@ -137,17 +167,19 @@ def _tv_label(owners: list[tuple[int, int]] | None, nthreads: int) -> str:
     return f"T{t}V{v}" + ("+" if len(owners) > 1 else "")
 
 
-def tv_text(tv: Layout, tile: tuple[int, int], title: str | None = None) -> str:
+def tv_text(tv: Layout, tile: tuple[int, int], title: str | None = None, max_cells: int = budget.TEXT_CELLS) -> str:
     """The ``rows x cols`` tile with each cell's owner ``T{t}V{v}`` (``T*`` when every thread
     holds it, ``+`` when several do; ``.`` when none)."""
     owners = _tv_owners(tv, tile)
     nt = tv[0].size()
     return _text_grid(title or f"{tv}  (T,V) -> {tile[0]}x{tile[1]}", tile[0], tile[1],
-                      lambda r, c: _tv_label(owners.get(r + tile[0] * c), nt))
+                      lambda r, c: _tv_label(owners.get(r + tile[0] * c), nt), max_cells)
 
 
-def to_text(obj: Any, dtype: Any = None) -> str:
-    """Text picture of a layout, composed layout, smem atom, MMA or copy atom, or tiled MMA."""
+def to_text(obj: Any, dtype: Any = None, *, max_cells: int = budget.TEXT_CELLS) -> str:
+    """Text picture of a layout, composed layout, smem atom, MMA or copy atom, or tiled MMA;
+    each grid is clipped to ``max_cells`` cells (see :mod:`~cute_kernels.layouts.budget`)."""
+    obj = _as_drawable(obj)
     kind = getattr(obj, "kind", None)
     if kind == "mma":
         m, n, k = obj.shape_mnk
@@ -163,8 +195,8 @@ def to_text(obj: Any, dtype: Any = None) -> str:
     if hasattr(obj, "to_text"):  # TiledMMA, TiledCopy
         return obj.to_text()
     if hasattr(obj, "element_layout"):
-        return str(obj) + "\n\n" + layout_text(obj.element_layout, obj.dtype, swizzle_unit="elements")
-    return layout_text(obj, dtype)
+        return str(obj) + "\n\n" + layout_text(obj.element_layout, obj.dtype, swizzle_unit="elements", max_cells=max_cells)
+    return layout_text(obj, dtype, max_cells=max_cells)
 
 
 # ---- panels: the shared picture model ------------------------------------------------------------
@@ -179,6 +211,8 @@ class _Panel:
     title: str = ""
     row_label: str = ""
     col_label: str = ""
+    col_names: list[str] | None = None  # header labels instead of 0, 1, 2...
+    row_names: list[str] | None = None
 
 
 @dataclass
@@ -192,10 +226,15 @@ class _Picture:
         return w, h
 
 
-def _layout_panel(layout: Any, dtype: Any, swizzle_unit: str | None, x=0.0, y=0.0, title="") -> _Panel:
+def _layout_panel(layout: Any, dtype: Any, swizzle_unit: str | None, x=0.0, y=0.0, title="",
+                  max_cells: int = budget.PICTURE_CELLS) -> _Panel:
     from .atoms import dtype_bits
 
     rows, cols, f = _values(layout, dtype, swizzle_unit)
+    shown = budget.clip(rows, cols, max_cells)
+    rows, cols = shown.rows, shown.cols
+    if shown.clipped:
+        title = f"{title}  {shown.note()}".strip()
     nbytes = dtype_bits(dtype) // 8 if dtype is not None else 0
 
     def cell(r: int, c: int):
@@ -262,7 +301,9 @@ _CW, _CH, _PAD, _HEAD = 44, 28, 30, 28
 
 def _svg(pic: _Picture) -> str:
     w, h = pic.extent()
-    width = int(w * _CW + 2 * _PAD)
+    # wide enough for the titles too (monospace: about 0.6 em a character)
+    titles = [len(pic.title) * 7.3] + [p.x * _CW + len(p.title) * 6.7 for p in pic.panels]
+    width = int(max(w * _CW, *titles) + 2 * _PAD)
     height = int(h * _CH + 2 * _PAD + _HEAD)
     # Shared attributes live in the style sheet so that each cell costs one rect and its text.
     out = [
@@ -280,9 +321,11 @@ def _svg(pic: _Picture) -> str:
         if p.title:
             out.append(f'<text x="{x0:g}" y="{y0 - 16:g}" font-size="11">{escape(p.title)}</text>')
         for c in range(p.cols):
-            out.append(f'<text class="l h" x="{x0 + (c + 0.5) * _CW:g}" y="{y0 - 4:g}">{c}</text>')
+            name = escape(p.col_names[c]) if p.col_names else c
+            out.append(f'<text class="l h" x="{x0 + (c + 0.5) * _CW:g}" y="{y0 - 4:g}">{name}</text>')
         for r in range(p.rows):
-            out.append(f'<text class="r" x="{x0 - 4:g}" y="{y0 + (r + 0.65) * _CH:g}">{r}</text>')
+            name = escape(p.row_names[r]) if p.row_names else r
+            out.append(f'<text class="r" x="{x0 - 4:g}" y="{y0 + (r + 0.65) * _CH:g}">{name}</text>')
             for c in range(p.cols):
                 l1, l2, fill = p.cell(r, c)
                 x, y = x0 + c * _CW, y0 + r * _CH
@@ -296,9 +339,12 @@ def _svg(pic: _Picture) -> str:
     return "\n".join(out)
 
 
-def layout_svg(layout: Any, dtype: Any = None, *, swizzle_unit: str | None = None, title: str | None = None) -> str:
+def layout_svg(layout: Any, dtype: Any = None, *, swizzle_unit: str | None = None, title: str | None = None,
+               max_cells: int = budget.PICTURE_CELLS) -> str:
     """SVG of a layout's grid of offsets (coloured by bank group when ``dtype`` is given)."""
-    pic = _Picture([_layout_panel(layout, dtype, swizzle_unit)], title if title is not None else str(layout))
+    layout = _as_drawable(layout)
+    pic = _Picture([_layout_panel(layout, dtype, swizzle_unit, max_cells=max_cells)],
+                   title if title is not None else str(layout))
     return _svg(pic)
 
 
@@ -314,6 +360,27 @@ def _mma_picture(atom: Any) -> _Picture:
     b = _tv_panel(atom.b_layout, (n, k), k + gap, 0, f"B {atom.b_dtype} (K x N)", transpose=True)
     c = _tv_panel(atom.c_layout, (m, n), k + gap, k + gap, f"C {atom.c_dtype} (M x N)")
     return _Picture([a, b, c], f"{atom.name}  {atom.ptx}")
+
+
+_CONFLICT_FILLS = ("#ffffff", "#ccebc5", "#fed9a6", "#fdae61", "#f46d43", "#d73027")
+
+
+def _bank_picture(banks: Any, title: str = "") -> _Picture:
+    rows = [tuple(r) for r in banks]
+
+    def cell(r: int, c: int):
+        n = rows[r][c]
+        return (str(n) if n else ""), "", _CONFLICT_FILLS[min(n, len(_CONFLICT_FILLS) - 1)]
+
+    panel = _Panel(0, 0, len(rows), len(rows[0]) if rows else 0, cell, "bank", "phase")
+    return _Picture([panel], title)
+
+
+def bank_svg(banks: Any, title: str = "") -> str:
+    """SVG of a shared-memory instruction's banks: one row per phase, one column per bank, each
+    cell the number of distinct words that bank serves (1 is conflict-free; the row's largest
+    entry is the phase's wavefronts), coloured from white (unused) to red (deep conflicts)."""
+    return _svg(_bank_picture(banks, title))
 
 
 def mma_atom_svg(atom: Any) -> str:
@@ -336,7 +403,8 @@ def copy_atom_svg(atom: Any) -> str:
     return _svg(_copy_picture(atom))
 
 
-def _picture(obj: Any, dtype: Any = None) -> _Picture:
+def _picture(obj: Any, dtype: Any = None, max_cells: int = budget.PICTURE_CELLS) -> _Picture:
+    obj = _as_drawable(obj)
     kind = getattr(obj, "kind", None)
     if kind == "mma":
         return _mma_picture(obj)
@@ -345,23 +413,26 @@ def _picture(obj: Any, dtype: Any = None) -> _Picture:
     if hasattr(obj, "picture"):
         return obj.picture()
     if hasattr(obj, "element_layout"):
-        return _Picture([_layout_panel(obj.element_layout, obj.dtype, "elements")], f"{obj.name}  {obj.layout}")
-    return _Picture([_layout_panel(obj, dtype, None)], str(obj))
+        return _Picture([_layout_panel(obj.element_layout, obj.dtype, "elements", max_cells=max_cells)],
+                        f"{obj.name}  {obj.layout}")
+    return _Picture([_layout_panel(obj, dtype, None, max_cells=max_cells)], str(obj))
 
 
-def to_svg(obj: Any, dtype: Any = None) -> str:
-    """SVG of any drawable: Layout, ComposedLayout, SmemAtom, MmaAtom, CopyAtom, TiledMMA."""
-    return _svg(_picture(obj, dtype))
+def to_svg(obj: Any, dtype: Any = None, *, max_cells: int = budget.PICTURE_CELLS) -> str:
+    """SVG of any drawable: Layout, ComposedLayout, SmemAtom, MmaAtom, CopyAtom, TiledMMA (or a
+    layout's text); a layout grid past ``max_cells`` cells is drawn as its top-left corner."""
+    return _svg(_picture(obj, dtype, max_cells))
 
 
-def to_html(obj: Any, dtype: Any = None) -> str:
+def to_html(obj: Any, dtype: Any = None, *, max_cells: int = budget.PICTURE_CELLS) -> str:
     """An HTML fragment: the text form in a ``<pre>`` and the SVG below it (for ``_repr_html_``)."""
-    return f"<div><pre>{escape(str(obj))}</pre>{to_svg(obj, dtype)}</div>"
+    obj = _as_drawable(obj)
+    return f"<div><pre>{escape(str(obj))}</pre>{to_svg(obj, dtype, max_cells=max_cells)}</div>"
 
 
 # Jupyter calls _repr_svg_/_repr_html_ on every displayed value: past this many cells the picture
 # would be megabytes, so the hooks return None and Jupyter shows the text form instead.
-REPR_CELL_LIMIT = 4096
+REPR_CELL_LIMIT = budget.REPR_CELLS
 
 
 def _cells(pic: _Picture) -> int:
@@ -409,7 +480,7 @@ def html_page(obj: Any, dtype: Any = None) -> str:
 
 # ---- PNG (matplotlib, imported only when asked for) ---------------------------------------------
 
-def to_png(obj: Any, path: str, dtype: Any = None, *, dpi: int = 100) -> None:
+def to_png(obj: Any, path: str, dtype: Any = None, *, dpi: int = 100, max_cells: int = budget.PICTURE_CELLS) -> None:
     """Rasterize :func:`to_svg`'s picture to a PNG file with matplotlib (cell for cell the same
     panels). Raises ImportError naming matplotlib when it is not installed."""
     try:
@@ -420,7 +491,7 @@ def to_png(obj: Any, path: str, dtype: Any = None, *, dpi: int = 100) -> None:
         from matplotlib.patches import Rectangle
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise ImportError("to_png needs matplotlib (pip install matplotlib)") from err
-    pic = _picture(obj, dtype)
+    pic = _picture(obj, dtype, max_cells)
     w, h = pic.extent()
     cw, ch = _CW / 100, _CH / 100  # inches per cell at dpi 100
     fig = plt.figure(figsize=(w * cw + 0.8, h * ch + 0.9))
@@ -488,9 +559,11 @@ def _tex(s: str) -> str:
     return s.replace("\\", "/").replace("_", "\\_").replace("#", "\\#").replace("%", "\\%").replace("&", "\\&").replace("<", "$<$").replace(">", "$>$")
 
 
-def layout_latex(layout: Any, dtype: Any = None, *, swizzle_unit: str | None = None) -> str:
+def layout_latex(layout: Any, dtype: Any = None, *, swizzle_unit: str | None = None,
+                 max_cells: int = budget.PICTURE_CELLS) -> str:
     """A standalone TikZ document of :func:`layout_svg`'s picture."""
-    return _tikz(_Picture([_layout_panel(layout, dtype, swizzle_unit)], str(layout)))
+    layout = _as_drawable(layout)
+    return _tikz(_Picture([_layout_panel(layout, dtype, swizzle_unit, max_cells=max_cells)], str(layout)))
 
 
 def mma_atom_latex(atom: Any) -> str:
@@ -498,6 +571,6 @@ def mma_atom_latex(atom: Any) -> str:
     return _tikz(_mma_picture(atom))
 
 
-def to_latex(obj: Any, dtype: Any = None) -> str:
+def to_latex(obj: Any, dtype: Any = None, *, max_cells: int = budget.PICTURE_CELLS) -> str:
     """TikZ (a standalone LaTeX document) of any drawable, cell for cell the same as :func:`to_svg`."""
-    return _tikz(_picture(obj, dtype))
+    return _tikz(_picture(obj, dtype, max_cells))

@@ -46,6 +46,9 @@ class SmemAtom:
     def shape(self):
         return self.layout.shape
 
+    def size(self) -> int:
+        return self.layout.size()
+
     def __str__(self) -> str:
         return (
             f"{self.name}: {self.layout}\n"

@@ -31,6 +31,11 @@ __all__ = [
     "divide_pairs",
     "product_pairs",
     "swizzled_layouts",
+    "edge_layouts",
+    "beyond_pairs",
+    "beyond_divide_pairs",
+    "f2_layouts",
+    "f2_swizzled_layouts",
 ]
 
 
@@ -102,3 +107,43 @@ def swizzled_layouts(draw, max_bits: int = 2, max_base: int = 2):
     if reps > 1:
         layout = Layout((layout.shape, reps), (layout.stride, n))
     return ComposedLayout(sw, 0, layout)
+
+
+@st.composite
+def edge_layouts(draw, max_leaves: int = 4) -> Layout:
+    """Layouts biased to the edges: size-1 leaves inside and at the end (with arbitrary strides),
+    stride-0 leaves, and layouts of size 1."""
+    return g.gen_edge_layout(_drawer(draw), max_leaves)
+
+
+@st.composite
+def beyond_pairs(draw, semantics: str = "dsl") -> tuple[Layout, Layout]:
+    """``(A, B)`` admissible for ``composition`` under ``semantics`` with B reaching past
+    ``size(A)`` (mostly: a pair is kept after a few failed attempts), A from :func:`edge_layouts`."""
+    from .semantics import resolve_semantics
+
+    return g.gen_beyond_pair(_drawer(draw), resolve_semantics(semantics))
+
+
+@st.composite
+def beyond_divide_pairs(draw) -> tuple[Layout, Layout]:
+    """``(layout, tiler)`` with a tiler that does not divide the layout, so the divide reaches past it."""
+    return g.gen_beyond_divide_pair(_drawer(draw))
+
+
+@st.composite
+def f2_layouts(draw, max_bits: int = 8, compact: bool = False) -> Layout:
+    """Layouts that are linear over F2 (power-of-two shapes, images on disjoint bits); ``compact``:
+    bijections onto ``[0, 2**n)``."""
+    return g.gen_f2_layout(_drawer(draw), max_bits, compact)
+
+
+@st.composite
+def f2_swizzled_layouts(draw, max_bits: int = 9):
+    """``Sw o 0 o L`` with ``L`` a compact F2 layout of ``n`` bits and the swizzle inside them: a
+    bijection of ``[0, 2**n)`` that is linear over F2."""
+    from .composed import ComposedLayout
+
+    d = _drawer(draw)
+    n = d(2, max_bits)
+    return ComposedLayout(g.gen_f2_swizzle(d, n), 0, g.gen_f2_layout(d, compact=True, bits=n))

@@ -1,17 +1,50 @@
-"""Seeded random cases shared by the pycute and CuTe-DSL cross-checks (hundreds per operation)."""
+"""Seeded random cases shared by the pycute and CuTe-DSL cross-checks (hundreds per operation).
+
+``cases(op)`` draws the arguments of one operation. Two families aim at the edges:
+
+* ``<op>_edge`` (for any op below): the same draws with every generated layout given edge leaves
+  (size-1 leaves inside and at the end with arbitrary strides, a stride-0 leaf now and then:
+  ``generate.with_edges``);
+* ``<op>_beyond`` (composition and the divides): a right operand that reaches past the left
+  operand's size, the regime where the DSL's and pycute's composition rules differ.
+"""
 
 from __future__ import annotations
 
 import random
 
 from cute_kernels.layouts import Layout
+from cute_kernels.layouts import generate as _gen
 from cute_kernels.layouts.generate import (
-    gen_compact_layout, gen_composable_pair, gen_divide_pair, gen_injective_layout, gen_layout,
-    gen_product_pair, gen_shape, gen_swizzle,
+    gen_beyond_divide_pair, gen_beyond_pair, gen_composable_pair, gen_divide_pair, gen_product_pair,
+    gen_shape, gen_swizzle, with_edges,
 )
 from cute_kernels.layouts.int_tuple import flatten, is_tuple, product
 
 N_CASES = 500
+N_EDGE_CASES = 200  # per <op>_edge / <op>_beyond family
+
+
+class _Plain:
+    gen_layout = staticmethod(_gen.gen_layout)
+    gen_injective_layout = staticmethod(_gen.gen_injective_layout)
+    gen_compact_layout = staticmethod(_gen.gen_compact_layout)
+
+
+class _Edges:
+    """The layout generators with edge leaves added (compact layouts keep no stride-0 leaf)."""
+
+    @staticmethod
+    def gen_layout(d, *a, **k):
+        return with_edges(d, _gen.gen_layout(d, *a, **k))
+
+    @staticmethod
+    def gen_injective_layout(d, *a, **k):
+        return with_edges(d, _gen.gen_injective_layout(d, *a, **k))
+
+    @staticmethod
+    def gen_compact_layout(d, *a, **k):
+        return with_edges(d, _gen.gen_compact_layout(d, *a, **k), zero=False)
 
 
 def _rng(name: str) -> random.Random:
@@ -29,9 +62,10 @@ def cases(op: str, n: int = N_CASES, ours=None, keep=None) -> list[tuple]:
 
     rng = _rng(op)
     d = rng.randint
+    base, g = (op[: -len("_edge")], _Edges) if op.endswith("_edge") else (op, _Plain)
     out, accepted = [], 0
     while accepted < n:
-        args = _one(op, d, rng)
+        args = _one(base, d, rng, g)
         if keep is not None and not keep(*args):
             continue
         out.append(args)
@@ -46,8 +80,22 @@ def cases(op: str, n: int = N_CASES, ours=None, keep=None) -> list[tuple]:
     return out
 
 
-def _one(op: str, d, rng) -> tuple:
+def _one(op: str, d, rng, g=_Plain) -> tuple:
+    gen_layout, gen_injective_layout, gen_compact_layout = g.gen_layout, g.gen_injective_layout, g.gen_compact_layout
+    if op == "composition_beyond":
+        return gen_beyond_pair(d, "dsl")
+    if op == "composition_beyond_pycute":
+        return gen_beyond_pair(d, "pycute")
+    if op in ("logical_divide_beyond", "zipped_divide_beyond", "tiled_divide_beyond", "flat_divide_beyond"):
+        return gen_beyond_divide_pair(d)
     if op in ("composition",):
+        if g is _Edges:
+            a = gen_layout(d)
+            from cute_kernels.layouts.coalesce import coalesce_x
+            from cute_kernels.layouts.generate import _chain_leaf, _nest_pairs
+
+            chain = list(flatten(coalesce_x(a).shape))
+            return a, _nest_pairs(d, [_chain_leaf(d, chain, 512) for _ in range(d(1, 3))], 2)
         return gen_composable_pair(d)
     if op == "composition_random":
         return gen_layout(d), gen_layout(d, max_leaves=3, max_stride=12)
@@ -56,7 +104,7 @@ def _one(op: str, d, rng) -> tuple:
         return A, rng.choice([k for k in range(1, A.size() + 1) if A.size() % k == 0])
     if op == "composition_by_mode":
         L, T = gen_divide_pair(d, by_mode=True)
-        return L, T
+        return (_edged_pair(d, L, T) if g is _Edges else (L, T))
     if op == "complement":
         A = gen_injective_layout(d)
         return A, A.cosize() * d(1, 4)
@@ -72,9 +120,10 @@ def _one(op: str, d, rng) -> tuple:
         L, T = gen_divide_pair(d)
         if op != "logical_divide" and is_tuple(T) and any(t is None for t in T):
             T = tuple(t if t is not None else 1 for t in T)
-        return L, T
+        return (_edged_pair(d, L, T) if g is _Edges else (L, T))
     if op in ("logical_product", "zipped_product", "tiled_product", "flat_product", "blocked_product", "raked_product"):
-        return gen_product_pair(d)
+        block, tiler = gen_product_pair(d)
+        return (_edged_pair(d, block, tiler) if g is _Edges else (block, tiler))
     if op in ("max_common_vector", "max_common_layout"):
         A = gen_compact_layout(d)
         return (A, gen_compact_layout(d)) if d(0, 1) else (gen_layout(d), A)
@@ -150,6 +199,22 @@ def _one(op: str, d, rng) -> tuple:
         crd[d(0, len(crd) - 1)] = None  # at least one mode is kept
         return A, tuple(crd)
     raise KeyError(op)
+
+
+def _edged_pair(d, layout, tiler):
+    """Size-1 leaves added to both operands of a divide or product (no stride-0 leaf: that would
+    change the function the tiler was drawn for); a tuple tiler gets them mode by mode."""
+    from cute_kernels.layouts import make_layout
+
+    if is_tuple(tiler):  # keep the modes the tiler names; add edges inside them
+        layout = make_layout(*(with_edges(d, m, zero=False) if d(0, 1) else m for m in layout))
+    else:
+        layout = with_edges(d, layout, zero=False)
+    if isinstance(tiler, Layout):
+        tiler = with_edges(d, tiler, zero=False)
+    elif is_tuple(tiler):
+        tiler = tuple(with_edges(d, t, zero=False) if isinstance(t, Layout) and d(0, 1) else t for t in tiler)
+    return layout, tiler
 
 
 def canonical(layout: Layout) -> tuple:

@@ -242,3 +242,35 @@ def test_tiled_copy_as_access():
     down = make_tiled_copy("SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>", Layout((32, 4), (1, 32)), Layout((1, 8)))
     r = bank_conflicts(row_major, down, "bf16")
     assert (r.way, r.wavefronts, r.ideal_wavefronts) == (4, 16, 4)
+
+
+def test_reports_read_at_the_prompt_and_in_jupyter():
+    from cute_kernels.layouts import bank_conflicts, coalescing, vector_width
+
+    r = bank_conflicts("(8,64):(64,1)", "ldmatrix_x4", "bf16")  # the CLI's strings work here too
+    assert repr(r) == str(r) and repr(r).splitlines()[2] == "  conflict degree 8x: 8-way bank conflict"
+    html = r._repr_html_()
+    assert "<table>" in html and "<td>8x</td>" in html and "<svg" in html
+    assert r.banks[0][:5] == (8, 8, 8, 8, 0) and len(r.banks) == 4 and all(len(p) == 32 for p in r.banks)
+    c = coalescing("(64,64):(64,1)", "bf16", "vec128")
+    assert repr(c).endswith("efficiency 100.0%") and "<td>100.0%</td>" in c._repr_html_()
+    v = vector_width("(8,64):(64,1)", "bf16")
+    assert repr(v) == "128-bit vectors (8 elements)" and "<td>8</td>" in v._repr_html_()
+
+
+def test_access_given_as_text():
+    from cute_kernels.layouts import atom, bank_conflicts
+    from cute_kernels.layouts.analysis import parse_access
+
+    smem = "Sw<3,4,3> o 0 o (8,64):(64,1)"
+    by_name = bank_conflicts(smem, "SM75_U32x4_LDSM_N", "bf16")
+    assert by_name == bank_conflicts(smem, atom("SM75_U32x4_LDSM_N"), "bf16") == bank_conflicts(smem, "ldmatrix_x4", "bf16")
+    tv = "((8,4),(8)):((1,64),(8))"  # lane t: row t % 8, a 16-byte vector in column block t // 8
+    assert parse_access(tv, "bf16").vector_bits == 128
+    assert bank_conflicts("(8,64):(64,1)", tv, "bf16").way == 8
+    with pytest.raises(LayoutError, match="is an MMA atom"):
+        parse_access("SM80_16x8x16_F32BF16BF16F32_TN", "bf16")
+    with pytest.raises(LayoutError, match=r"unknown access 'ldmatrix'; use .*copy atom's name.*TV layout"):
+        parse_access("ldmatrix", "bf16")
+    with pytest.raises(LayoutError, match="looks like a TV layout"):
+        parse_access("((8,4):(1,64)", "bf16")

@@ -132,3 +132,29 @@ def test_invalid_layouts_raise():
         Layout((4, 2), (1, (2, 3)))
     with pytest.raises(LayoutError, match="out of range"):
         Layout((4, 2))[2]
+
+
+def test_bad_coordinates_raise_the_builtin_errors_python_expects():
+    L = Layout((4, 8), (8, 1))
+    with pytest.raises(TypeError, match=r"takes integer indices .* not str 'a'"):
+        L("a")
+    with pytest.raises(TypeError, match="not float 1.5"):
+        L(1.5, 0)
+    with pytest.raises(TypeError, match="not bool"):
+        L(True)
+    with pytest.raises(IndexError, match=r"index -1 is out of range for layout \(4,8\):\(8,1\).*0\.\.31"):
+        L(-1)
+    with pytest.raises(IndexError, match="index -2"):
+        L((1, -2))
+    for exc in (TypeError, IndexError):  # both are LayoutErrors too: one except clause catches all
+        assert issubclass({TypeError: type(_raised(L, "a")), IndexError: type(_raised(L, -1))}[exc], LayoutError)
+    assert L(31) == 31 and L(32) == 8  # past the size, CuTe's last mode continues
+    assert L([1, 2]) == 10 and str(L(None, 3)) == "(4):(8)"
+
+
+def _raised(layout, arg):
+    try:
+        layout(arg)
+    except LayoutError as err:
+        return err
+    raise AssertionError("no error")
