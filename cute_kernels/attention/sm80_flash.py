@@ -39,6 +39,7 @@ from cute_kernels.layouts import Layout
 from cute_kernels.runtime import compile_kernel, to_cute, tvm_ffi_available
 
 from . import block_info, seqlen_info
+from .features import feature_reason
 from .problem_checks import (bottom_right_flag, common_reason, launch_scalars, mask_flags, varlen_window_scalars,
                              window_scalars)
 from .sm80_blocks import (assume_aligned_rows, copy_layouts, gemm_rs, gemm_ss, load_rows, smem_atom_width,
@@ -468,6 +469,8 @@ class Sm80FlashRung:
 
     name = "sm80_flash"
     min_capability = (8, 0)
+    # Score features (`features.FEATURES`) the forward kernel implements.
+    features = ()
 
     @property
     def dtypes(self):
@@ -476,7 +479,7 @@ class Sm80FlashRung:
         return (torch.float16, torch.bfloat16)
 
     def supports(self, q, k, v, problem) -> str | None:
-        why = common_reason(problem, self.dtypes)
+        why = common_reason(problem, self.dtypes) or feature_reason(problem, self.features)
         if why is not None:
             return why
         for name, t in (("q", q), ("k", k), ("v", v)):

@@ -12,12 +12,18 @@ import math
 
 import cutlass
 
+from .features import feature_reason
 from .problem_checks import (bottom_right_flag, launch_scalars, mask_flags, varlen_window_scalars,
                              window_scalars)
 from .sm80_flash_bwd import (_CUTLASS, FlashAttentionSm80BwdDKDV, FlashAttentionSm80BwdDQ, FlashSm80BwdConfig,
                              bwd_config_for)
 
 __all__ = ["supports_backward", "backward", "varlen_backward", "config_for_problem"]
+
+
+# Score features (`features.FEATURES`) the backward kernels take. Sinks need nothing of them:
+# the forward's lse includes the sink, so P = exp(S - lse) and dS = P (dP - D) are unchanged.
+BACKWARD_FEATURES = ("sinks",)
 
 
 def supports_backward(problem) -> str | None:
@@ -35,7 +41,7 @@ def supports_backward(problem) -> str | None:
         return f"the sm80_flash backward needs the value head dim ({problem.head_dim_v}) equal to D ({d})"
     if not (math.isfinite(problem.scale) and problem.scale > 0):
         return f"scale {problem.scale} must be finite and > 0"
-    return None
+    return feature_reason(problem, BACKWARD_FEATURES)
 
 
 _CONFIGS: dict = {}

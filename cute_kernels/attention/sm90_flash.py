@@ -70,6 +70,7 @@ from cute_kernels.hopper import pipeline as hpipe
 from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP, WarpRoles
 
 from . import block_info
+from .features import feature_reason
 from .problem_checks import common_reason, launch_scalars, mask_flags, window_scalars
 from .softmax import LOG2_E
 from .sm90_layouts import FlashSm90Config, config_for
@@ -550,6 +551,8 @@ class Sm90FlashRung:
 
     name = "sm90_flash"
     min_capability = (9, 0)
+    # Score features (`features.FEATURES`) the forward kernel implements.
+    features = ()
 
     @property
     def dtypes(self):
@@ -569,7 +572,7 @@ class Sm90FlashRung:
         return backward(dout, q, k, v, out, lse, problem, deterministic=deterministic)
 
     def supports(self, q, k, v, problem) -> str | None:
-        why = common_reason(problem, self.dtypes)
+        why = common_reason(problem, self.dtypes) or feature_reason(problem, self.features)
         if why is not None:
             return why
         for name, t in (("q", q), ("k", k), ("v", v)):

@@ -96,6 +96,7 @@ from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP
 from cute_kernels.runtime import compile_kernel, tvm_ffi_available
 
 from . import sm90_bwd_prep as _prep
+from .features import feature_reason
 from .problem_checks import launch_scalars, mask_flags, window_scalars
 from .softmax import LOG2_E
 from .sm90_bwd_mainloop import CUTLASS_DTYPES as _CUTLASS
@@ -263,6 +264,11 @@ _register()
 # ---- host side ------------------------------------------------------------------------------------
 
 
+# Score features (`features.FEATURES`) this backward takes. Sinks need nothing of it: the
+# forward's lse includes the sink, so P = exp(S - lse) and dS = P (dP - D) are unchanged.
+BACKWARD_FEATURES = ("sinks",)
+
+
 def supports_backward(problem) -> str | None:
     """None when this backward takes `problem` (an `api.AttentionProblem`), else why not."""
     if str(problem.dtype).removeprefix("torch.") not in _CUTLASS:
@@ -276,7 +282,7 @@ def supports_backward(problem) -> str | None:
         return f"the sm90_flash backward needs the value head dim ({problem.head_dim_v}) equal to D ({d})"
     if not (math.isfinite(problem.scale) and problem.scale > 0):
         return f"scale {problem.scale} must be finite and > 0"
-    return None
+    return feature_reason(problem, BACKWARD_FEATURES)
 
 
 # Per-process caches of the warm path (see `backward`): kernel objects and TVM-FFI functions per
@@ -340,8 +346,8 @@ class _Launch:
 
 def _check_supported(problem) -> None:
     """`supports_backward`, raising ValueError with its reason; a pass is remembered per (dtype,
-    head dim, value head dim, scale) (bounded like `_LAUNCHES`)."""
-    key = (problem.dtype, problem.head_dim, problem.head_dim_v, problem.scale)
+    head dim, value head dim, scale, features) (bounded like `_LAUNCHES`)."""
+    key = (problem.dtype, problem.head_dim, problem.head_dim_v, problem.scale, problem.softcap, problem.seqused_k)
     if key in _SUPPORTED:
         return
     why = supports_backward(problem)
