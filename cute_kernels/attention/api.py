@@ -230,18 +230,18 @@ def attention_forward(q, k, v, *, causal: str | None = None, scale=None, enable_
     (`runtime.plan_cache`).
     """
     sig = None
-    if out is None and lse is None and sinks is None:
-        sig = _plan_signature(q, k, v, causal, scale, enable_gqa, kernel, window_size, softcap)
+    if out is None and lse is None:
+        sig = _plan_signature(q, k, v, causal, scale, enable_gqa, kernel, window_size, softcap, sinks)
         if sig is not None:
             try:
                 plan = _PLANS.get(sig)
             except TypeError:  # an unhashable option: the checks report it
                 plan = sig = None
             if plan is not None:
-                return plan(q, k, v)
+                return plan(q, k, v, sinks)
     out, lse, launched = _forward(q, k, v, causal, scale, enable_gqa, kernel, out, lse, window_size, softcap, sinks)
     if sig is not None and launched is not None:
-        _keep_plan(sig, q, k, v, *launched)
+        _keep_plan(sig, q, k, v, *launched, sinks=sinks)
     return out, lse
 
 
@@ -286,26 +286,27 @@ _PLANS = PlanCache("attention.forward")
 _SCALE_TYPES = (float, int, type(None))
 
 
-def _plan_signature(q, k, v, causal, scale, enable_gqa, kernel, window_size=None, softcap=None):
-    """The plan key of an `attention_forward` call (no out/lse, no sinks given), or None when
-    it cannot have a plan (a non-tensor, a scale or softcap that is not a Python float/int/None).
-    Not hashed here (an unhashable window_size, a list, fails the lookup and so takes the
-    checked path)."""
+def _plan_signature(q, k, v, causal, scale, enable_gqa, kernel, window_size=None, softcap=None, sinks=None):
+    """The plan key of an `attention_forward` call (no out/lse given), or None when it cannot
+    have a plan (a non-tensor, a scale or softcap that is not a Python float/int/None). Not
+    hashed here (an unhashable window_size, a list, fails the lookup and so takes the checked
+    path)."""
     if scale.__class__ not in _SCALE_TYPES or softcap.__class__ not in _SCALE_TYPES:
         return None
     try:
         return (tensor_signature(q), tensor_signature(k), tensor_signature(v), causal, scale.__class__, scale,
-                enable_gqa, kernel, window_size, softcap.__class__, softcap)
+                enable_gqa, kernel, window_size, softcap.__class__, softcap,
+                None if sinks is None else tensor_signature(sinks))
     except (TypeError, RuntimeError):  # not plain tensors (FakeTensor, other subclasses, non-tensors)
         return None
 
 
-def _keep_plan(sig, q, k, v, rung, problem) -> None:
+def _keep_plan(sig, q, k, v, rung, problem, sinks=None) -> None:
     """Store under `sig` the replay of the checked forward just made: allocate out and lse as it
     did and call the rung's `launch_plan(problem)` (when it has one: TVM-FFI builds) on the
-    caller's tensors (detached when they require grad, as the rung does)."""
+    caller's tensors (detached when they require grad, as the rung does; sinks as fp32)."""
     launch_plan = getattr(rung, "launch_plan", None)
-    if launch_plan is None or not plain_tensors(q, k, v):
+    if launch_plan is None or not plain_tensors(q, k, v, sinks):
         return
     launch = launch_plan(problem)
     if launch is None:
@@ -319,16 +320,21 @@ def _keep_plan(sig, q, k, v, rung, problem) -> None:
     dtype, device = q.dtype, q.device
     unbatched = q.dim() == 3
     detach = q.requires_grad or k.requires_grad or v.requires_grad
+    # The signature fixes the sinks' dtype and strides: convert only when the kernel cannot read them.
+    convert = sinks is not None and (sinks.dtype != fp32 or not sinks.is_contiguous())
 
-    def plan(q, k, v):
+    def plan(q, k, v, sinks=None):
         out = empty(out_shape, dtype=dtype, device=device)
         lse = empty(lse_shape, dtype=fp32, device=device)
         if detach:
             q, k, v = q.detach(), k.detach(), v.detach()
+        extra = ()
+        if sinks is not None:
+            extra = (sinks.detach().to(fp32).contiguous() if convert else sinks.detach(),)
         if unbatched:
-            launch(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out, lse)
+            launch(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out, lse, *extra)
             return out[0], lse[0]
-        launch(q, k, v, out, lse)
+        launch(q, k, v, out, lse, *extra)
         return out, lse
 
     _PLANS.put(sig, plan)
@@ -459,18 +465,17 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p: float = 0.0
     attn_mask, and ValueError/TypeError for bad inputs, before any launch.
     Differentiable in q, k, v and sinks (see the module docstring).
     """
-    if (attn_mask is None and dropout_p.__class__ is float and dropout_p == 0.0 and is_causal.__class__ is bool
-            and sinks is None):
+    if attn_mask is None and dropout_p.__class__ is float and dropout_p == 0.0 and is_causal.__class__ is bool:
         # the warm path: a plan of `attention_forward` for this signature, if none requires grad
         sig = _plan_signature(q, k, v, "top_left" if is_causal else None, scale, enable_gqa, kernel, window_size,
-                              softcap)
-        if sig is not None and not (sig[0][-1] or sig[1][-1] or sig[2][-1]):
+                              softcap, sinks)
+        if sig is not None and not (sig[0][-1] or sig[1][-1] or sig[2][-1] or (sig[-1] is not None and sig[-1][-1])):
             try:
                 plan = _PLANS.get(sig)
             except TypeError:  # an unhashable option: the checks report it
                 plan = None
             if plan is not None:
-                out, lse = plan(q, k, v)
+                out, lse = plan(q, k, v, sinks)
                 return (out, lse) if return_lse else out
     if not isinstance(dropout_p, numbers.Real) or isinstance(dropout_p, bool):
         raise TypeError(f"scaled_dot_product_attention: dropout_p must be a float, got {type(dropout_p).__name__}")
