@@ -20,7 +20,9 @@ Two kernels:
   through shared memory (`smem_acc_layout`), and the CTA writes its partial out (normalized,
   fp32) and natural-log LSE; a split with no key writes out 0 and LSE -inf.
 - `PagedDecodeCombine`: grid (ceil(Hq / heads per CTA), B). out = sum_s w_s O_s / sum_s w_s with
-  w_s = exp(LSE_s - max LSE), in fp32; all splits -inf (no key) gives out 0.
+  w_s = exp(LSE_s - max LSE), in fp32; all splits -inf (no key) gives out 0. Optionally it also
+  writes the combined natural-log LSE, and takes per-head sinks (`features`): a sink joins as
+  one more split with LSE = sink and out 0 (so out = sum_s w_s O_s / (sum_s w_s + w_sink)).
 
 This SIMT split kernel serves page sizes that are not multiples of 16 and head dims the
 tensor-core kernel does not take. Otherwise `DecodeRung` runs `decode_mma.PagedDecodeMma` (the
@@ -41,6 +43,7 @@ from cute_kernels.layouts import Layout
 from cute_kernels.runtime import to_cute
 
 from .sm80_blocks import assume_aligned_rows
+from .problem_checks import softcap_scalars
 from .softmax import LN_2, LOG2_E
 
 __all__ = ["DecodeConfig", "DecodeLayouts", "PagedDecodeSplit", "PagedDecodeCombine", "RUNG", "HEAD_DIMS",
@@ -343,13 +346,16 @@ class PagedDecodeCombine:
         self.heads_per_cta = self.threads // self.lanes
 
     @cute.jit
-    def __call__(self, mOpart: cute.Tensor, mLSEpart: cute.Tensor, mO: cute.Tensor, stream):
+    def __call__(self, mOpart: cute.Tensor, mLSEpart: cute.Tensor, mO: cute.Tensor, stream,
+                 mLSE: cute.Tensor | None = None, mSinks: cute.Tensor | None = None):
+        """mLSE (B, Hq) fp32: the combined LSE (written when given); mSinks (Hq,) fp32 sinks."""
         mOpart, mO = assume_aligned_rows(mOpart), assume_aligned_rows(mO)
         grid = (cute.ceil_div(mO.shape[1], self.heads_per_cta), mO.shape[0], 1)
-        self.kernel(mOpart, mLSEpart, mO).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
+        self.kernel(mOpart, mLSEpart, mO, mLSE, mSinks).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, mOpart: cute.Tensor, mLSEpart: cute.Tensor, mO: cute.Tensor):
+    def kernel(self, mOpart: cute.Tensor, mLSEpart: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+               mSinks: cute.Tensor | None):
         tidx, _, _ = cute.arch.thread_idx()
         head_block, batch, _ = cute.arch.block_idx()
         head = head_block * self.heads_per_cta + tidx // self.lanes
@@ -359,10 +365,17 @@ class PagedDecodeCombine:
             lse_max = -cutlass.Float32.inf
             for s in cutlass.range(num_splits, unroll=1):
                 lse_max = cute.arch.fmax(lse_max, mLSEpart[s, batch, head])
+            sink = cutlass.Float32(0.0)
+            if cutlass.const_expr(mSinks is not None):
+                sink = mSinks[head]
+                lse_max = cute.arch.fmax(lse_max, sink)
             safe = cutlass.Float32(0.0) if lse_max == -cutlass.Float32.inf else lse_max
             acc = cute.make_rmem_tensor((_VEC,), cutlass.Float32)
             acc.fill(0.0)
             total = cutlass.Float32(0.0)
+            if cutlass.const_expr(mSinks is not None):
+                # NaN sinks reach total (fmax above drops them from the max, not from here).
+                total = cute.math.exp2((sink - safe) * LOG2_E, fastmath=True)
             part = cute.make_rmem_tensor((_VEC,), cutlass.Float32)
             for s in cutlass.range(num_splits, unroll=1):
                 w = cute.math.exp2((mLSEpart[s, batch, head] - safe) * LOG2_E, fastmath=True)
@@ -376,6 +389,10 @@ class PagedDecodeCombine:
             out = cute.make_rmem_tensor((_VEC,), self.dtype)
             out.store(acc.load().to(self.dtype))
             cute.autovec_copy(out, cute.local_tile(mO[batch, head, None], (_VEC,), (chunk,)))
+            if cutlass.const_expr(mLSE is not None):
+                if chunk == 0:
+                    mLSE[batch, head] = (-cutlass.Float32.inf if total == 0.0
+                                         else safe + cute.math.log2(total, fastmath=True) * LN_2)
 
 
 # ---- host side: split count, compile-only variants, the rung ---------------------------------------
@@ -431,14 +448,17 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16", page_size: int =
     return CompileJob(PagedDecodeSplit(config), args, ("attention.decode.split", config))
 
 
-def build_combine_variant(head_dim: int = 128, dtype: str = "bfloat16"):
+def build_combine_variant(head_dim: int = 128, dtype: str = "bfloat16", lse: bool = False, sinks: bool = False):
+    """A CompileJob for the combine; `lse` / `sinks`: with the combined-LSE output / the sinks."""
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
     o_part = fake_tensor(cutlass.Float32, 4, leading_dim=3, assumed_align=16)
     lse_part = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
     out = fake_tensor(_CUTLASS[dtype], 3, leading_dim=2, assumed_align=16)
-    return CompileJob(PagedDecodeCombine(head_dim, dtype), (o_part, lse_part, out, fake_stream()),
-                      ("attention.decode.combine", head_dim, dtype))
+    extra = (fake_tensor(cutlass.Float32, 2, leading_dim=1, assumed_align=4) if lse else None,
+             fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=4) if sinks else None)
+    return CompileJob(PagedDecodeCombine(head_dim, dtype), (o_part, lse_part, out, fake_stream(), *extra),
+                      ("attention.decode.combine", head_dim, dtype, lse, sinks))
 
 
 VARIANT_CONFIGS = {
@@ -457,19 +477,24 @@ def _register() -> None:
     # K and V stream through 128-bit global loads: LDG.E.128 in the SASS is the design.
     register_variant("attention.decode", build_variant, configs=VARIANT_CONFIGS, requires={"LDG.E.128", "SHFL.BFLY"})
     register_variant("attention.decode_combine", build_combine_variant,
-                     configs={"d128_bf16": {"head_dim": 128, "dtype": "bfloat16"}}, requires={"LDG.E.128"})
+                     configs={"d128_bf16": {"head_dim": 128, "dtype": "bfloat16"},
+                              "d128_bf16_lse_sinks": {"head_dim": 128, "dtype": "bfloat16", "lse": True, "sinks": True}},
+                     requires={"LDG.E.128"})
 
 
 _register()
 
 
 class DecodeRung:
-    """The `decode` rung: `paged_decode`'s kernels (interface in `cute_kernels.attention.registry`;
-    it serves `paged.paged_decode`, not `scaled_dot_product_attention`, so dispatch's "auto"
-    skips it and `supports` says so for a dense problem)."""
+    """The `decode` rung: `paged_decode`'s kernels (interface in `cute_kernels.attention.registry`),
+    and the dense route of `dense_decode`: "auto" picks it for dense problems with a few queries
+    over a long cache (`supports`), `dispatch.explain` gives its `route_reason`."""
 
     name = "decode"
     min_capability = (8, 0)
+    # Score features (`features.FEATURES`) the dense route takes (softcap on the tensor-core split
+    # kernel, sinks in the combine).
+    features = ("softcap", "sinks")
 
     @property
     def dtypes(self):
@@ -498,13 +523,34 @@ class DecodeRung:
             return f"{problem.heads_q} query heads: at most 65535 (grid y)"
         if problem.max_pages * problem.page_size >= 2**30:
             return "the block table addresses 2**30 keys or more (32-bit key indices, with room for the last split)"
+        if getattr(problem, "softcap", None) is not None and use_mma(problem.head_dim, problem.page_size, group) is None:
+            return "softcap not implemented on the SIMT split kernel (page sizes that are not multiples of 16)"
         return None
 
-    def __call__(self, q, k, v, out, lse, problem):
-        raise NotImplementedError(self.supports(q, k, v, problem))
+    def supports(self, q, k, v, problem) -> str | None:
+        """None when the dense route (`dense_decode`: few queries over a long cache) takes this
+        dense problem, else why not."""
+        from .dense_decode import supports_dense
 
-    def paged(self, q, k_cache, v_cache, block_table, seqlens_k, out, problem, *, num_splits: int | None = None):
-        """Write out (B, Hq, D) on torch's current stream: the split kernel, then the combine."""
+        return supports_dense(q, k, v, problem)
+
+    def route_reason(self, problem) -> str:
+        """Why "auto" picks this rung for a dense problem it supports (`dispatch.explain`)."""
+        from .dense_decode import route_reason
+
+        return route_reason(problem)
+
+    def __call__(self, q, k, v, out, lse, problem, sinks=None):
+        """The dense route (`dense_decode.run`): out (B, Hq, Sq, D), lse (B, Hq, Sq)."""
+        from .dense_decode import run
+
+        return run(self, q, k, v, out, lse, problem, sinks)
+
+    def paged(self, q, k_cache, v_cache, block_table, seqlens_k, out, problem, *, num_splits: int | None = None,
+              lse=None, sinks=None):
+        """Write out (B, Hq, D) on torch's current stream: the split kernel, then the combine.
+        lse: an optional (B, Hq) fp32 result for the combined log-sum-exp; sinks: (Hq,) fp32
+        sink logits when the problem has them (they join in the combine)."""
         import torch
 
         from cute_kernels.runtime import compile_kernel, current_stream, from_torch
@@ -513,20 +559,20 @@ class DecodeRung:
         group = p.heads_q // p.heads_kv
         dtype = str(p.dtype).removeprefix("torch.")
         mma = use_mma(p.head_dim, p.page_size, group)
+        softcap = getattr(p, "softcap", None) is not None
         if mma is not None:
             from .decode_mma import DecodeMmaConfig
 
             config = DecodeMmaConfig(head_dim=p.head_dim, dtype=dtype, page_size=p.page_size,
-                                     heads_per_cta=mma).validate()
+                                     heads_per_cta=mma, softcap=softcap).validate()
             waves = 16  # 1-warp CTAs: many resident per SM
         else:
             config = config_for(p.head_dim, dtype, p.page_size, group)
             waves = 4
         head_blocks = p.heads_q // config.heads_per_cta
         if num_splits is None:
-            sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
-            num_splits, pages_per_split = num_splits_for(p.batch, head_blocks, p.max_pages, p.page_size, sm_count,
-                                                         waves=waves)
+            num_splits, pages_per_split = num_splits_for(p.batch, head_blocks, p.max_pages, p.page_size,
+                                                         sm_count(q.device), waves=waves)
         else:
             pages_per_split = -(-max(p.max_pages, 1) // num_splits)
         o_part = torch.empty((num_splits, p.batch, p.heads_q, p.head_dim), dtype=torch.float32, device=q.device)
@@ -534,23 +580,39 @@ class DecodeRung:
         stream = current_stream()
 
         split = _split_kernel(config)
+        scale, score_scale = softcap_scalars(p)
         args = (from_torch(q, leading_dim=2), from_torch(k_cache, leading_dim=3), from_torch(v_cache, leading_dim=3),
                 from_torch(block_table, assumed_align=4, leading_dim=1),
                 from_torch(seqlens_k, assumed_align=4, leading_dim=0),
                 from_torch(o_part, leading_dim=3), from_torch(lse_part, assumed_align=4, leading_dim=2),
-                cutlass.Float32(p.scale), cutlass.Int32(group), cutlass.Int32(pages_per_split),
+                cutlass.Float32(scale), cutlass.Int32(group), cutlass.Int32(pages_per_split),
                 cutlass.Int32(num_splits), stream)
+        if softcap:
+            args = (*args, cutlass.Float32(score_scale))
         compile_kernel(split, *args, key=(split.key, config))(*args)
 
         combine = _combine_kernel(p.head_dim, config.dtype)
+        wrap = lambda t: None if t is None else from_torch(t, assumed_align=4, leading_dim=t.dim() - 1)  # noqa: E731
         args = (from_torch(o_part, leading_dim=3), from_torch(lse_part, assumed_align=4, leading_dim=2),
-                from_torch(out, leading_dim=2), stream)
-        compile_kernel(combine, *args, key=("attention.decode.combine", p.head_dim, config.dtype))(*args)
+                from_torch(out, leading_dim=2), stream, wrap(lse), wrap(sinks))
+        key = ("attention.decode.combine", p.head_dim, config.dtype, lse is not None, sinks is not None)
+        compile_kernel(combine, *args, key=key)(*args)
         return out
 
 
 _SPLIT: dict = {}
 _COMBINE: dict = {}
+_SM_COUNTS: dict = {}
+
+
+def sm_count(device) -> int:
+    """The device's SM count, asked once per device."""
+    count = _SM_COUNTS.get(device)
+    if count is None:
+        import torch
+
+        count = _SM_COUNTS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return count
 
 
 def _split_kernel(config):

@@ -17,6 +17,8 @@ A K/V block of `block_n` keys lies inside one page or spans whole pages (`block_
 block_table read per page, and each page's rows are one strided tile of
 k_cache[page, :, kv_head, :]. One warp per CTA keeps the shared memory small (Q 16 x D, one K and one V block), so many
 CTAs (and their cp.async copies) share an SM. The combine is `decode.PagedDecodeCombine`.
+With `softcap` the scores are soft-capped as in `sm80_flash` (`softmax.apply_softcap`); sinks
+join in the combine.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from cute_kernels.runtime import to_cute
 from .fragments import accumulator_as_a, mn_view
 from .mask import apply_mask
 from .sm80_blocks import assume_aligned_rows, gemm_rs, gemm_ss, load_rows, smem_operand
-from .softmax import LOG2_E, OnlineSoftmax
+from .softmax import LOG2_E, OnlineSoftmax, apply_softcap
 
 __all__ = ["DecodeMmaConfig", "PagedDecodeMma", "block_n_for", "MAX_HEADS_PER_CTA"]
 
@@ -62,12 +64,14 @@ def block_n_for(page_size: int, head_dim: int = 128) -> int | None:
 class DecodeMmaConfig:
     """head_dim: a multiple of 16 up to 256; dtype: "float16" | "bfloat16"; page_size: keys per
     page (a multiple of 16: a K/V block is within one page or whole pages); heads_per_cta: query
-    heads of one KV group per CTA (1 to 16, the rows of the 16-row MMA tile that hold data)."""
+    heads of one KV group per CTA (1 to 16, the rows of the 16-row MMA tile that hold data);
+    softcap: soft-capped scores (the score scale a runtime argument)."""
 
     head_dim: int = 128
     dtype: str = "bfloat16"
     page_size: int = 16
     heads_per_cta: int = 8
+    softcap: bool = False
 
     def validate(self) -> "DecodeMmaConfig":
         if block_n_for(self.page_size, self.head_dim) is None:
@@ -110,7 +114,10 @@ class PagedDecodeMma:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mKc: cute.Tensor, mVc: cute.Tensor, mBlockTable: cute.Tensor,
                  mSeqlensK: cute.Tensor, mOpart: cute.Tensor, mLSEpart: cute.Tensor, softmax_scale: cutlass.Float32,
-                 qhead_per_kvhead: cutlass.Int32, pages_per_split: cutlass.Int32, num_splits: cutlass.Int32, stream):
+                 qhead_per_kvhead: cutlass.Int32, pages_per_split: cutlass.Int32, num_splits: cutlass.Int32, stream,
+                 score_scale: cutlass.Float32 | None = None):
+        """softmax_scale and score_scale: `problem_checks.softcap_scalars` (with `softcap`: the
+        cap and scale / cap)."""
         c = self.config
         t = c.tile
         mQ, mKc, mVc = [assume_aligned_rows(x) for x in (mQ, mKc, mVc)]
@@ -131,7 +138,7 @@ class PagedDecodeMma:
                                         permutation_mnk=(16, 16, 16))
         grid = (num_splits, mQ.shape[1] // c.heads_per_cta, mQ.shape[0])
         self.kernel(mQ, mKc, mVc, mBlockTable, mSeqlensK, mOpart, mLSEpart, softmax_scale * LOG2_E,
-                    qhead_per_kvhead, pages_per_split, gmem_load, tiled_mma, SharedStorage).launch(
+                    qhead_per_kvhead, pages_per_split, gmem_load, tiled_mma, SharedStorage, score_scale).launch(
             # minctasm 1: without it ptxas aims at more resident 1-warp CTAs and spills a register.
             grid=grid, block=[t.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
@@ -139,7 +146,7 @@ class PagedDecodeMma:
     def kernel(self, mQ: cute.Tensor, mKc: cute.Tensor, mVc: cute.Tensor, mBlockTable: cute.Tensor,
                mSeqlensK: cute.Tensor, mOpart: cute.Tensor, mLSEpart: cute.Tensor, scale_log2: cutlass.Float32,
                qhead_per_kvhead: cutlass.Int32, pages_per_split: cutlass.Int32, gmem_load: cute.TiledCopy,
-               tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+               tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr, score_scale: cutlass.Float32 | None):
         c = self.config
         t = c.tile
         tidx, _, _ = cute.arch.thread_idx()
@@ -180,7 +187,7 @@ class PagedDecodeMma:
         softmax = OnlineSoftmax(cute.size(t_coord_s.shape[0]), scale_log2)
         # The last page holding a key of the split: block table reads never go past it.
         last_page = cutlass.max(key_end - 1, 0) // c.page_size
-        kv = (mKc, mVc, mBlockTable, batch, kv_head, key_begin, last_page)
+        kv = (mKc, mVc, mBlockTable, batch, kv_head, key_begin, last_page, score_scale)
 
         # ---- prologue: the group's q rows and the split's last K block ----
         if n_block_max > 0:
@@ -229,7 +236,7 @@ class PagedDecodeMma:
         partition is row mode p * (page_size / rows_per_pass) + j of the block's."""
         c = self.config
         t = c.tile
-        mKc, mVc, mBlockTable, batch, kv_head, key_begin, last_page = kv
+        mKc, mVc, mBlockTable, batch, kv_head, key_begin, last_page, _ = kv
         cache = mKc if cutlass.const_expr(which == 0) else mVc
         key0 = key_begin + n_block * t.block_n
         if cutlass.const_expr(c.pages_per_block == 1):
@@ -284,6 +291,8 @@ class PagedDecodeMma:
         cute.arch.cp_async_commit_group()
 
         acc_s_mn = mn_view(acc_s)
+        if cutlass.const_expr(self.config.softcap):
+            apply_softcap(acc_s, kv[-1])
         if cutlass.const_expr(masked):
             apply_mask(acc_s_mn, t_coord_s, 0, n_block * t.block_n, n_keys, 0, False)
         softmax.step(acc_s_mn, mn_view(acc_o))
@@ -293,12 +302,13 @@ class PagedDecodeMma:
         gemm_rs(tiled_mma, acc_o, accumulator_as_a(r_p), vt_frag)
 
 
-def build_variant(head_dim: int = 128, dtype: str = "bfloat16", page_size: int = 16, heads_per_cta: int = 8):
+def build_variant(head_dim: int = 128, dtype: str = "bfloat16", page_size: int = 16, heads_per_cta: int = 8,
+                  softcap: bool = False):
     """A CompileJob for the tensor-core split kernel over fake tensors with symbolic sizes."""
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
     config = DecodeMmaConfig(head_dim=head_dim, dtype=dtype, page_size=page_size,
-                             heads_per_cta=heads_per_cta).validate()
+                             heads_per_cta=heads_per_cta, softcap=softcap).validate()
     t = _CUTLASS[dtype]
     q = fake_tensor(t, 3, leading_dim=2, assumed_align=16)
     kc, vc = (fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(2))
@@ -307,7 +317,8 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16", page_size: int =
     o_part = fake_tensor(cutlass.Float32, 4, leading_dim=3, assumed_align=16)
     lse_part = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
     args = (q, kc, vc, table, seqlens, o_part, lse_part, cutlass.Float32(1.0 / math.sqrt(head_dim)),
-            cutlass.Int32(heads_per_cta), cutlass.Int32(1), cutlass.Int32(1), fake_stream())
+            cutlass.Int32(heads_per_cta), cutlass.Int32(1), cutlass.Int32(1), fake_stream(),
+            cutlass.Float32(0.1) if softcap else None)
     return CompileJob(PagedDecodeMma(config), args, ("attention.decode.mma_split", config))
 
 
@@ -315,6 +326,9 @@ VARIANT_CONFIGS = {
     "d128_bf16_page16_g8": {"head_dim": 128, "dtype": "bfloat16", "page_size": 16, "heads_per_cta": 8},
     "d128_bf16_page256_g16": {"head_dim": 128, "dtype": "bfloat16", "page_size": 256, "heads_per_cta": 16},
     "d64_fp16_page64_g4": {"head_dim": 64, "dtype": "float16", "page_size": 64, "heads_per_cta": 4},
+    # The dense route's page size (`dense_decode`), soft-capped.
+    "d128_bf16_page64_g4_softcap": {"head_dim": 128, "dtype": "bfloat16", "page_size": 64, "heads_per_cta": 4,
+                                    "softcap": True},
 }
 
 

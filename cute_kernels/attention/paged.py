@@ -39,6 +39,9 @@ class PagedProblem:
     max_pages: int
     dtype: object
     scale: float
+    # Score features (`features`): the soft cap (None: none) and whether sinks are given.
+    softcap: float | None = None
+    sinks: bool = False
 
     def describe(self) -> str:
         return (f"B={self.batch} Hq={self.heads_q} Hkv={self.heads_kv} D={self.head_dim} Dv={self.head_dim_v} "

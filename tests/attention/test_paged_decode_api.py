@@ -33,10 +33,35 @@ def test_signature_is_the_one_the_ops_layer_calls():
         assert params[name].kind is inspect.Parameter.KEYWORD_ONLY
 
 
-def test_the_decode_rung_is_registered_and_refuses_dense_problems():
+def test_the_decode_rung_takes_few_queries_over_long_caches_only():
+    """Its `supports` for dense problems (`dense_decode`): a few queries over a long cache, no
+    window; everything else declined with the reason."""
+    import torch
+
+    from cute_kernels.attention.api import AttentionProblem
+    from cute_kernels.attention.dense_decode import DENSE_MAX_QUERIES, DENSE_MIN_KEYS
+
     assert "decode" in KERNELS
     rung = KERNELS["decode"]
-    assert "paged_decode" in rung.supports(None, None, None, None)
+
+    def problem(sq, sk, d=128, hq=8, hkv=2, **kw):
+        q = torch.randn(2, hq, sq, d, dtype=torch.bfloat16)
+        k = torch.randn(2, hkv, sk, d, dtype=torch.bfloat16)
+        return q, k, k, AttentionProblem(2, hq, hkv, sq, sk, d, d, torch.bfloat16, kw.pop("causal", None),
+                                         d ** -0.5, **kw)
+
+    assert rung.supports(*problem(1, 4096)) is None
+    assert rung.supports(*problem(DENSE_MAX_QUERIES, DENSE_MIN_KEYS, causal="bottom_right", softcap=30.0,
+                                  sinks=True)) is None
+    assert "at most 8" in rung.supports(*problem(DENSE_MAX_QUERIES + 1, 4096))
+    assert "starts at 512" in rung.supports(*problem(1, DENSE_MIN_KEYS - 1))
+    assert "sliding windows" in rung.supports(*problem(1, 4096, window_left=128))
+    assert "head dim 72" in rung.supports(*problem(1, 4096, d=72))
+    q, k, v, p = problem(1, 4096)
+    odd = torch.randn(2, 2, 4096, 132, dtype=torch.bfloat16)[..., :128]  # row stride 132: not 16-byte rows
+    assert "strides" in rung.supports(q, odd, odd, p)
+    assert "different strides" in rung.supports(q, k, odd.contiguous().transpose(1, 2).contiguous().transpose(1, 2), p)
+    assert "1 query per head over 4096 keys: split-KV decode" in rung.route_reason(p)
 
 
 def test_cpu_tensors_are_rejected_after_the_checks():
