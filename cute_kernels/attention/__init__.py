@@ -12,7 +12,8 @@
   variable-length batches; `attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q,
   cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, ...)` -> (dq, dk, dv).
 - `paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, scale, kernel)` -> out (B, Hq, Dv):
-  one query token per sequence over a paged KV cache (split-KV, the `decode` rung).
+  one query token per sequence over a paged KV cache (split-KV, the `decode` rung); its indices
+  are checked on the device, errors surface from `raise_paged_decode_errors()`.
 - `KERNELS`: the ladder (`sm80_flash`, `sm90_flash`, `decode`).
 
 Every dense and varlen entry also takes the keyword-only score features of `features`:
@@ -40,6 +41,9 @@ _EXPORTS = {
     "attention_varlen_forward": "varlen",
     "attention_varlen_backward": "varlen",
     "paged_decode": "paged",
+    "raise_paged_decode_errors": "paged",
+    "paged_decode_errors": "paged",
+    "PagedDecodeIndexError": "paged",
     "sinks_gradient": "features",
     "PagedProblem": "paged",
     "KERNELS": "registry",

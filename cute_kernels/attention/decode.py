@@ -24,6 +24,13 @@ Two kernels:
   writes the combined natural-log LSE, and takes per-head sinks (`features`): a sink joins as
   one more split with LSE = sink and out 0 (so out = sum_s w_s O_s / (sum_s w_s + w_sink)).
 
+Index checks on the device (`check_pages`, on for `paged_decode`): each split kernel clamps a
+sequence's length into [0, block_table width * page_size] and every page index it reads into
+[0, num_pages), so a bad table never makes a read leave the caches, and records what it
+clamped in an int32 error buffer (`ERROR_SLOTS`: a flag and one example per kind, written with
+plain stores, only when something is wrong) that `paged.raise_paged_decode_errors` reads. The
+dense route of `dense_decode` builds its own tables and compiles without the checks.
+
 This SIMT split kernel serves page sizes that are not multiples of 16 and head dims the
 tensor-core kernel does not take. Otherwise `DecodeRung` runs `decode_mma.PagedDecodeMma` (the
 group's heads as the rows of an mma.sync tile, zero-padded to 16; one head per KV head too),
@@ -42,6 +49,7 @@ import cutlass.cute as cute
 from cute_kernels.layouts import Layout
 from cute_kernels.runtime import to_cute
 
+from .decode_checks import checked_length, checked_page
 from .sm80_blocks import assume_aligned_rows
 from .problem_checks import softcap_scalars
 from .softmax import LN_2, LOG2_E
@@ -64,7 +72,8 @@ class DecodeConfig:
     dtype: "float16" | "bfloat16"; page_size: keys per cache page (a compile-time constant so
     t // page_size is a shift); heads_per_cta: query heads of one KV group per CTA (1 to 8;
     registers grow with it); num_warps: warps per CTA; rows_per_thread: K (and V) rows each
-    thread loads per step, the bytes in flight.
+    thread loads per step, the bytes in flight; check_pages: the device-side index checks
+    (module docstring).
     """
 
     head_dim: int = 128
@@ -73,6 +82,7 @@ class DecodeConfig:
     heads_per_cta: int = 8
     num_warps: int = 4
     rows_per_thread: int = 4
+    check_pages: bool = True
 
     def validate(self) -> "DecodeConfig":
         if self.head_dim not in HEAD_DIMS:
@@ -159,7 +169,9 @@ class PagedDecodeSplit:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mKc: cute.Tensor, mVc: cute.Tensor, mBlockTable: cute.Tensor,
                  mSeqlensK: cute.Tensor, mOpart: cute.Tensor, mLSEpart: cute.Tensor, softmax_scale: cutlass.Float32,
-                 qhead_per_kvhead: cutlass.Int32, pages_per_split: cutlass.Int32, num_splits: cutlass.Int32, stream):
+                 qhead_per_kvhead: cutlass.Int32, pages_per_split: cutlass.Int32, num_splits: cutlass.Int32, stream,
+                 mErr: cute.Tensor | None = None):
+        """mErr: the (ERROR_SLOTS,) int32 error buffer (with `check_pages`)."""
         c = self.config
         mQ, mKc, mVc = [assume_aligned_rows(t) for t in (mQ, mKc, mVc)]
         mOpart = assume_aligned_rows(mOpart)
@@ -174,13 +186,14 @@ class PagedDecodeSplit:
 
         grid = (num_splits, mQ.shape[1] // c.heads_per_cta, mQ.shape[0])
         self.kernel(mQ, mKc, mVc, mBlockTable, mSeqlensK, mOpart, mLSEpart, softmax_scale * LOG2_E,
-                    qhead_per_kvhead, pages_per_split, SharedStorage).launch(
+                    qhead_per_kvhead, pages_per_split, SharedStorage, mErr if c.check_pages else None).launch(
             grid=grid, block=[c.threads, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mKc: cute.Tensor, mVc: cute.Tensor, mBlockTable: cute.Tensor,
                mSeqlensK: cute.Tensor, mOpart: cute.Tensor, mLSEpart: cute.Tensor, scale_log2: cutlass.Float32,
-               qhead_per_kvhead: cutlass.Int32, pages_per_split: cutlass.Int32, SharedStorage: cutlass.Constexpr):
+               qhead_per_kvhead: cutlass.Int32, pages_per_split: cutlass.Int32, SharedStorage: cutlass.Constexpr,
+               mErr: cute.Tensor | None):
         c = self.config
         lay = self.layouts
         nh, nu = c.heads_per_cta, c.rows_per_thread
@@ -189,7 +202,7 @@ class PagedDecodeSplit:
         chunk, row_in_warp, warp_id = cute.idx2crd(tidx, to_cute(lay.thread_layout).shape)
         head0 = head_block * nh
         kv_head = head0 // qhead_per_kvhead
-        seqlen = mSeqlensK[batch]
+        seqlen = checked_length(mSeqlensK, batch, mBlockTable.shape[1] * c.page_size, mErr)
         key_begin = split * pages_per_split * c.page_size
         key_end = cutlass.min(key_begin + pages_per_split * c.page_size, seqlen)
 
@@ -221,7 +234,7 @@ class PagedDecodeSplit:
                 key = key_begin + step * c.rows_per_step + step_row((row_in_warp, warp_id, u))
                 keys[u] = key
                 if key < key_end:
-                    page = mBlockTable[batch, key // c.page_size]
+                    page = checked_page(mBlockTable, batch, key // c.page_size, mKc.shape[0], mErr)
                     slot = key % c.page_size
                     cute.autovec_copy(cute.local_tile(mKc[page, slot, kv_head, None], (_VEC,), (chunk,)),
                                       r_k[u, None])
@@ -420,13 +433,14 @@ def num_splits_for(batch: int, head_blocks: int, max_pages: int, page_size: int,
     return -(-max_pages // pages_per_split), pages_per_split
 
 
-def config_for(head_dim: int, dtype: str, page_size: int, qhead_per_kvhead: int) -> DecodeConfig:
+def config_for(head_dim: int, dtype: str, page_size: int, qhead_per_kvhead: int,
+               check_pages: bool = True) -> DecodeConfig:
     """The split kernel's config: heads_per_cta from the group; 8 rows per thread (more bytes
     in flight) while the registers allow it (<= 2 heads), else 4. Every such config compiles
     without spills (tests/attention/test_paged_decode_api.py)."""
     heads = heads_per_cta_for(qhead_per_kvhead)
     return DecodeConfig(head_dim=head_dim, dtype=dtype, page_size=page_size, heads_per_cta=heads,
-                        rows_per_thread=8 if heads <= 2 else 4).validate()
+                        rows_per_thread=8 if heads <= 2 else 4, check_pages=check_pages).validate()
 
 
 def build_variant(head_dim: int = 128, dtype: str = "bfloat16", page_size: int = 16, heads_per_cta: int = 8,
@@ -444,7 +458,8 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16", page_size: int =
     o_part = fake_tensor(cutlass.Float32, 4, leading_dim=3, assumed_align=16)
     lse_part = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
     args = (q, kc, vc, table, seqlens, o_part, lse_part, cutlass.Float32(1.0 / math.sqrt(head_dim)),
-            cutlass.Int32(heads_per_cta), cutlass.Int32(1), cutlass.Int32(1), fake_stream())
+            cutlass.Int32(heads_per_cta), cutlass.Int32(1), cutlass.Int32(1), fake_stream(),
+            fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4) if config.check_pages else None)
     return CompileJob(PagedDecodeSplit(config), args, ("attention.decode.split", config))
 
 
@@ -547,10 +562,12 @@ class DecodeRung:
         return run(self, q, k, v, out, lse, problem, sinks)
 
     def paged(self, q, k_cache, v_cache, block_table, seqlens_k, out, problem, *, num_splits: int | None = None,
-              lse=None, sinks=None):
+              lse=None, sinks=None, errors=None):
         """Write out (B, Hq, D) on torch's current stream: the split kernel, then the combine.
         lse: an optional (B, Hq) fp32 result for the combined log-sum-exp; sinks: (Hq,) fp32
-        sink logits when the problem has them (they join in the combine)."""
+        sink logits when the problem has them (they join in the combine); errors: the
+        (ERROR_SLOTS,) int32 buffer of the device-side index checks, or None to compile
+        without them (tables the caller built itself)."""
         import torch
 
         from cute_kernels.runtime import compile_kernel, current_stream, from_torch
@@ -564,10 +581,10 @@ class DecodeRung:
             from .decode_mma import DecodeMmaConfig
 
             config = DecodeMmaConfig(head_dim=p.head_dim, dtype=dtype, page_size=p.page_size,
-                                     heads_per_cta=mma, softcap=softcap).validate()
+                                     heads_per_cta=mma, softcap=softcap, check_pages=errors is not None).validate()
             waves = 16  # 1-warp CTAs: many resident per SM
         else:
-            config = config_for(p.head_dim, dtype, p.page_size, group)
+            config = config_for(p.head_dim, dtype, p.page_size, group, check_pages=errors is not None)
             waves = 4
         head_blocks = p.heads_q // config.heads_per_cta
         if num_splits is None:
@@ -587,8 +604,10 @@ class DecodeRung:
                 from_torch(o_part, leading_dim=3), from_torch(lse_part, assumed_align=4, leading_dim=2),
                 cutlass.Float32(scale), cutlass.Int32(group), cutlass.Int32(pages_per_split),
                 cutlass.Int32(num_splits), stream)
-        if softcap:
-            args = (*args, cutlass.Float32(score_scale))
+        if mma is not None:
+            args = (*args, cutlass.Float32(score_scale) if softcap else None)
+        if errors is not None:
+            args = (*args, from_torch(errors, assumed_align=4, leading_dim=0))
         compile_kernel(split, *args, key=(split.key, config))(*args)
 
         combine = _combine_kernel(p.head_dim, config.dtype)

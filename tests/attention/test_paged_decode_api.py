@@ -85,10 +85,14 @@ def _with(args, **changes):
     ({"seqlens": torch.zeros(3, dtype=torch.int64)}, {}, TypeError, "seqlens_k must be int32"),
     ({"table": torch.zeros(2, 4, dtype=torch.int32)}, {}, ValueError, "block_table has 2 rows"),
     ({"q": torch.randn(3, 7, 64, dtype=torch.bfloat16)}, {}, ValueError, r"query heads \(7\) must be a multiple"),
-    ({"seqlens": torch.tensor([5, 65, 3], dtype=torch.int32)}, {}, ValueError, "room for 4 pages x 16 = 64 keys"),
-    ({"seqlens": torch.tensor([5, -1, 3], dtype=torch.int32)}, {}, ValueError, "negative length -1"),
+    ({"seqlens": torch.tensor([5, 65, 3], dtype=torch.int32)}, {"check_indices": "host"}, ValueError,
+     "room for 4 pages x 16 = 64 keys"),
+    ({"seqlens": torch.tensor([5, -1, 3], dtype=torch.int32)}, {"check_indices": True}, ValueError,
+     "negative length -1"),
     ({"table": torch.tensor([[0, 1, 2, 3], [4, 10, 6, 7], [8, 9, 0, 0]], dtype=torch.int32),
-      "seqlens": torch.tensor([5, 17, 3], dtype=torch.int32)}, {}, ValueError, r"block_table\[1, 1\] = 10"),
+      "seqlens": torch.tensor([5, 17, 3], dtype=torch.int32)}, {"check_indices": "host"}, ValueError,
+     r"block_table\[1, 1\] = 10"),
+    ({}, {"check_indices": "always"}, ValueError, "check_indices must be"),
     ({"q": torch.randn(3, 8, 128, dtype=torch.bfloat16)[..., ::2]}, {}, ValueError, "contiguous head dim"),
     ({}, {"scale": "big"}, TypeError, "scale must be a real number"),
 ])
@@ -102,9 +106,25 @@ def test_unused_table_entries_are_not_checked():
     table[:, 1:] = -7  # past each sequence's end: never read
     # The index checks pass: the first error is the device one, which comes last.
     with pytest.raises(ValueError, match="on 'cpu'"):
-        check_paged_inputs(q, kc, vc, table, torch.tensor([16, 0, 9], dtype=torch.int32), scale=None)
+        check_paged_inputs(q, kc, vc, table, torch.tensor([16, 0, 9], dtype=torch.int32), scale=None,
+                           check_indices=True)
     with pytest.raises(ValueError, match=r"block_table\[0, 1\] = -7"):
-        check_paged_inputs(q, kc, vc, table, torch.tensor([17, 0, 9], dtype=torch.int32), scale=None)
+        check_paged_inputs(q, kc, vc, table, torch.tensor([17, 0, 9], dtype=torch.int32), scale=None,
+                           check_indices=True)
+
+
+def test_the_default_checks_indices_on_the_device_without_a_host_sync(monkeypatch):
+    """By default the indices are not read on the host (no device-to-host copy, capturable):
+    a bad table gets past the host checks, and only the device check (not reachable on CPU)
+    sees it; check_indices=False is the same."""
+    from cute_kernels.attention import paged as paged_mod
+
+    monkeypatch.setattr(paged_mod, "_check_indices", lambda *a: pytest.fail("host index check on the default path"))
+    q, kc, vc, table, _ = paged()
+    table[0, 0] = 10**6
+    for kwargs in ({}, {"check_indices": False}, {"check_indices": "device"}):
+        with pytest.raises(ValueError, match="on 'cpu'"):
+            paged_decode(q, kc, vc, table, torch.tensor([16, 0, 9], dtype=torch.int32), **kwargs)
 
 
 def test_num_splits_and_kernel_arguments_are_checked():
