@@ -56,6 +56,13 @@ scale_log2 = c log2 e; with `sinks` the head's sink logit (an fp32 (Hq,) tensor)
 row's denominator in the epilogue (`OnlineSoftmax.finalize`). Both are compile-time flags of
 the config, their values runtime arguments.
 
+Varlen (`config.varlen`, `Sm90FlashRung.varlen`): packed sequences delimited by cu_seqlens (and
+seqused_k), one CTA per (q tile of max_seqlen_q, head, sequence slot), the slots mapped to
+sequences by a device-side order of decreasing work (`launch_order`: the longest launched
+first; within a sequence the last Q tile first). Q, K, V and O go through ragged tensor maps
+(`_ragged`): each sequence's boxes are clipped at its own end, so loads past it read zeros (a
+neighbour's rows, NaN or not, never enter) and the TMA store of O writes only its rows.
+
 Layouts come from `cute_kernels.layouts` (GMMA smem atoms via `hopper.smem_layouts`, the
 register views via `sm90_layouts`) and are converted with `runtime.to_cute` while tracing.
 """
@@ -93,6 +100,18 @@ _EPILOGUE_BARRIER = 1
 _TURN_BARRIER = 2
 
 
+def _ragged(t: cute.Tensor) -> cute.Tensor:
+    """A packed (T, D, H, 1) tensor as the ragged (T, D, H, T + 1) view its TMA clips per
+    sequence: the last mode has the row stride and the pointer moves back T rows, so row r of a
+    sequence at offset o of length S is element (T - S + r, :, h, o + S), at the address of row
+    o + r. Rows r >= S fall past mode 0 (T - S + r >= T): zero-filled loads, dropped stores.
+    Every in-bounds box the kernel asks for lies inside the sequence's own rows."""
+    rows, row_stride = t.shape[0], t.stride[0]
+    layout = cute.make_layout((rows, t.shape[1], t.shape[2], rows + 1),
+                              stride=(row_stride, t.stride[1], t.stride[2], row_stride))
+    return cute.make_tensor(t.iterator - cutlass.Int64(rows) * row_stride, layout)
+
+
 def _transposed(t: cute.Tensor, rows: int, cols: int, stages: int) -> cute.Tensor:
     """(rows, cols, stages) smem tensor viewed (cols, rows, stages): V read as wgmma's
     MN-major B operand (N = head dim, K = keys) from the buffer TMA filled row-major."""
@@ -121,16 +140,27 @@ class FlashAttentionSm90:
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
                  qhead_per_kvhead: cutlass.Int32, stream, score_scale: cutlass.Float32,
-                 mSinks: cute.Tensor | None = None):
+                 mSinks: cute.Tensor | None = None, mCuSeqlensQ: cute.Tensor | None = None,
+                 mCuSeqlensK: cute.Tensor | None = None, mSeqUsedK: cute.Tensor | None = None,
+                 mOrder: cute.Tensor | None = None, max_seqlen_q: cutlass.Int32 | None = None,
+                 bottom_right: cutlass.Int32 | None = None):
         """Launch over (q tiles, heads, batch). Row i sees keys j <= i + causal_offset (with
         `causal`) and j >= i + offset_lo (with `local`; ignored otherwise). softmax_scale and
         score_scale are `problem_checks.softcap_scalars` (with `softcap`: the cap c and scale / c;
-        score_scale is unused otherwise); mSinks: (Hq,) fp32 sink logits (with `sinks`)."""
+        score_scale is unused otherwise); mSinks: (Hq,) fp32 sink logits (with `sinks`).
+
+        Varlen (`config.varlen`): q, k, v, o are the packed (T, H, D) tensors viewed (1, H, T, D),
+        lse (H, T) viewed (1, H, T); mCuSeqlensQ/K (B + 1,) int32, mSeqUsedK (B,) int32 or None,
+        mOrder (B,) int32 the sequences in launch order (longest first), max_seqlen_q the grid's
+        tiles; both offsets relative to each sequence's base bottom_right * (Sk_b - Sq_b)."""
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
         # (B, H, S, D) -> (S, D, H, B): a TMA box is a (rows, D) slab of one (head, batch), and the
         # tensor map clips rows past S (zero-filled loads, dropped stores).
         qkvo = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 3, 1, 0])) for t in (mQ, mK, mV, mO)]
+        if cutlass.const_expr(c.varlen):
+            # Ragged views (`_ragged`): the tensor map then clips each sequence's rows at its end.
+            qkvo = [_ragged(t) for t in qkvo]
         mQ, mK, mV, mO = qkvo
         mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
 
@@ -162,10 +192,12 @@ class FlashAttentionSm90:
         grid = (cute.ceil_div(mQ.shape[0], bm), mQ.shape[2], mQ.shape[3])
         if cutlass.const_expr(c.lpt):
             grid = (cute.ceil_div(mQ.shape[0], bm) * mQ.shape[2] * mQ.shape[3], 1, 1)
+        if cutlass.const_expr(c.varlen):
+            grid = (cute.ceil_div(max_seqlen_q, bm), mQ.shape[2], mCuSeqlensQ.shape[0] - 1)
         self.kernel(tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, mLSE, softmax_scale * LOG2_E, causal_offset,
                     offset_lo, qhead_per_kvhead, smem_q_layout, smem_kv_layout, tiled_mma_qk, tiled_mma_qk0, tiled_mma_pv,
-                    SharedStorage, score_scale, mSinks).launch(grid=grid, block=[c.threads, 1, 1], min_blocks_per_mp=1,
-                                                               stream=stream)
+                    SharedStorage, score_scale, mSinks, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, mOrder,
+                    bottom_right).launch(grid=grid, block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # ---- device side ---------------------------------------------------------------------------
 
@@ -175,7 +207,9 @@ class FlashAttentionSm90:
                scale_log2: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
                qhead_per_kvhead: cutlass.Int32, smem_q_layout: cute.ComposedLayout, smem_kv_layout: cute.ComposedLayout,
                tiled_mma_qk: cute.TiledMma, tiled_mma_qk0: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr, score_scale: cutlass.Float32, mSinks: cute.Tensor | None):
+               SharedStorage: cutlass.Constexpr, score_scale: cutlass.Float32, mSinks: cute.Tensor | None,
+               mCuSeqlensQ: cute.Tensor | None, mCuSeqlensK: cute.Tensor | None, mSeqUsedK: cute.Tensor | None,
+               mOrder: cute.Tensor | None, bottom_right: cutlass.Int32 | None):
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
         tidx, _, _ = cute.arch.thread_idx()
@@ -210,9 +244,32 @@ class FlashAttentionSm90:
             m_block = cute.arch.grid_dim()[0] - 1 - cute.arch.block_idx()[0]
             _, head, batch = cute.arch.block_idx()
         kv_head = head // qhead_per_kvhead
+        # This CTA's (S, D) views of Q, K, V, O and (S,) of LSE.
+        if cutlass.const_expr(c.varlen):
+            batch = mOrder[batch]
+            offset_q, offset_k = mCuSeqlensQ[batch], mCuSeqlensK[batch]
+            seqlen_q = mCuSeqlensQ[batch + 1] - offset_q
+            seqlen_k = mCuSeqlensK[batch + 1] - offset_k
+            if cutlass.const_expr(mSeqUsedK is not None):
+                seqlen_k = mSeqUsedK[batch]  # the host checked it is within the sequence's rows
+            base = bottom_right * (seqlen_k - seqlen_q)
+            causal_offset, offset_lo = causal_offset + base, offset_lo + base
+            # Row r of the sequence is row T - S_b + r of its ragged view, at its last mode's offset + S_b.
+            mQ_s = cute.domain_offset((mQ.shape[0] - seqlen_q, 0), mQ[None, None, head, offset_q + seqlen_q])
+            mO_s = cute.domain_offset((mO.shape[0] - seqlen_q, 0), mO[None, None, head, offset_q + seqlen_q])
+            mK_s = cute.domain_offset((mK.shape[0] - seqlen_k, 0), mK[None, None, kv_head, offset_k + seqlen_k])
+            mV_s = cute.domain_offset((mV.shape[0] - seqlen_k, 0), mV[None, None, kv_head, offset_k + seqlen_k])
+            mLSE_s = cute.domain_offset((offset_q,), mLSE[None, head, 0])
+        else:
+            mQ_s, mO_s, mLSE_s = mQ[None, None, head, batch], mO[None, None, head, batch], mLSE[None, head, batch]
+            mK_s, mV_s = mK[None, None, kv_head, batch], mV[None, None, kv_head, batch]
         n_block_max, n_unmasked_end = block_info.n_block_range(
             m_block, seqlen_q, seqlen_k, causal_offset, block_m=bm, block_n=bn, causal=c.causal,
             minimum=cutlass.min, maximum=cutlass.max)
+        if cutlass.const_expr(c.varlen):
+            # The grid covers the longest sequence: a tile past this one's end visits no block.
+            live = cutlass.min(cutlass.max(seqlen_q - m_block * bm, 0), 1)
+            n_block_max, n_unmasked_end = n_block_max * live, n_unmasked_end * live
         # With a left window bound the blocks below the first row's first key are skipped and
         # every visited one is masked: [n_block_min, n_block_max), possibly empty.
         n_block_min = block_info.n_block_min(m_block, offset_lo, block_m=bm, block_n=bn, local=c.local,
@@ -225,20 +282,20 @@ class FlashAttentionSm90:
         if warpgroup_idx == 0:
             self.roles.become_producer()
             if warp_idx == 0:
-                gQ = cute.local_tile(mQ[None, None, head, batch], (bm, d), (m_block, 0))
-                gK = cute.local_tile(mK[None, None, kv_head, batch], (bn, d), (None, 0))
-                gV = cute.local_tile(mV[None, None, kv_head, batch], (bn, d), (None, 0))
+                gQ = cute.local_tile(mQ_s, (bm, d), (m_block, 0))
+                gK = cute.local_tile(mK_s, (bn, d), (None, 0))
+                gV = cute.local_tile(mV_s, (bn, d), (None, 0))
                 self.produce(tma_q, gQ, sQ, tma_k, gK, sK, tma_v, gV, sV, pipe_q, pipe_k, pipe_v, n_block_min,
                              n_block_max)
         else:
             self.roles.become_consumer()
             wg = warpgroup_idx - 1
-            gO = cute.local_tile(mO[None, None, head, batch], (bm, d), (m_block, 0))
+            gO = cute.local_tile(mO_s, (bm, d), (m_block, 0))
             sink_log2 = None
             if cutlass.const_expr(c.sinks):
                 sink_log2 = mSinks[head] * LOG2_E
             self.consume(tiled_mma_qk, tiled_mma_qk0, tiled_mma_pv, sQ, sK, sV, pipe_q, pipe_k, pipe_v, tma_o, gO,
-                         mLSE[None, head, batch], scale_log2, causal_offset, offset_lo, m_block, seqlen_q,
+                         mLSE_s, scale_log2, causal_offset, offset_lo, m_block, seqlen_q,
                          seqlen_k, n_block_min, n_block_max, n_unmasked_end, tidx - THREADS_PER_WARPGROUP, warp_idx,
                          wg, (score_scale, sink_log2))
 
@@ -569,10 +626,38 @@ VARIANT_CONFIGS["d256_bfloat16_causal_local_softcap_sinks"] = {"head_dim": 256, 
                                                                "local": True, "softcap": True, "sinks": True}
 
 
+def build_varlen_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False, local: bool = False,
+                         **tile):
+    """A CompileJob for the packed (varlen) `sm90_flash` launch: (1, H, T, D) views with symbolic
+    sizes, int32 cu_seqlens, seqused_k (with `seqused_k=True`), the launch order, max_seqlen_q and
+    the alignment flag."""
+    from dataclasses import replace
+
+    from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
+
+    used = tile.pop("seqused_k", False)
+    features = {name: tile.pop(name) for name in ("softcap", "sinks") if name in tile}
+    config = replace(config_for(head_dim, dtype, causal, local, varlen=True, **features), **tile).validate()
+    t = _CUTLASS[dtype]
+    qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16, stride_divisibility=8) for _ in range(4)]
+    lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
+    ints = lambda: fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4)  # noqa: E731
+    args = (*qkvo, lse, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(0), cutlass.Int32(0),
+            cutlass.Int32(1), fake_stream(), cutlass.Float32(1.0), _fake_sinks(config), ints(), ints(),
+            ints() if used else None, ints(), cutlass.Int32(1), cutlass.Int32(1))
+    return CompileJob(FlashAttentionSm90(config), args, ("attention.sm90_flash.varlen", config))
+
+
 def _register() -> None:
     from cute_kernels.runtime import register_variant
 
     register_variant("attention.sm90_flash", build_variant, configs=VARIANT_CONFIGS, requires={"HGMMA", "UTMALDG"})
+    register_variant("attention.sm90_flash_varlen", build_varlen_variant, requires={"HGMMA", "UTMALDG", "UTMASTG"},
+                     configs={"d128_bfloat16_causal": {"head_dim": 128, "dtype": "bfloat16", "causal": True},
+                              "d64_float16_local_softcap_sinks_seqused": {
+                                  "head_dim": 64, "dtype": "float16", "causal": True, "local": True,
+                                  "softcap": True, "sinks": True, "seqused_k": True},
+                              "d256_bfloat16": {"head_dim": 256, "dtype": "bfloat16"}})
 
 
 _register()
@@ -586,8 +671,8 @@ class Sm90FlashRung:
 
     name = "sm90_flash"
     min_capability = (9, 0)
-    # Score features (`features.FEATURES`) the forward kernel implements.
-    features = ("softcap", "sinks")
+    # Score features (`features.FEATURES`) the forward kernel implements (seqused_k: varlen only).
+    features = ("softcap", "sinks", "seqused_k")
 
     @property
     def dtypes(self):
@@ -619,6 +704,14 @@ class Sm90FlashRung:
                 return (f"{name}'s strides {tuple(t.stride())} are not multiples of 8 elements (16 bytes) outside "
                         "the head dim (a TMA requirement); call .contiguous() on it")
         return None
+
+    def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, out, lse, problem, sinks=None,
+               seqused_k=None):
+        """The packed (varlen) forward: q (Tq, Hq, D), k/v (Tk, Hkv, D), out (Tq, Hq, D),
+        lse (Hq, Tq) fp32, int32 cu_seqlens (B + 1,) (and seqused_k (B,)) validated by the caller
+        (`varlen.attention_varlen_forward`); causal alignment and window per sequence; the
+        sequences launched longest first (`launch_order`)."""
+        return _varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out, lse, problem, sinks, seqused_k)
 
     def launch_plan(self, problem):
         """`launch(q, k, v, out, lse, sinks=None)`: the TVM-FFI forward of `problem`'s config with
@@ -674,6 +767,36 @@ class Sm90FlashRung:
         return out, lse
 
 
+def _varlen(rung, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, out, lse, problem, sinks=None,
+            seqused_k=None):
+    """`Sm90FlashRung.varlen`: the packed launch (`FlashAttentionSm90.__call__`'s varlen form)."""
+    from cute_kernels.runtime import current_stream, from_torch
+
+    from .problem_checks import bottom_right_flag, varlen_window_scalars
+
+    if out.data_ptr() % 16 or any(s % 8 for s in out.stride()[:-1]):
+        raise ValueError(f"out's strides {tuple(out.stride())} must be multiples of 8 elements and its pointer "
+                         "16-byte aligned (TMA store)")
+    config = _config_for_problem(problem, varlen=True)
+    kernel = _kernel_for(config)
+    # (T, H, D) -> (1, H, T, D): the dense kernel's modes, batch 1, rows offset per CTA.
+    views = [t.detach().permute(1, 0, 2).unsqueeze(0) for t in (q, k, v, out)]
+    tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in views]
+    tensors.append(from_torch(lse.unsqueeze(0), assumed_align=4, leading_dim=2))
+    window_left, window_right = varlen_window_scalars(problem)
+    scale, score_scale = softcap_scalars(problem)
+    args = (*tensors, cutlass.Float32(scale), cutlass.Int32(window_right), cutlass.Int32(-window_left),
+            cutlass.Int32(problem.heads_q // problem.heads_kv))
+    wrap = lambda t: None if t is None else from_torch(t, assumed_align=4, leading_dim=0)  # noqa: E731
+    order = launch_order(cu_seqlens_q, cu_seqlens_k, seqused_k)
+    tail = (cutlass.Float32(score_scale), wrap(_sinks_fp32(sinks, problem)), wrap(cu_seqlens_q), wrap(cu_seqlens_k),
+            wrap(seqused_k), wrap(order), cutlass.Int32(max_seqlen_q), cutlass.Int32(bottom_right_flag(problem)))
+    stream = current_stream()
+    compiled = compile_kernel(kernel, *args, stream, *tail, key=("attention.sm90_flash.varlen", config))
+    compiled(*args, stream, *tail)
+    return out, lse
+
+
 # Per-process caches of the warm path: a kernel object and a config once per combination.
 _KERNELS: dict = {}
 _CONFIGS: dict = {}
@@ -688,17 +811,29 @@ def _kernel_for(config: FlashSm90Config) -> FlashAttentionSm90:
     return kernel
 
 
-def _config_for_problem(problem) -> FlashSm90Config:
+def _config_for_problem(problem, varlen: bool = False) -> FlashSm90Config:
     """`config_for` the problem's head dim, dtype, mask bounds (`mask_flags`: the upper
-    diagonal, the window's lower one) and score features, built once per combination."""
+    diagonal, the window's lower one), score features and launch (dense or varlen), built once
+    per combination."""
     upper, local = mask_flags(problem)
     softcap, sinks = problem.softcap is not None, problem.sinks
-    key = (problem.head_dim, problem.dtype, upper, local, softcap, sinks)
+    key = (problem.head_dim, problem.dtype, upper, local, softcap, sinks, varlen)
     config = _CONFIGS.get(key)
     if config is None:
         config = _CONFIGS[key] = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), upper, local,
-                                            softcap, sinks)
+                                            softcap, sinks, varlen)
     return config
+
+
+def launch_order(cu_seqlens_q, cu_seqlens_k, seqused_k=None):
+    """(B,) int32 on the device: the sequences by decreasing work (query rows x keys), the
+    varlen grid's last mode (so the longest are launched first). Torch ops, no host sync."""
+    import torch
+
+    lens_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int64)
+    lens_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]) if seqused_k is None else seqused_k
+    work = lens_q * lens_k.to(torch.int64)
+    return torch.argsort(work, descending=True, stable=True).to(torch.int32)
 
 
 def _sinks_fp32(sinks, problem):

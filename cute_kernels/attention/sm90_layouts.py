@@ -69,7 +69,8 @@ class FlashSm90Config:
     The last three are off in `config_for`: each measured slower on the suite's cases (the
     `sm90_flash` docstring has the figures); they stay as tested options for other shapes.
     softcap: scores are soft-capped (`softmax.apply_softcap`; the cap is a runtime value);
-    sinks: a per-head sink logit joins each row's denominator (`softmax.OnlineSoftmax.finalize`).
+    sinks: a per-head sink logit joins each row's denominator (`softmax.OnlineSoftmax.finalize`);
+    varlen: the packed launch (`sm90_flash`'s varlen docstring; never `lpt`).
     """
 
     head_dim: int = 128
@@ -89,6 +90,7 @@ class FlashSm90Config:
     exp2_poly: int = 0
     softcap: bool = False
     sinks: bool = False
+    varlen: bool = False
 
     def validate(self) -> "FlashSm90Config":
         d = self.head_dim
@@ -96,7 +98,7 @@ class FlashSm90Config:
             raise ValueError(f"FlashSm90Config.head_dim must be a multiple of 16 in [16, 256], got {d!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"FlashSm90Config.dtype must be one of {_DTYPES}, got {self.dtype!r}")
-        for name in ("causal", "pingpong", "k_lead", "lpt", "local", "rescale_early", "softcap", "sinks"):
+        for name in ("causal", "pingpong", "k_lead", "lpt", "local", "rescale_early", "softcap", "sinks", "varlen"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FlashSm90Config.{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.block_n, int) or self.block_n % 16 or not 16 <= self.block_n <= 256:
@@ -107,6 +109,8 @@ class FlashSm90Config:
             raise ValueError(f"FlashSm90Config.rescale_threshold must be a number in [0, 15], got {t!r}")
         if isinstance(self.exp2_poly, bool) or self.exp2_poly not in (0, 1, 2, 3):
             raise ValueError(f"FlashSm90Config.exp2_poly must be 0, 1, 2 or 3 (pairs of every 4), got {self.exp2_poly!r}")
+        if self.varlen and self.lpt:
+            raise ValueError("FlashSm90Config: the varlen launch orders its own work (lpt must be False)")
         if self.stages not in (1, 2, 3, 4):
             raise ValueError(f"FlashSm90Config.stages must be 1 to 4, got {self.stages!r}")
         if self.consumer_warpgroups not in (2, 3):
@@ -159,7 +163,7 @@ class FlashSm90Config:
 
 
 def config_for(head_dim: int, dtype: str, causal: bool, local: bool = False, softcap: bool = False,
-               sinks: bool = False) -> FlashSm90Config:
+               sinks: bool = False, varlen: bool = False) -> FlashSm90Config:
     """The tile for a head dim: 192 x 128 with three consumer warpgroups of 160 registers up to
     D = 64 (FA3's tile; measured 0.94x FA4 against 0.81x for 128 x 128 at B8 H16 S2048), 128 x
     128 up to D = 128, 128 x 96 up to 192 and 128 x 80 above (shared memory: Q plus two slots of
@@ -180,8 +184,9 @@ def config_for(head_dim: int, dtype: str, causal: bool, local: bool = False, sof
         block_n = 96
     else:
         block_n = 80
-    return FlashSm90Config(head_dim=head_dim, dtype=dtype, causal=causal, block_n=block_n, lpt=causal and not local,
-                           local=local, softcap=softcap, sinks=sinks, **roles).validate()
+    return FlashSm90Config(head_dim=head_dim, dtype=dtype, causal=causal, block_n=block_n,
+                           lpt=causal and not local and not varlen, local=local, softcap=softcap, sinks=sinks,
+                           varlen=varlen, **roles).validate()
 
 
 def num_m_blocks(seqlen_q: int, block_m: int = BLOCK_M) -> int:

@@ -4,9 +4,11 @@ packed end to end, and its gradients.
 Sequence b holds rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q (Tq, Hq, D) and rows
 [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k (Tk, Hkv, D), v (Tk, Hkv, Dv) (FlashAttention's
 `flash_attn_varlen_func` layout). Each sequence is attended on its own, exactly as
-`attention_forward` would on that sequence alone; the kernel (`sm80_flash`, varlen launch) runs
-one CTA per (q tile of max_seqlen_q, query head, sequence) and reads its sequence's offsets
-from cu_seqlens on the device (`seqlen_info.varlen_seqlens`).
+`attention_forward` would on that sequence alone; the kernels (the varlen launches of
+`sm90_flash`, "auto"'s choice on Hopper, and `sm80_flash`) run one CTA per (q tile of
+max_seqlen_q, query head, sequence) and read their sequence's offsets from cu_seqlens on the
+device; `sm90_flash` launches the sequences longest first and reads them through ragged tensor
+maps (`sm90_flash._ragged`). The backward is `sm80_flash`'s.
 
 Causal alignment is per sequence and named, as in `attention_forward`: "top_left" (row i sees
 keys j <= i) or "bottom_right" (j <= i + Sk_b - Sq_b, FlashAttention's varlen convention, where

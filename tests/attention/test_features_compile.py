@@ -53,3 +53,10 @@ def test_sm80_forward_softcap_sinks_and_seqused():
 def test_sm80_backward_softcap():
     count = _report("attention.sm80_flash_bwd_dq", "d128_bfloat16_causal_softcap")
     assert count("MUFU.RCP") >= 32 and count("HMMA") > 0
+
+
+def test_sm90_varlen_forward():
+    """The packed launch: ragged tensor maps for the loads and the store of O (UTMASTG), the
+    features and seqused_k on."""
+    count = _report("attention.sm90_flash_varlen", "d64_float16_local_softcap_sinks_seqused")
+    assert count("HGMMA.64x") > 0 and count("UTMALDG") >= 3 and count("UTMASTG") >= 1
