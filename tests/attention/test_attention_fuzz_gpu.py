@@ -7,7 +7,8 @@ alignment (top-left, bottom-right), sliding windows, soft caps, sinks, scales, f
 dims 64 to 256 (80 and 96 included). What is compiled is bounded: problems come in a fixed set
 of config classes (`CLASSES`: dtype, head dim and which mask bounds and features are tested,
 the things a kernel is compiled for), and everything else varies at runtime within a class, so
-one run compiles each class's kernels once.
+one run compiles each class's kernels once. One class holds the few-query, long-cache problems
+"auto" routes to the decode rung (`dense_decode`); the others keep clear of that route.
 
 Tolerance (sound, per tensor): the error against float64 must be within twice the error of a
 float32 emulation of the same low-precision algorithm (`emulate`: P and dS rounded to the
@@ -49,6 +50,8 @@ CLASSES = {
     "fp16_d80_causal": (torch.float16, 80, "upper", False, False, True, "auto", False),
     "bf16_d192_left_window_sinks": (torch.bfloat16, 192, "local", False, True, True, "auto", False),
     "fp16_d128_sm80_causal_softcap_sinks": (torch.float16, 128, "upper", True, True, True, "sm80_flash", False),
+    # A few queries over a long cache: "auto" routes these to the decode rung (`dense_decode`).
+    "bf16_d128_decode_softcap_sinks_gqa": (torch.bfloat16, 128, "decode", True, True, True, "auto", True),
 }
 
 
@@ -60,11 +63,18 @@ def _draw_length(rng: random.Random) -> int:
 
 def draw_problem(rng: random.Random, name: str) -> dict:
     """One random problem of class `name` (sizes, mask, feature values)."""
+    from cute_kernels.attention.dense_decode import DENSE_MAX_QUERIES, DENSE_MIN_KEYS
+
     dtype, d, bounds, softcap, sinks, gqa, kernel, backward = CLASSES[name]
     hkv = rng.randint(1, 4)
     group = rng.choice((2, 3, 4, 8)) if gqa else 1
-    p = dict(name=name, dtype=dtype, d=d, b=rng.randint(1, 3), hkv=hkv, hq=hkv * group, sq=_draw_length(rng),
-             sk=_draw_length(rng), kernel=kernel, backward=backward, causal=None, window=None,
+    sq, sk = _draw_length(rng), _draw_length(rng)
+    if bounds == "decode":  # one group size: one decode kernel to compile
+        group, sq, sk = 4, rng.randint(1, DENSE_MAX_QUERIES), rng.randint(DENSE_MIN_KEYS, 4096)
+    elif sq <= DENSE_MAX_QUERIES and sk >= DENSE_MIN_KEYS:
+        sk = rng.randint(64, DENSE_MIN_KEYS - 1)  # the decode route belongs to its class (bounded compiles)
+    p = dict(name=name, dtype=dtype, d=d, b=rng.randint(1, 3), hkv=hkv, hq=hkv * group, sq=sq,
+             sk=sk, kernel=kernel, backward=backward, causal=None, window=None,
              scale=None if rng.random() < 0.7 else rng.uniform(0.03, 0.3),
              softcap=rng.uniform(1.0, 60.0) if softcap else None, sinks=sinks)
     left = rng.choice((0, 1, rng.randint(2, 64), rng.randint(64, 400)))
@@ -80,6 +90,8 @@ def draw_problem(rng: random.Random, name: str) -> dict:
             p["window"] = (left, rng.randint(0, 50))
     elif bounds == "local":
         p["window"] = (left, -1)
+    elif bounds == "decode":
+        p["causal"] = rng.choice((None, "bottom_right"))
     return p
 
 
