@@ -20,7 +20,16 @@ Two kernels:
   through shared memory (`smem_acc_layout`), and the CTA writes its partial out (normalized,
   fp32) and natural-log LSE; a split with no key writes out 0 and LSE -inf.
 - `PagedDecodeCombine`: grid (ceil(Hq / heads per CTA), B). out = sum_s w_s O_s / sum_s w_s with
-  w_s = exp(LSE_s - max LSE), in fp32; all splits -inf (no key) gives out 0.
+  w_s = exp(LSE_s - max LSE), in fp32; all splits -inf (no key) gives out 0. Optionally it also
+  writes the combined natural-log LSE, and takes per-head sinks (`features`): a sink joins as
+  one more split with LSE = sink and out 0 (so out = sum_s w_s O_s / (sum_s w_s + w_sink)).
+
+Index checks on the device (`check_pages`, on for `paged_decode`): each split kernel clamps a
+sequence's length into [0, block_table width * page_size] and every page index it reads into
+[0, num_pages), so a bad table never makes a read leave the caches, and records what it
+clamped in an int32 error buffer (`ERROR_SLOTS`: a flag and one example per kind, written with
+plain stores, only when something is wrong) that `paged.raise_paged_decode_errors` reads. The
+dense route of `dense_decode` builds its own tables and compiles without the checks.
 
 This SIMT split kernel serves page sizes that are not multiples of 16 and head dims the
 tensor-core kernel does not take. Otherwise `DecodeRung` runs `decode_mma.PagedDecodeMma` (the
@@ -40,7 +49,9 @@ import cutlass.cute as cute
 from cute_kernels.layouts import Layout
 from cute_kernels.runtime import to_cute
 
+from .decode_checks import checked_length, checked_page
 from .sm80_blocks import assume_aligned_rows
+from .problem_checks import softcap_scalars
 from .softmax import LN_2, LOG2_E
 
 __all__ = ["DecodeConfig", "DecodeLayouts", "PagedDecodeSplit", "PagedDecodeCombine", "RUNG", "HEAD_DIMS",
@@ -61,7 +72,8 @@ class DecodeConfig:
     dtype: "float16" | "bfloat16"; page_size: keys per cache page (a compile-time constant so
     t // page_size is a shift); heads_per_cta: query heads of one KV group per CTA (1 to 8;
     registers grow with it); num_warps: warps per CTA; rows_per_thread: K (and V) rows each
-    thread loads per step, the bytes in flight.
+    thread loads per step, the bytes in flight; check_pages: the device-side index checks
+    (module docstring).
     """
 
     head_dim: int = 128
@@ -70,6 +82,7 @@ class DecodeConfig:
     heads_per_cta: int = 8
     num_warps: int = 4
     rows_per_thread: int = 4
+    check_pages: bool = True
 
     def validate(self) -> "DecodeConfig":
         if self.head_dim not in HEAD_DIMS:
@@ -156,7 +169,9 @@ class PagedDecodeSplit:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mKc: cute.Tensor, mVc: cute.Tensor, mBlockTable: cute.Tensor,
                  mSeqlensK: cute.Tensor, mOpart: cute.Tensor, mLSEpart: cute.Tensor, softmax_scale: cutlass.Float32,
-                 qhead_per_kvhead: cutlass.Int32, pages_per_split: cutlass.Int32, num_splits: cutlass.Int32, stream):
+                 qhead_per_kvhead: cutlass.Int32, pages_per_split: cutlass.Int32, num_splits: cutlass.Int32, stream,
+                 mErr: cute.Tensor | None = None):
+        """mErr: the (ERROR_SLOTS,) int32 error buffer (with `check_pages`)."""
         c = self.config
         mQ, mKc, mVc = [assume_aligned_rows(t) for t in (mQ, mKc, mVc)]
         mOpart = assume_aligned_rows(mOpart)
@@ -171,13 +186,14 @@ class PagedDecodeSplit:
 
         grid = (num_splits, mQ.shape[1] // c.heads_per_cta, mQ.shape[0])
         self.kernel(mQ, mKc, mVc, mBlockTable, mSeqlensK, mOpart, mLSEpart, softmax_scale * LOG2_E,
-                    qhead_per_kvhead, pages_per_split, SharedStorage).launch(
+                    qhead_per_kvhead, pages_per_split, SharedStorage, mErr if c.check_pages else None).launch(
             grid=grid, block=[c.threads, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mKc: cute.Tensor, mVc: cute.Tensor, mBlockTable: cute.Tensor,
                mSeqlensK: cute.Tensor, mOpart: cute.Tensor, mLSEpart: cute.Tensor, scale_log2: cutlass.Float32,
-               qhead_per_kvhead: cutlass.Int32, pages_per_split: cutlass.Int32, SharedStorage: cutlass.Constexpr):
+               qhead_per_kvhead: cutlass.Int32, pages_per_split: cutlass.Int32, SharedStorage: cutlass.Constexpr,
+               mErr: cute.Tensor | None):
         c = self.config
         lay = self.layouts
         nh, nu = c.heads_per_cta, c.rows_per_thread
@@ -186,7 +202,7 @@ class PagedDecodeSplit:
         chunk, row_in_warp, warp_id = cute.idx2crd(tidx, to_cute(lay.thread_layout).shape)
         head0 = head_block * nh
         kv_head = head0 // qhead_per_kvhead
-        seqlen = mSeqlensK[batch]
+        seqlen = checked_length(mSeqlensK, batch, mBlockTable.shape[1] * c.page_size, mErr)
         key_begin = split * pages_per_split * c.page_size
         key_end = cutlass.min(key_begin + pages_per_split * c.page_size, seqlen)
 
@@ -218,7 +234,7 @@ class PagedDecodeSplit:
                 key = key_begin + step * c.rows_per_step + step_row((row_in_warp, warp_id, u))
                 keys[u] = key
                 if key < key_end:
-                    page = mBlockTable[batch, key // c.page_size]
+                    page = checked_page(mBlockTable, batch, key // c.page_size, mKc.shape[0], mErr)
                     slot = key % c.page_size
                     cute.autovec_copy(cute.local_tile(mKc[page, slot, kv_head, None], (_VEC,), (chunk,)),
                                       r_k[u, None])
@@ -343,13 +359,16 @@ class PagedDecodeCombine:
         self.heads_per_cta = self.threads // self.lanes
 
     @cute.jit
-    def __call__(self, mOpart: cute.Tensor, mLSEpart: cute.Tensor, mO: cute.Tensor, stream):
+    def __call__(self, mOpart: cute.Tensor, mLSEpart: cute.Tensor, mO: cute.Tensor, stream,
+                 mLSE: cute.Tensor | None = None, mSinks: cute.Tensor | None = None):
+        """mLSE (B, Hq) fp32: the combined LSE (written when given); mSinks (Hq,) fp32 sinks."""
         mOpart, mO = assume_aligned_rows(mOpart), assume_aligned_rows(mO)
         grid = (cute.ceil_div(mO.shape[1], self.heads_per_cta), mO.shape[0], 1)
-        self.kernel(mOpart, mLSEpart, mO).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
+        self.kernel(mOpart, mLSEpart, mO, mLSE, mSinks).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, mOpart: cute.Tensor, mLSEpart: cute.Tensor, mO: cute.Tensor):
+    def kernel(self, mOpart: cute.Tensor, mLSEpart: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+               mSinks: cute.Tensor | None):
         tidx, _, _ = cute.arch.thread_idx()
         head_block, batch, _ = cute.arch.block_idx()
         head = head_block * self.heads_per_cta + tidx // self.lanes
@@ -359,10 +378,17 @@ class PagedDecodeCombine:
             lse_max = -cutlass.Float32.inf
             for s in cutlass.range(num_splits, unroll=1):
                 lse_max = cute.arch.fmax(lse_max, mLSEpart[s, batch, head])
+            sink = cutlass.Float32(0.0)
+            if cutlass.const_expr(mSinks is not None):
+                sink = mSinks[head]
+                lse_max = cute.arch.fmax(lse_max, sink)
             safe = cutlass.Float32(0.0) if lse_max == -cutlass.Float32.inf else lse_max
             acc = cute.make_rmem_tensor((_VEC,), cutlass.Float32)
             acc.fill(0.0)
             total = cutlass.Float32(0.0)
+            if cutlass.const_expr(mSinks is not None):
+                # NaN sinks reach total (fmax above drops them from the max, not from here).
+                total = cute.math.exp2((sink - safe) * LOG2_E, fastmath=True)
             part = cute.make_rmem_tensor((_VEC,), cutlass.Float32)
             for s in cutlass.range(num_splits, unroll=1):
                 w = cute.math.exp2((mLSEpart[s, batch, head] - safe) * LOG2_E, fastmath=True)
@@ -376,6 +402,10 @@ class PagedDecodeCombine:
             out = cute.make_rmem_tensor((_VEC,), self.dtype)
             out.store(acc.load().to(self.dtype))
             cute.autovec_copy(out, cute.local_tile(mO[batch, head, None], (_VEC,), (chunk,)))
+            if cutlass.const_expr(mLSE is not None):
+                if chunk == 0:
+                    mLSE[batch, head] = (-cutlass.Float32.inf if total == 0.0
+                                         else safe + cute.math.log2(total, fastmath=True) * LN_2)
 
 
 # ---- host side: split count, compile-only variants, the rung ---------------------------------------
@@ -403,13 +433,14 @@ def num_splits_for(batch: int, head_blocks: int, max_pages: int, page_size: int,
     return -(-max_pages // pages_per_split), pages_per_split
 
 
-def config_for(head_dim: int, dtype: str, page_size: int, qhead_per_kvhead: int) -> DecodeConfig:
+def config_for(head_dim: int, dtype: str, page_size: int, qhead_per_kvhead: int,
+               check_pages: bool = True) -> DecodeConfig:
     """The split kernel's config: heads_per_cta from the group; 8 rows per thread (more bytes
     in flight) while the registers allow it (<= 2 heads), else 4. Every such config compiles
     without spills (tests/attention/test_paged_decode_api.py)."""
     heads = heads_per_cta_for(qhead_per_kvhead)
     return DecodeConfig(head_dim=head_dim, dtype=dtype, page_size=page_size, heads_per_cta=heads,
-                        rows_per_thread=8 if heads <= 2 else 4).validate()
+                        rows_per_thread=8 if heads <= 2 else 4, check_pages=check_pages).validate()
 
 
 def build_variant(head_dim: int = 128, dtype: str = "bfloat16", page_size: int = 16, heads_per_cta: int = 8,
@@ -427,18 +458,22 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16", page_size: int =
     o_part = fake_tensor(cutlass.Float32, 4, leading_dim=3, assumed_align=16)
     lse_part = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
     args = (q, kc, vc, table, seqlens, o_part, lse_part, cutlass.Float32(1.0 / math.sqrt(head_dim)),
-            cutlass.Int32(heads_per_cta), cutlass.Int32(1), cutlass.Int32(1), fake_stream())
+            cutlass.Int32(heads_per_cta), cutlass.Int32(1), cutlass.Int32(1), fake_stream(),
+            fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4) if config.check_pages else None)
     return CompileJob(PagedDecodeSplit(config), args, ("attention.decode.split", config))
 
 
-def build_combine_variant(head_dim: int = 128, dtype: str = "bfloat16"):
+def build_combine_variant(head_dim: int = 128, dtype: str = "bfloat16", lse: bool = False, sinks: bool = False):
+    """A CompileJob for the combine; `lse` / `sinks`: with the combined-LSE output / the sinks."""
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
     o_part = fake_tensor(cutlass.Float32, 4, leading_dim=3, assumed_align=16)
     lse_part = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
     out = fake_tensor(_CUTLASS[dtype], 3, leading_dim=2, assumed_align=16)
-    return CompileJob(PagedDecodeCombine(head_dim, dtype), (o_part, lse_part, out, fake_stream()),
-                      ("attention.decode.combine", head_dim, dtype))
+    extra = (fake_tensor(cutlass.Float32, 2, leading_dim=1, assumed_align=4) if lse else None,
+             fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=4) if sinks else None)
+    return CompileJob(PagedDecodeCombine(head_dim, dtype), (o_part, lse_part, out, fake_stream(), *extra),
+                      ("attention.decode.combine", head_dim, dtype, lse, sinks))
 
 
 VARIANT_CONFIGS = {
@@ -457,19 +492,24 @@ def _register() -> None:
     # K and V stream through 128-bit global loads: LDG.E.128 in the SASS is the design.
     register_variant("attention.decode", build_variant, configs=VARIANT_CONFIGS, requires={"LDG.E.128", "SHFL.BFLY"})
     register_variant("attention.decode_combine", build_combine_variant,
-                     configs={"d128_bf16": {"head_dim": 128, "dtype": "bfloat16"}}, requires={"LDG.E.128"})
+                     configs={"d128_bf16": {"head_dim": 128, "dtype": "bfloat16"},
+                              "d128_bf16_lse_sinks": {"head_dim": 128, "dtype": "bfloat16", "lse": True, "sinks": True}},
+                     requires={"LDG.E.128"})
 
 
 _register()
 
 
 class DecodeRung:
-    """The `decode` rung: `paged_decode`'s kernels (interface in `cute_kernels.attention.registry`;
-    it serves `paged.paged_decode`, not `scaled_dot_product_attention`, so dispatch's "auto"
-    skips it and `supports` says so for a dense problem)."""
+    """The `decode` rung: `paged_decode`'s kernels (interface in `cute_kernels.attention.registry`),
+    and the dense route of `dense_decode`: "auto" picks it for dense problems with a few queries
+    over a long cache (`supports`), `dispatch.explain` gives its `route_reason`."""
 
     name = "decode"
     min_capability = (8, 0)
+    # Score features (`features.FEATURES`) the dense route takes (softcap on the tensor-core split
+    # kernel, sinks in the combine).
+    features = ("softcap", "sinks")
 
     @property
     def dtypes(self):
@@ -498,13 +538,36 @@ class DecodeRung:
             return f"{problem.heads_q} query heads: at most 65535 (grid y)"
         if problem.max_pages * problem.page_size >= 2**30:
             return "the block table addresses 2**30 keys or more (32-bit key indices, with room for the last split)"
+        if getattr(problem, "softcap", None) is not None and use_mma(problem.head_dim, problem.page_size, group) is None:
+            return "softcap not implemented on the SIMT split kernel (page sizes that are not multiples of 16)"
         return None
 
-    def __call__(self, q, k, v, out, lse, problem):
-        raise NotImplementedError(self.supports(q, k, v, problem))
+    def supports(self, q, k, v, problem) -> str | None:
+        """None when the dense route (`dense_decode`: few queries over a long cache) takes this
+        dense problem, else why not."""
+        from .dense_decode import supports_dense
 
-    def paged(self, q, k_cache, v_cache, block_table, seqlens_k, out, problem, *, num_splits: int | None = None):
-        """Write out (B, Hq, D) on torch's current stream: the split kernel, then the combine."""
+        return supports_dense(q, k, v, problem)
+
+    def route_reason(self, problem) -> str:
+        """Why "auto" picks this rung for a dense problem it supports (`dispatch.explain`)."""
+        from .dense_decode import route_reason
+
+        return route_reason(problem)
+
+    def __call__(self, q, k, v, out, lse, problem, sinks=None):
+        """The dense route (`dense_decode.run`): out (B, Hq, Sq, D), lse (B, Hq, Sq)."""
+        from .dense_decode import run
+
+        return run(self, q, k, v, out, lse, problem, sinks)
+
+    def paged(self, q, k_cache, v_cache, block_table, seqlens_k, out, problem, *, num_splits: int | None = None,
+              lse=None, sinks=None, errors=None):
+        """Write out (B, Hq, D) on torch's current stream: the split kernel, then the combine.
+        lse: an optional (B, Hq) fp32 result for the combined log-sum-exp; sinks: (Hq,) fp32
+        sink logits when the problem has them (they join in the combine); errors: the
+        (ERROR_SLOTS,) int32 buffer of the device-side index checks, or None to compile
+        without them (tables the caller built itself)."""
         import torch
 
         from cute_kernels.runtime import compile_kernel, current_stream, from_torch
@@ -513,20 +576,20 @@ class DecodeRung:
         group = p.heads_q // p.heads_kv
         dtype = str(p.dtype).removeprefix("torch.")
         mma = use_mma(p.head_dim, p.page_size, group)
+        softcap = getattr(p, "softcap", None) is not None
         if mma is not None:
             from .decode_mma import DecodeMmaConfig
 
             config = DecodeMmaConfig(head_dim=p.head_dim, dtype=dtype, page_size=p.page_size,
-                                     heads_per_cta=mma).validate()
+                                     heads_per_cta=mma, softcap=softcap, check_pages=errors is not None).validate()
             waves = 16  # 1-warp CTAs: many resident per SM
         else:
-            config = config_for(p.head_dim, dtype, p.page_size, group)
+            config = config_for(p.head_dim, dtype, p.page_size, group, check_pages=errors is not None)
             waves = 4
         head_blocks = p.heads_q // config.heads_per_cta
         if num_splits is None:
-            sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
-            num_splits, pages_per_split = num_splits_for(p.batch, head_blocks, p.max_pages, p.page_size, sm_count,
-                                                         waves=waves)
+            num_splits, pages_per_split = num_splits_for(p.batch, head_blocks, p.max_pages, p.page_size,
+                                                         sm_count(q.device), waves=waves)
         else:
             pages_per_split = -(-max(p.max_pages, 1) // num_splits)
         o_part = torch.empty((num_splits, p.batch, p.heads_q, p.head_dim), dtype=torch.float32, device=q.device)
@@ -534,23 +597,41 @@ class DecodeRung:
         stream = current_stream()
 
         split = _split_kernel(config)
+        scale, score_scale = softcap_scalars(p)
         args = (from_torch(q, leading_dim=2), from_torch(k_cache, leading_dim=3), from_torch(v_cache, leading_dim=3),
                 from_torch(block_table, assumed_align=4, leading_dim=1),
                 from_torch(seqlens_k, assumed_align=4, leading_dim=0),
                 from_torch(o_part, leading_dim=3), from_torch(lse_part, assumed_align=4, leading_dim=2),
-                cutlass.Float32(p.scale), cutlass.Int32(group), cutlass.Int32(pages_per_split),
+                cutlass.Float32(scale), cutlass.Int32(group), cutlass.Int32(pages_per_split),
                 cutlass.Int32(num_splits), stream)
+        if mma is not None:
+            args = (*args, cutlass.Float32(score_scale) if softcap else None)
+        if errors is not None:
+            args = (*args, from_torch(errors, assumed_align=4, leading_dim=0))
         compile_kernel(split, *args, key=(split.key, config))(*args)
 
         combine = _combine_kernel(p.head_dim, config.dtype)
+        wrap = lambda t: None if t is None else from_torch(t, assumed_align=4, leading_dim=t.dim() - 1)  # noqa: E731
         args = (from_torch(o_part, leading_dim=3), from_torch(lse_part, assumed_align=4, leading_dim=2),
-                from_torch(out, leading_dim=2), stream)
-        compile_kernel(combine, *args, key=("attention.decode.combine", p.head_dim, config.dtype))(*args)
+                from_torch(out, leading_dim=2), stream, wrap(lse), wrap(sinks))
+        key = ("attention.decode.combine", p.head_dim, config.dtype, lse is not None, sinks is not None)
+        compile_kernel(combine, *args, key=key)(*args)
         return out
 
 
 _SPLIT: dict = {}
 _COMBINE: dict = {}
+_SM_COUNTS: dict = {}
+
+
+def sm_count(device) -> int:
+    """The device's SM count, asked once per device."""
+    count = _SM_COUNTS.get(device)
+    if count is None:
+        import torch
+
+        count = _SM_COUNTS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return count
 
 
 def _split_kernel(config):

@@ -17,6 +17,8 @@ A K/V block of `block_n` keys lies inside one page or spans whole pages (`block_
 block_table read per page, and each page's rows are one strided tile of
 k_cache[page, :, kv_head, :]. One warp per CTA keeps the shared memory small (Q 16 x D, one K and one V block), so many
 CTAs (and their cp.async copies) share an SM. The combine is `decode.PagedDecodeCombine`.
+With `softcap` the scores are soft-capped as in `sm80_flash` (`softmax.apply_softcap`); sinks
+join in the combine.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 from cute_kernels.runtime import to_cute
 
+from .decode_checks import checked_length, checked_page
 from .fragments import accumulator_as_a, mn_view
 from .mask import apply_mask
 from .sm80_blocks import assume_aligned_rows, gemm_rs, gemm_ss, load_rows, smem_operand
-from .softmax import LOG2_E, OnlineSoftmax
+from .softmax import LOG2_E, OnlineSoftmax, apply_softcap
 
 __all__ = ["DecodeMmaConfig", "PagedDecodeMma", "block_n_for", "MAX_HEADS_PER_CTA"]
 
@@ -62,12 +65,16 @@ def block_n_for(page_size: int, head_dim: int = 128) -> int | None:
 class DecodeMmaConfig:
     """head_dim: a multiple of 16 up to 256; dtype: "float16" | "bfloat16"; page_size: keys per
     page (a multiple of 16: a K/V block is within one page or whole pages); heads_per_cta: query
-    heads of one KV group per CTA (1 to 16, the rows of the 16-row MMA tile that hold data)."""
+    heads of one KV group per CTA (1 to 16, the rows of the 16-row MMA tile that hold data);
+    softcap: soft-capped scores (the score scale a runtime argument); check_pages: the
+    device-side index checks (`decode`'s docstring)."""
 
     head_dim: int = 128
     dtype: str = "bfloat16"
     page_size: int = 16
     heads_per_cta: int = 8
+    softcap: bool = False
+    check_pages: bool = True
 
     def validate(self) -> "DecodeMmaConfig":
         if block_n_for(self.page_size, self.head_dim) is None:
@@ -110,7 +117,10 @@ class PagedDecodeMma:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mKc: cute.Tensor, mVc: cute.Tensor, mBlockTable: cute.Tensor,
                  mSeqlensK: cute.Tensor, mOpart: cute.Tensor, mLSEpart: cute.Tensor, softmax_scale: cutlass.Float32,
-                 qhead_per_kvhead: cutlass.Int32, pages_per_split: cutlass.Int32, num_splits: cutlass.Int32, stream):
+                 qhead_per_kvhead: cutlass.Int32, pages_per_split: cutlass.Int32, num_splits: cutlass.Int32, stream,
+                 score_scale: cutlass.Float32 | None = None, mErr: cute.Tensor | None = None):
+        """softmax_scale and score_scale: `problem_checks.softcap_scalars` (with `softcap`: the
+        cap and scale / cap); mErr: the error buffer (with `check_pages`)."""
         c = self.config
         t = c.tile
         mQ, mKc, mVc = [assume_aligned_rows(x) for x in (mQ, mKc, mVc)]
@@ -131,7 +141,8 @@ class PagedDecodeMma:
                                         permutation_mnk=(16, 16, 16))
         grid = (num_splits, mQ.shape[1] // c.heads_per_cta, mQ.shape[0])
         self.kernel(mQ, mKc, mVc, mBlockTable, mSeqlensK, mOpart, mLSEpart, softmax_scale * LOG2_E,
-                    qhead_per_kvhead, pages_per_split, gmem_load, tiled_mma, SharedStorage).launch(
+                    qhead_per_kvhead, pages_per_split, gmem_load, tiled_mma, SharedStorage, score_scale,
+                    mErr if c.check_pages else None).launch(
             # minctasm 1: without it ptxas aims at more resident 1-warp CTAs and spills a register.
             grid=grid, block=[t.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
@@ -139,7 +150,8 @@ class PagedDecodeMma:
     def kernel(self, mQ: cute.Tensor, mKc: cute.Tensor, mVc: cute.Tensor, mBlockTable: cute.Tensor,
                mSeqlensK: cute.Tensor, mOpart: cute.Tensor, mLSEpart: cute.Tensor, scale_log2: cutlass.Float32,
                qhead_per_kvhead: cutlass.Int32, pages_per_split: cutlass.Int32, gmem_load: cute.TiledCopy,
-               tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+               tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr, score_scale: cutlass.Float32 | None,
+               mErr: cute.Tensor | None):
         c = self.config
         t = c.tile
         tidx, _, _ = cute.arch.thread_idx()
@@ -147,7 +159,8 @@ class PagedDecodeMma:
         head0 = head_block * c.heads_per_cta
         kv_head = head0 // qhead_per_kvhead
         key_begin = split * pages_per_split * c.page_size
-        key_end = cutlass.min(key_begin + pages_per_split * c.page_size, mSeqlensK[batch])
+        seqlen = checked_length(mSeqlensK, batch, mBlockTable.shape[1] * c.page_size, mErr)
+        key_end = cutlass.min(key_begin + pages_per_split * c.page_size, seqlen)
         # The split is a sequence of n_keys keys starting at key_begin (a multiple of block_n).
         n_keys = cutlass.max(key_end - key_begin, 0)
         n_block_max = cute.ceil_div(n_keys, t.block_n)
@@ -180,7 +193,7 @@ class PagedDecodeMma:
         softmax = OnlineSoftmax(cute.size(t_coord_s.shape[0]), scale_log2)
         # The last page holding a key of the split: block table reads never go past it.
         last_page = cutlass.max(key_end - 1, 0) // c.page_size
-        kv = (mKc, mVc, mBlockTable, batch, kv_head, key_begin, last_page)
+        kv = (mKc, mVc, mBlockTable, batch, kv_head, key_begin, last_page, score_scale, mErr)
 
         # ---- prologue: the group's q rows and the split's last K block ----
         if n_block_max > 0:
@@ -229,11 +242,11 @@ class PagedDecodeMma:
         partition is row mode p * (page_size / rows_per_pass) + j of the block's."""
         c = self.config
         t = c.tile
-        mKc, mVc, mBlockTable, batch, kv_head, key_begin, last_page = kv
+        mKc, mVc, mBlockTable, batch, kv_head, key_begin, last_page, _, mErr = kv
         cache = mKc if cutlass.const_expr(which == 0) else mVc
         key0 = key_begin + n_block * t.block_n
         if cutlass.const_expr(c.pages_per_block == 1):
-            page = mBlockTable[batch, key0 // c.page_size]
+            page = checked_page(mBlockTable, batch, key0 // c.page_size, cache.shape[0], mErr)
             tile = cute.local_tile(cache[page, None, kv_head, None], (t.block_n, t.head_dim),
                                    ((key0 % c.page_size) // t.block_n, 0))
             if cutlass.const_expr(masked):
@@ -243,7 +256,8 @@ class PagedDecodeMma:
         else:
             for p in cutlass.range_constexpr(c.pages_per_block):
                 # Pages past the split's keys are never copied; clamping keeps the read in the table.
-                page = mBlockTable[batch, cutlass.min(key0 // c.page_size + p, last_page)]
+                page = checked_page(mBlockTable, batch, cutlass.min(key0 // c.page_size + p, last_page),
+                                    cache.shape[0], mErr)
                 src = thr_load.partition_S(cute.local_tile(cache[page, None, kv_head, None],
                                                            (c.page_size, t.head_dim), (0, 0)))
                 rows = cute.size(src.shape[1])
@@ -284,6 +298,8 @@ class PagedDecodeMma:
         cute.arch.cp_async_commit_group()
 
         acc_s_mn = mn_view(acc_s)
+        if cutlass.const_expr(self.config.softcap):
+            apply_softcap(acc_s, kv[7])
         if cutlass.const_expr(masked):
             apply_mask(acc_s_mn, t_coord_s, 0, n_block * t.block_n, n_keys, 0, False)
         softmax.step(acc_s_mn, mn_view(acc_o))
@@ -293,12 +309,13 @@ class PagedDecodeMma:
         gemm_rs(tiled_mma, acc_o, accumulator_as_a(r_p), vt_frag)
 
 
-def build_variant(head_dim: int = 128, dtype: str = "bfloat16", page_size: int = 16, heads_per_cta: int = 8):
+def build_variant(head_dim: int = 128, dtype: str = "bfloat16", page_size: int = 16, heads_per_cta: int = 8,
+                  softcap: bool = False, check_pages: bool = True):
     """A CompileJob for the tensor-core split kernel over fake tensors with symbolic sizes."""
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
     config = DecodeMmaConfig(head_dim=head_dim, dtype=dtype, page_size=page_size,
-                             heads_per_cta=heads_per_cta).validate()
+                             heads_per_cta=heads_per_cta, softcap=softcap, check_pages=check_pages).validate()
     t = _CUTLASS[dtype]
     q = fake_tensor(t, 3, leading_dim=2, assumed_align=16)
     kc, vc = (fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(2))
@@ -307,7 +324,9 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16", page_size: int =
     o_part = fake_tensor(cutlass.Float32, 4, leading_dim=3, assumed_align=16)
     lse_part = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
     args = (q, kc, vc, table, seqlens, o_part, lse_part, cutlass.Float32(1.0 / math.sqrt(head_dim)),
-            cutlass.Int32(heads_per_cta), cutlass.Int32(1), cutlass.Int32(1), fake_stream())
+            cutlass.Int32(heads_per_cta), cutlass.Int32(1), cutlass.Int32(1), fake_stream(),
+            cutlass.Float32(0.1) if softcap else None,
+            fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4) if check_pages else None)
     return CompileJob(PagedDecodeMma(config), args, ("attention.decode.mma_split", config))
 
 
@@ -315,6 +334,9 @@ VARIANT_CONFIGS = {
     "d128_bf16_page16_g8": {"head_dim": 128, "dtype": "bfloat16", "page_size": 16, "heads_per_cta": 8},
     "d128_bf16_page256_g16": {"head_dim": 128, "dtype": "bfloat16", "page_size": 256, "heads_per_cta": 16},
     "d64_fp16_page64_g4": {"head_dim": 64, "dtype": "float16", "page_size": 64, "heads_per_cta": 4},
+    # The dense route's page size (`dense_decode`), soft-capped.
+    "d128_bf16_page64_g4_softcap": {"head_dim": 128, "dtype": "bfloat16", "page_size": 64, "heads_per_cta": 4,
+                                    "softcap": True, "check_pages": False},
 }
 
 

@@ -1,7 +1,11 @@
 """`kernel="auto"`: the highest rung of the attention ladder that can run a problem.
 
-Dispatch knows only the rung interface (`registry`). The decode rung serves its own entry
-point, so "auto" for `scaled_dot_product_attention` skips rungs listed in `NOT_AUTO`.
+Dispatch knows only the rung interface (`registry`). The `decode` rung is the highest: its
+`supports` takes the dense problems its split-KV kernels serve best (a few queries over a long
+cache, `dense_decode`) and declines the rest with its reason, so "auto" routes those there
+and everything else to the flash rungs. `NOT_AUTO` lists rungs "auto" never picks (none now).
+`explain` says which rung "auto" picks for a problem and why, with every higher rung's reason
+for declining.
 
 What does not depend on the problem's sizes and strides (whether a rung is present, takes the
 dtype, runs on the device's compute capability) is resolved once per (kernel, dtype, device)
@@ -15,10 +19,10 @@ from collections.abc import Mapping
 
 from .registry import KERNELS
 
-__all__ = ["NOT_AUTO", "device_capability", "choose", "resolve", "clear_cache"]
+__all__ = ["NOT_AUTO", "device_capability", "choose", "resolve", "clear_cache", "explain"]
 
-# The decode rung serves paged_decode only.
-NOT_AUTO = frozenset({"decode"})
+# Rungs "auto" never picks.
+NOT_AUTO: frozenset = frozenset()
 
 # (kernel, dtype, device, capability function) -> the auto candidates, best first, or (rung,
 # static reason) for a named rung. Only for the default registry, whose contents are fixed; the
@@ -125,3 +129,21 @@ def resolve(kernel: str, q, k, v, problem, *, registry: Mapping = KERNELS):
     if why is not None:
         raise ValueError(f"attention kernel {kernel!r} cannot run this problem: {why}")
     return rung
+
+
+def explain(q, k, v, problem, *, registry: Mapping = KERNELS) -> str:
+    """Why "auto" picks the rung it picks for this problem: each rung from the top of the ladder
+    with its reason for declining, then the chosen one with its `route_reason` (when it has
+    one). Raises ValueError as `choose` does when no rung supports the problem."""
+    lines = []
+    for name in reversed(list(registry)):
+        if name in NOT_AUTO:
+            continue
+        rung = registry[name]
+        why = _why_not(rung, q, k, v, problem)
+        if why is None:
+            reason = getattr(rung, "route_reason", None)
+            lines.append(f"{name}: chosen" + (f" ({reason(problem)})" if reason is not None else ""))
+            return "; ".join(lines)
+        lines.append(f"{name}: {why}")
+    raise ValueError(f"no attention kernel supports this problem ({problem.describe()}): {'; '.join(lines)}")

@@ -7,11 +7,22 @@ keys (no causal mask: the query is the newest token and sees every cached key). 
 reads key/value head h // (Hq / Hkv). out = softmax(q k^T * scale) v per (b, h); a sequence
 with no key gives out 0.
 
-The kernels are the `decode` rung (`decode.py`): split-KV, then a combine. Everything is checked
-before the launch; with check_indices=True (the default) that includes seqlens_k and the block
-table entries the sequences use (one device-to-host copy: out-of-range pages would be read out
-of bounds). A serving loop that validated its tables once (or captures CUDA graphs) passes
-check_indices=False.
+The kernels are the `decode` rung (`decode.py`): split-KV, then a combine. Shapes, dtypes,
+strides and devices are checked on the host before the launch. The indices (seqlens_k and the
+block-table entries the sequences use) are checked on the device by default, with no host
+sync, so the default call runs at the unchecked speed and can be captured in a CUDA graph: the
+split kernel clamps every length and page index it reads into range (a bad table can make the
+answer wrong, never a read leave the caches) and records what it clamped in a per-device error
+buffer. The error surfaces as a `PagedDecodeIndexError` (a ValueError) naming the first bad
+entry it saw from
+
+    raise_paged_decode_errors(device=None)    # reads the buffer (one small device-to-host copy)
+
+which a serving loop calls where it synchronizes anyway (after a step, at the end of a graph
+replay) and which resets the buffer; `paged_decode_errors(device)` returns the pending message
+(or None) without raising. check_indices="host" (or True) also validates the indices on the
+host before the launch, raising before anything runs (one device-to-host copy per call), as
+earlier versions did by default; check_indices=False is the same as the default ("device").
 """
 
 from __future__ import annotations
@@ -20,7 +31,8 @@ import math
 import numbers
 from dataclasses import dataclass
 
-__all__ = ["PagedProblem", "paged_decode", "check_paged_inputs"]
+__all__ = ["PagedProblem", "paged_decode", "check_paged_inputs", "PagedDecodeIndexError", "raise_paged_decode_errors",
+           "paged_decode_errors"]
 
 _WHO = "paged_decode"
 
@@ -39,6 +51,9 @@ class PagedProblem:
     max_pages: int
     dtype: object
     scale: float
+    # Score features (`features`): the soft cap (None: none) and whether sinks are given.
+    softcap: float | None = None
+    sinks: bool = False
 
     def describe(self) -> str:
         return (f"B={self.batch} Hq={self.heads_q} Hkv={self.heads_kv} D={self.head_dim} Dv={self.head_dim_v} "
@@ -79,10 +94,70 @@ def _check_indices(block_table, seqlens_k, num_pages: int, page_size: int) -> No
                          f"(0 to {num_pages - 1}) but sequence {b} uses it")
 
 
-def check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, *, scale, check_indices: bool = True
+class PagedDecodeIndexError(ValueError):
+    """A `paged_decode` launch read a block-table entry or a length out of range (clamped on
+    the device, so its output is wrong for that sequence; module docstring)."""
+
+
+# device -> the (ERROR_SLOTS,) int32 buffer the split kernels record clamped indices in.
+_ERRORS: dict = {}
+
+
+def error_buffer(device):
+    """The device's error buffer (zeroed once, when first asked for)."""
+    buf = _ERRORS.get(device)
+    if buf is None:
+        import torch
+
+        from .decode_checks import ERROR_SLOTS
+
+        buf = _ERRORS[device] = torch.zeros(ERROR_SLOTS, dtype=torch.int32, device=device)
+    return buf
+
+
+def paged_decode_errors(device=None, *, reset: bool = True) -> str | None:
+    """The pending device-side index error of `device` (default: the current CUDA device) as a
+    message, or None; reads the error buffer (a device-to-host copy, so it waits for the launches
+    before it) and, with `reset`, clears it."""
+    import torch
+
+    from .decode_checks import BAD_LENGTH, BAD_PAGE
+
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device)
+    buf = _ERRORS.get(device)
+    if buf is None:
+        return None
+    values = buf.tolist()
+    if not (values[BAD_PAGE] or values[BAD_LENGTH]):
+        return None
+    if reset:
+        buf.zero_()
+    parts = []
+    if values[BAD_PAGE]:
+        b, j, page = values[BAD_PAGE + 1: BAD_PAGE + 4]
+        parts.append(f"block_table[{b}, {j}] = {page} is not a page of the cache but sequence {b} uses it")
+    if values[BAD_LENGTH]:
+        b, n = values[BAD_LENGTH + 1: BAD_LENGTH + 3]
+        parts.append(f"seqlens_k[{b}] = {n} is negative or past the block table's keys")
+    return (f"{_WHO}: {'; '.join(parts)} (seen on the device by a launch since the last check; the index was "
+            "clamped, so that sequence's output is wrong, and nothing was read outside the caches)")
+
+
+def raise_paged_decode_errors(device=None) -> None:
+    """Raise `PagedDecodeIndexError` if a `paged_decode` launch on `device` met an index out of
+    range since the last check (module docstring); clears the record."""
+    message = paged_decode_errors(device)
+    if message is not None:
+        raise PagedDecodeIndexError(message)
+
+
+def check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, *, scale, check_indices=False
                        ) -> PagedProblem:
     """Validate the inputs (module docstring); return the problem. Raises TypeError or
-    ValueError naming the offending argument."""
+    ValueError naming the offending argument; check_indices truthy: the indices too, on the
+    host."""
     import torch
 
     _tensor(q, "q", 3, "(batch, heads, head_dim)")
@@ -135,10 +210,12 @@ def check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, *, scale, ch
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, scale=None, kernel: str = "auto",
-                 num_splits: int | None = None, check_indices: bool = True, out=None):
+                 num_splits: int | None = None, check_indices="device", out=None):
     """out (B, Hq, Dv) in q's dtype (module docstring). kernel: "auto" or "decode";
-    num_splits: KV splits per sequence (default: enough CTAs to fill the GPU); out: an optional
-    preallocated contiguous result, overwritten entirely."""
+    num_splits: KV splits per sequence (default: enough CTAs to fill the GPU); check_indices:
+    "device" (default; also False): on the device, no host sync, errors from
+    `raise_paged_decode_errors`; "host" (also True): before the launch as well; out: an
+    optional preallocated contiguous result, overwritten entirely."""
     import torch
 
     if not isinstance(kernel, str):
@@ -148,8 +225,10 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, scale=None, ker
     if num_splits is not None and (not isinstance(num_splits, int) or isinstance(num_splits, bool)
                                    or not 1 <= num_splits <= 65535):
         raise ValueError(f"{_WHO}: num_splits must be an int in [1, 65535] or None, got {num_splits!r}")
+    if check_indices not in (True, False, "host", "device"):
+        raise ValueError(f"{_WHO}: check_indices must be 'device', 'host', True or False, got {check_indices!r}")
     problem = check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, scale=scale,
-                                 check_indices=check_indices)
+                                 check_indices=check_indices in (True, "host"))
     shape = (problem.batch, problem.heads_q, problem.head_dim_v)
     if out is None:
         out = torch.empty(shape, dtype=q.dtype, device=q.device)
@@ -171,4 +250,5 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, scale=None, ker
     why = rung.supports_paged(problem)
     if why is not None:
         raise ValueError(f"{_WHO}: the decode kernel cannot run this problem ({problem.describe()}): {why}")
-    return rung.paged(q, k_cache, v_cache, block_table, seqlens_k, out, problem, num_splits=num_splits)
+    return rung.paged(q, k_cache, v_cache, block_table, seqlens_k, out, problem, num_splits=num_splits,
+                      errors=error_buffer(q.device))

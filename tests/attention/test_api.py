@@ -164,8 +164,13 @@ def test_dispatch_picks_the_highest_supporting_rung(monkeypatch):
     problem = problem_for(q, k, v)
     monkeypatch.setattr(dispatch, "device_capability", lambda device: (9, 0))
     low, high = FakeRung("low"), FakeRung("high", reason="too big")
-    registry = {"low": low, "high": high, "decode": FakeRung("decode")}
+    registry = {"low": low, "high": high, "decode": FakeRung("decode", reason="8 queries per head")}
     assert dispatch.choose(q, k, v, problem, registry=registry) is low
+    assert dispatch.explain(q, k, v, problem, registry=registry) == (
+        "decode: 8 queries per head; high: too big; low: chosen")
+    # the decode rung takes part in "auto": the highest that supports the problem wins
+    decode = FakeRung("decode")
+    assert dispatch.choose(q, k, v, problem, registry={**registry, "decode": decode}) is decode
     with pytest.raises(ValueError, match="cannot run this problem: too big"):
         dispatch.resolve("high", q, k, v, problem, registry=registry)
     with pytest.raises(ValueError, match="unknown attention kernel 'nope'"):

@@ -33,10 +33,35 @@ def test_signature_is_the_one_the_ops_layer_calls():
         assert params[name].kind is inspect.Parameter.KEYWORD_ONLY
 
 
-def test_the_decode_rung_is_registered_and_refuses_dense_problems():
+def test_the_decode_rung_takes_few_queries_over_long_caches_only():
+    """Its `supports` for dense problems (`dense_decode`): a few queries over a long cache, no
+    window; everything else declined with the reason."""
+    import torch
+
+    from cute_kernels.attention.api import AttentionProblem
+    from cute_kernels.attention.dense_decode import DENSE_MAX_QUERIES, DENSE_MIN_KEYS
+
     assert "decode" in KERNELS
     rung = KERNELS["decode"]
-    assert "paged_decode" in rung.supports(None, None, None, None)
+
+    def problem(sq, sk, d=128, hq=8, hkv=2, **kw):
+        q = torch.randn(2, hq, sq, d, dtype=torch.bfloat16)
+        k = torch.randn(2, hkv, sk, d, dtype=torch.bfloat16)
+        return q, k, k, AttentionProblem(2, hq, hkv, sq, sk, d, d, torch.bfloat16, kw.pop("causal", None),
+                                         d ** -0.5, **kw)
+
+    assert rung.supports(*problem(1, 4096)) is None
+    assert rung.supports(*problem(DENSE_MAX_QUERIES, DENSE_MIN_KEYS, causal="bottom_right", softcap=30.0,
+                                  sinks=True)) is None
+    assert "at most 8" in rung.supports(*problem(DENSE_MAX_QUERIES + 1, 4096))
+    assert "starts at 512" in rung.supports(*problem(1, DENSE_MIN_KEYS - 1))
+    assert "sliding windows" in rung.supports(*problem(1, 4096, window_left=128))
+    assert "head dim 72" in rung.supports(*problem(1, 4096, d=72))
+    q, k, v, p = problem(1, 4096)
+    odd = torch.randn(2, 2, 4096, 132, dtype=torch.bfloat16)[..., :128]  # row stride 132: not 16-byte rows
+    assert "strides" in rung.supports(q, odd, odd, p)
+    assert "different strides" in rung.supports(q, k, odd.contiguous().transpose(1, 2).contiguous().transpose(1, 2), p)
+    assert "1 query per head over 4096 keys: split-KV decode" in rung.route_reason(p)
 
 
 def test_cpu_tensors_are_rejected_after_the_checks():
@@ -60,10 +85,14 @@ def _with(args, **changes):
     ({"seqlens": torch.zeros(3, dtype=torch.int64)}, {}, TypeError, "seqlens_k must be int32"),
     ({"table": torch.zeros(2, 4, dtype=torch.int32)}, {}, ValueError, "block_table has 2 rows"),
     ({"q": torch.randn(3, 7, 64, dtype=torch.bfloat16)}, {}, ValueError, r"query heads \(7\) must be a multiple"),
-    ({"seqlens": torch.tensor([5, 65, 3], dtype=torch.int32)}, {}, ValueError, "room for 4 pages x 16 = 64 keys"),
-    ({"seqlens": torch.tensor([5, -1, 3], dtype=torch.int32)}, {}, ValueError, "negative length -1"),
+    ({"seqlens": torch.tensor([5, 65, 3], dtype=torch.int32)}, {"check_indices": "host"}, ValueError,
+     "room for 4 pages x 16 = 64 keys"),
+    ({"seqlens": torch.tensor([5, -1, 3], dtype=torch.int32)}, {"check_indices": True}, ValueError,
+     "negative length -1"),
     ({"table": torch.tensor([[0, 1, 2, 3], [4, 10, 6, 7], [8, 9, 0, 0]], dtype=torch.int32),
-      "seqlens": torch.tensor([5, 17, 3], dtype=torch.int32)}, {}, ValueError, r"block_table\[1, 1\] = 10"),
+      "seqlens": torch.tensor([5, 17, 3], dtype=torch.int32)}, {"check_indices": "host"}, ValueError,
+     r"block_table\[1, 1\] = 10"),
+    ({}, {"check_indices": "always"}, ValueError, "check_indices must be"),
     ({"q": torch.randn(3, 8, 128, dtype=torch.bfloat16)[..., ::2]}, {}, ValueError, "contiguous head dim"),
     ({}, {"scale": "big"}, TypeError, "scale must be a real number"),
 ])
@@ -77,9 +106,25 @@ def test_unused_table_entries_are_not_checked():
     table[:, 1:] = -7  # past each sequence's end: never read
     # The index checks pass: the first error is the device one, which comes last.
     with pytest.raises(ValueError, match="on 'cpu'"):
-        check_paged_inputs(q, kc, vc, table, torch.tensor([16, 0, 9], dtype=torch.int32), scale=None)
+        check_paged_inputs(q, kc, vc, table, torch.tensor([16, 0, 9], dtype=torch.int32), scale=None,
+                           check_indices=True)
     with pytest.raises(ValueError, match=r"block_table\[0, 1\] = -7"):
-        check_paged_inputs(q, kc, vc, table, torch.tensor([17, 0, 9], dtype=torch.int32), scale=None)
+        check_paged_inputs(q, kc, vc, table, torch.tensor([17, 0, 9], dtype=torch.int32), scale=None,
+                           check_indices=True)
+
+
+def test_the_default_checks_indices_on_the_device_without_a_host_sync(monkeypatch):
+    """By default the indices are not read on the host (no device-to-host copy, capturable):
+    a bad table gets past the host checks, and only the device check (not reachable on CPU)
+    sees it; check_indices=False is the same."""
+    from cute_kernels.attention import paged as paged_mod
+
+    monkeypatch.setattr(paged_mod, "_check_indices", lambda *a: pytest.fail("host index check on the default path"))
+    q, kc, vc, table, _ = paged()
+    table[0, 0] = 10**6
+    for kwargs in ({}, {"check_indices": False}, {"check_indices": "device"}):
+        with pytest.raises(ValueError, match="on 'cpu'"):
+            paged_decode(q, kc, vc, table, torch.tensor([16, 0, 9], dtype=torch.int32), **kwargs)
 
 
 def test_num_splits_and_kernel_arguments_are_checked():
