@@ -13,6 +13,8 @@ the first call):
 - `sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=None,
   scale=None, window_left=-1, window_right=-1, rung="auto", fallback="none")` -> (out, lse),
   differentiable through `sdpa_varlen_backward(...)` -> (dq, dk, dv); `paged_decode(...)` -> out.
+- `sdpa_masked(q, k, v, key_mask, segments, ...)` -> (out (B, Sq, Hq, Dv), lse): a padded or
+  packed (B, H, S, D) batch in one opaque op (unpad, varlen, pad back inside), with its backward.
 
 `rung` names a rung of the ladder (`cute_kernels.gemm.KERNELS`, `cute_kernels.attention.KERNELS`)
 or "auto"; it is the kernel layer's `kernel=` argument under another name (see
@@ -24,10 +26,12 @@ PyTorch, visibly (see `fallback`).
 from __future__ import annotations
 
 from .attention import CAUSAL, paged_decode, sdpa, sdpa_backward, sdpa_varlen, sdpa_varlen_backward
+from .attention_masked import sdpa_masked, sdpa_masked_backward
 from .fallback import FALLBACK_COUNTS, FALLBACKS, FallbackWarning
 from .gemm import ACTIVATIONS, linear, matmul, scaled_mm
 
-OPS = ("matmul", "linear", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode")
+OPS = ("matmul", "linear", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
+       "sdpa_masked", "sdpa_masked_backward")
 
 # Names no schema argument of ours may take. Inductor lowers an op it has no lowering for through
 # `FallbackKernel.create(kernel, *args, **kwargs)`, passing the schema's defaulted arguments as
@@ -38,5 +42,6 @@ RESERVED_ARGUMENT_NAMES = frozenset({"kernel", "cls", "self", "name", "layout", 
 
 __all__ = [
     "matmul", "linear", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
+    "sdpa_masked", "sdpa_masked_backward",
     "ACTIVATIONS", "CAUSAL", "FALLBACKS", "FALLBACK_COUNTS", "FallbackWarning", "OPS", "RESERVED_ARGUMENT_NAMES",
 ]
