@@ -223,7 +223,8 @@ def _torch_attention(query, key, value, attention_mask, position_bias, dropout, 
     k = key.repeat_interleave(hq // key.shape[1], dim=1)
     v = value.repeat_interleave(hq // value.shape[1], dim=1)
     scale = 1.0 / math.sqrt(d) if scaling is None else scaling
-    s = (query @ k.transpose(-1, -2)).float() * scale
+    acc = torch.promote_types(query.dtype, torch.float32)
+    s = (query.to(acc) @ k.to(acc).transpose(-1, -2)) * scale
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
     keep = None
@@ -241,13 +242,13 @@ def _torch_attention(query, key, value, attention_mask, position_bias, dropout, 
     elif attention_mask.dtype == torch.bool:
         keep = attention_mask
     else:
-        s = s + attention_mask.float()
+        s = s + attention_mask.to(acc)
     if position_bias is not None:
-        s = s + position_bias.float()
+        s = s + position_bias.to(acc)
     if keep is not None:
         s = s.masked_fill(~keep, float("-inf"))
     if sinks is not None:
-        s = torch.cat([s, sinks.float().reshape(1, -1, 1, 1).expand(b, hq, sq, 1)], dim=-1)
+        s = torch.cat([s, sinks.to(acc).reshape(1, -1, 1, 1).expand(b, hq, sq, 1)], dim=-1)
     p = torch.softmax(s, dim=-1)
     p = torch.nan_to_num(p, nan=0.0)  # rows with no visible key (padding queries)
     if sinks is not None:
