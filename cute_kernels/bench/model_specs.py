@@ -1,6 +1,6 @@
 """The models of the `models` suite: each built from a config with random weights (nothing is
-downloaded), at the suite's size ("bench") or a tiny one ("tiny", for the tests), with the
-batch it is measured on.
+downloaded), at the suite's size ("bench"), a tiny one ("tiny": the CPU tests) or a small one
+that our GPU kernels take ("small": head dim 64, the GPU tests), with the batch it runs on.
 
 | name | model | batch |
 | --- | --- | --- |
@@ -23,6 +23,11 @@ from dataclasses import dataclass, field
 __all__ = ["ModelSpec", "SPECS", "spec", "build", "make_batch"]
 
 VOCAB = 32000
+SIZES = ("bench", "tiny", "small")
+# "small" = "tiny" with these entries: shapes the GPU kernels take (head dim 64), still seconds.
+_SMALL_LM = dict(vocab_size=512, hidden_size=256, intermediate_size=512, head_dim=64, max_position_embeddings=1024)
+_SMALL_IMAGE = dict(img_size=64, patch_size=8, embed_dim=256, num_heads=4)
+_SMALL_BATCH, _SMALL_SEQ = 2, 256
 
 
 @dataclass(frozen=True)
@@ -96,10 +101,8 @@ def build(s: ModelSpec, *, size: str = "bench", dtype=None, device: str = "cuda"
     `device`, in training mode; `overrides` change config entries."""
     import torch
 
-    if size not in ("bench", "tiny"):
-        raise ValueError(f"size must be 'bench' or 'tiny', got {size!r}")
     dtype = torch.bfloat16 if dtype is None else dtype
-    options = dict(s.config if size == "bench" else s.tiny, **(overrides or {}))
+    options = dict(_options(s, size), **(overrides or {}))
     torch.manual_seed(seed)
     if s.library == "transformers":
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -118,6 +121,33 @@ def build(s: ModelSpec, *, size: str = "bench", dtype=None, device: str = "cuda"
     return model.train()
 
 
+def _options(s: ModelSpec, size: str) -> dict:
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {SIZES}, got {size!r}")
+    if size == "bench":
+        return dict(s.config)
+    if size == "tiny":
+        return dict(s.tiny)
+    small = dict(s.tiny, **(_SMALL_LM if s.kind == "causal_lm" else _SMALL_IMAGE))
+    if "sliding_window" in small:
+        small["sliding_window"] = 64
+    if s.name == "gpt_oss":
+        del small["max_position_embeddings"]  # its YaRN rope is set for the default
+    if s.name == "eva02_b14":
+        small["patch_size"] = 7  # 9 x 9 patches of a 63-pixel image
+        small["img_size"] = 63
+    return small
+
+
+def _shape(s: ModelSpec, size: str) -> tuple[int, int]:
+    """(batch, sequence length) at `size` (the sequence length is unused for images)."""
+    if size == "bench":
+        return s.batch, s.seq
+    if size == "tiny":
+        return s.tiny_batch, s.tiny_seq
+    return _SMALL_BATCH, _SMALL_SEQ
+
+
 def copy_model(model):
     """An independent copy (parameters and buffers), for the patched side."""
     return copy.deepcopy(model)
@@ -130,19 +160,18 @@ def make_batch(s: ModelSpec, *, size: str = "bench", device: str = "cuda", seed:
     import torch
 
     gen = torch.Generator(device="cpu").manual_seed(seed + 1)
-    batch = s.batch if size == "bench" else s.tiny_batch
+    batch, seq = _shape(s, size)
+    options = _options(s, size)
     if s.kind == "causal_lm":
-        seq = s.seq if size == "bench" else s.tiny_seq
-        vocab = (s.config if size == "bench" else s.tiny)["vocab_size"]
-        ids = torch.randint(0, vocab, (batch, seq), generator=gen)
+        ids = torch.randint(0, options["vocab_size"], (batch, seq), generator=gen)
         out = {"input_ids": ids.to(device), "labels": ids.clone().to(device)}
         if s.lengths is not None:
-            lengths = s.lengths if size == "bench" else tuple(seq - 3 * (i % 3) for i in range(batch))
+            step = max(3, seq // 4)
+            lengths = s.lengths if size == "bench" else tuple(seq - step * (i % 3) for i in range(batch))
             mask = (torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None]).long()
             out["attention_mask"] = mask.to(device)
             out["labels"] = ids.masked_fill(mask == 0, -100).to(device)
         return out
-    options = s.config if size == "bench" else s.tiny
     img = options.get("img_size", 224)
     classes = options.get("num_classes", 1000)
     x = torch.randn(batch, 3, img, img, generator=gen).to(device=device, dtype=dtype or torch.bfloat16)

@@ -34,7 +34,8 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt-len", type=int, default=512, help="generate: prompt tokens (default 512)")
     p.add_argument("--new-tokens", type=int, default=64, help="generate: new tokens (default 64)")
     p.add_argument("--device", default="cuda", help="cuda[:N]; 'cpu' with --size tiny exercises the harness")
-    p.add_argument("--size", choices=("bench", "tiny"), default="bench", help="model size (tiny: the test models)")
+    p.add_argument("--size", choices=("bench", "small", "tiny"), default="bench",
+                   help="model size (small: the GPU tests' models, tiny: the CPU tests')")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="FILE", help="write the result JSON here")
     p.add_argument("--out-dir", metavar="DIR", help="write DIR/YYYY-MM-DD-models-<device>.json and .png, and the "
@@ -51,7 +52,7 @@ def add_parser(sub) -> None:
     which.add_argument("--config", help="a transformers config.json (or a directory holding one), read locally")
     q.add_argument("--batch", type=int, default=None, help="with --config: batch size (default 1)")
     q.add_argument("--seq", type=int, default=None, help="with --config: sequence length (default 512)")
-    q.add_argument("--size", choices=("bench", "tiny"), default="bench")
+    q.add_argument("--size", choices=("bench", "small", "tiny"), default="bench")
     q.add_argument("--device", default="cuda")
     q.add_argument("--no-generate", action="store_true", help="trace the training step only")
     q.set_defaults(func=run_precompile)
