@@ -13,14 +13,16 @@ the first call):
 - `sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=None,
   scale=None, window_left=-1, window_right=-1, rung="auto", fallback="none")` -> (out, lse),
   differentiable through `sdpa_varlen_backward(...)` -> (dq, dk, dv); `paged_decode(...)` -> out.
-- `sdpa_masked(q, k, v, key_mask, segments, ...)` -> (out (B, Sq, Hq, Dv), lse): a padded or
-  packed (B, H, S, D) batch in one opaque op (unpad, varlen, pad back inside), with its backward.
 
 `rung` names a rung of the ladder (`cute_kernels.gemm.KERNELS`, `cute_kernels.attention.KERNELS`)
 or "auto"; it is the kernel layer's `kernel=` argument under another name (see
 `RESERVED_ARGUMENT_NAMES`). Every op has a fake (shape/dtype inference) and, where it has a
 backward, an autograd formula. `fallback="torch"` computes input our kernels do not take with
 PyTorch, visibly (see `fallback`).
+
+`sdpa_masked(q, k, v, key_mask, segments, ...)` -> (out (B, Sq, Hq, Dv), lse) takes a padded or
+packed (B, H, S, D) batch in one opaque op (unpad, varlen, pad back inside), with its backward
+(`attention_masked`; what the transformers integration runs for masked calls).
 """
 
 from __future__ import annotations
