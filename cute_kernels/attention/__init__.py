@@ -1,7 +1,8 @@
 """Attention on the CuTe DSL: PyTorch's SDPA interface over a ladder of kernels.
 
 - `scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
-  scale=None, enable_gqa=False, *, window_size=None, kernel="auto")`: PyTorch's signature,
+  scale=None, enable_gqa=False, *, window_size=None, softcap=None, sinks=None, return_lse=False,
+  kernel="auto")`: PyTorch's signature,
   (B, H, S, D), plus FlashAttention's sliding window `window_size=(left, right)` (-1 unbounded).
 - `attention_forward(q, k, v, *, causal=None, scale=None, enable_gqa=False, window_size=None,
   kernel="auto")` -> (out, lse): the internal entry, with the log-sum-exp for a backward;
@@ -12,7 +13,13 @@
   cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, ...)` -> (dq, dk, dv).
 - `paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, scale, kernel)` -> out (B, Hq, Dv):
   one query token per sequence over a paged KV cache (split-KV, the `decode` rung).
-- `KERNELS`: the ladder (`sm80_flash`, `decode`; `sm90_flash` to come).
+- `KERNELS`: the ladder (`sm80_flash`, `sm90_flash`, `decode`).
+
+Every dense and varlen entry also takes the keyword-only score features of `features`:
+`softcap` (Gemma 2's capped logits) and `sinks` (Hq,) (gpt-oss's per-head sink logits; the
+backward entries then also return dsinks), and the varlen entries `seqused_k` (key lengths per
+sequence); `scaled_dot_product_attention` takes `return_lse`. A rung that lacks a feature
+declines it in `supports`.
 
 The kernel composes small modules, as flash-attention's CuTe kernels do: `mask` (causal
 alignments, sliding windows, sequence ends; the rule itself is in the DSL-free `mask_rule`),
@@ -33,6 +40,7 @@ _EXPORTS = {
     "attention_varlen_forward": "varlen",
     "attention_varlen_backward": "varlen",
     "paged_decode": "paged",
+    "sinks_gradient": "features",
     "PagedProblem": "paged",
     "KERNELS": "registry",
     "LADDER": "registry",

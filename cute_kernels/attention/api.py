@@ -16,7 +16,13 @@ right, where base aligns the diagonal (bottom-right for a window without causali
 `mask_rule`). It is checked and made canonical (`mask_rule.canonical_window`) with the other
 arguments; a rung that does not implement it says so in its `supports` reason.
 
-Gradients: when grad mode is on and q, k or v requires grad, `scaled_dot_product_attention` runs
+Score features (`features`): `softcap` (Gemma 2's s = softcap * tanh(scale * q.k / softcap),
+before the mask) and `sinks` (Hq,) (gpt-oss: one logit per query head joining the softmax
+denominator; the returned lse includes it, and `attention_backward` returns its gradient too).
+Both are keyword-only on every entry; a rung that does not implement one declines it in
+`supports` (`features.feature_reason`), so "auto" picks one that does.
+
+Gradients: when grad mode is on and q, k, v (or sinks) requires grad, `scaled_dot_product_attention` runs
 through an autograd function whose backward is `attention_backward` (the rung's `backward`:
 dQ, dK, dV recomputing P from the saved lse). Whether the rung can differentiate the problem is
 checked in the forward, before any launch.
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 
 from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_signature
 
+from .features import check_sinks, check_softcap, sinks_gradient
 from .mask_rule import canonical_window
 
 __all__ = ["AttentionProblem", "scaled_dot_product_attention", "attention_forward", "attention_backward",
@@ -55,6 +62,11 @@ class AttentionProblem:
     # A sliding window's bounds (None = unbounded; see `mask` for the rule and its alignment).
     window_left: int | None = None
     window_right: int | None = None
+    # Score features (`features`): the soft cap (None: none), whether sinks are given, and
+    # (varlen) whether per-sequence key lengths (seqused_k) are.
+    softcap: float | None = None
+    sinks: bool = False
+    seqused_k: bool = False
 
     @property
     def windowed(self) -> bool:
@@ -65,6 +77,12 @@ class AttentionProblem:
         if self.windowed:
             w = lambda x: -1 if x is None else x  # noqa: E731
             causal += f", window ({w(self.window_left)}, {w(self.window_right)})"
+        if self.softcap is not None:
+            causal += f", softcap {self.softcap:g}"
+        if self.sinks:
+            causal += ", sinks"
+        if self.seqused_k:
+            causal += ", seqused_k"
         return (f"B={self.batch} Hq={self.heads_q} Hkv={self.heads_kv} Sq={self.seqlen_q} Sk={self.seqlen_k} "
                 f"D={self.head_dim} Dv={self.head_dim_v} {self.dtype}{causal}, scale {self.scale:g}")
 
@@ -107,11 +125,13 @@ def _check_tensor(t, name: str) -> None:
         raise TypeError(f"scaled_dot_product_attention: {name} has dtype {t.dtype}; a floating dtype is needed")
 
 
-def check_inputs(q, k, v, *, causal: str | None, scale, enable_gqa: bool, window_size=None) -> AttentionProblem:
+def check_inputs(q, k, v, *, causal: str | None, scale, enable_gqa: bool, window_size=None, softcap=None,
+                 sinks=None) -> AttentionProblem:
     """Validate q, k, v (4-D, or all 3-D) and options; return the problem. Raises TypeError or
     ValueError naming the offending argument. Device placement is checked last, so every shape
     and dtype error is reported the same on CPU tensors. The window is stored in canonical form
-    (`mask_rule.canonical_window`: None for an unbounded side; causality bounds the right)."""
+    (`mask_rule.canonical_window`: None for an unbounded side; causality bounds the right).
+    softcap and sinks: `features.check_softcap` / `check_sinks`."""
     for name, t in (("query", q), ("key", k), ("value", v)):
         _check_tensor(t, name)
     if not (q.dim() == k.dim() == v.dim()):
@@ -156,10 +176,13 @@ def check_inputs(q, k, v, *, causal: str | None, scale, enable_gqa: bool, window
     elif not isinstance(scale, numbers.Real) or isinstance(scale, bool):
         raise TypeError(f"scaled_dot_product_attention: scale must be a real number or None, got {type(scale).__name__}")
     causal, left, right = canonical_window(window_size, causal, "scaled_dot_product_attention")
+    softcap = check_softcap(softcap, "scaled_dot_product_attention")
+    check_sinks(sinks, hq, q, "scaled_dot_product_attention")
     why = _device_reason(q, k, v)
     if why is not None:
         raise ValueError(f"scaled_dot_product_attention: {why}")
-    return AttentionProblem(b, hq, hk, sq, sk, d, dv, q.dtype, causal, float(scale), left, right)
+    return AttentionProblem(b, hq, hk, sq, sk, d, dv, q.dtype, causal, float(scale), left, right, softcap,
+                            sinks is not None)
 
 
 def _device_reason(q, k, v) -> str | None:
@@ -190,9 +213,11 @@ def _result(t, name: str, shape: tuple, dtype, device, unbatched: bool):
 
 
 def attention_forward(q, k, v, *, causal: str | None = None, scale=None, enable_gqa: bool = False,
-                      window_size=None, kernel: str = "auto", out=None, lse=None):
+                      window_size=None, kernel: str = "auto", out=None, lse=None, softcap=None, sinks=None):
     """(out, lse): out = softmax(q k^T * scale + mask) v per head, lse = logsumexp over keys of
     the masked, scaled scores (fp32, natural log, shape q.shape[:-1]).
+    softcap: scores softcap * tanh(scale q.k / softcap) before the mask; sinks (Hq,): a logit
+    per query head in the softmax denominator, included in lse (`features`).
 
     causal: None, "top_left" (row i sees keys j <= i) or "bottom_right" (j <= i + Sk - Sq;
     rows that see no key give out 0 and lse -inf). window_size: None or (left, right), -1 for an
@@ -206,28 +231,29 @@ def attention_forward(q, k, v, *, causal: str | None = None, scale=None, enable_
     """
     sig = None
     if out is None and lse is None:
-        sig = _plan_signature(q, k, v, causal, scale, enable_gqa, kernel, window_size)
+        sig = _plan_signature(q, k, v, causal, scale, enable_gqa, kernel, window_size, softcap, sinks)
         if sig is not None:
             try:
                 plan = _PLANS.get(sig)
             except TypeError:  # an unhashable option: the checks report it
                 plan = sig = None
             if plan is not None:
-                return plan(q, k, v)
-    out, lse, launched = _forward(q, k, v, causal, scale, enable_gqa, kernel, out, lse, window_size)
+                return plan(q, k, v, sinks)
+    out, lse, launched = _forward(q, k, v, causal, scale, enable_gqa, kernel, out, lse, window_size, softcap, sinks)
     if sig is not None and launched is not None:
-        _keep_plan(sig, q, k, v, *launched)
+        _keep_plan(sig, q, k, v, *launched, sinks=sinks)
     return out, lse
 
 
-def _forward(q, k, v, causal, scale, enable_gqa, kernel, out, lse, window_size=None):
+def _forward(q, k, v, causal, scale, enable_gqa, kernel, out, lse, window_size=None, softcap=None, sinks=None):
     """`attention_forward`'s checked path: (out, lse, (rung, problem) when a rung launched)."""
     import torch
 
     from .dispatch import resolve
 
     launched = None
-    problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, window_size=window_size)
+    problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, window_size=window_size,
+                           softcap=softcap, sinks=sinks)
     unbatched = q.dim() == 3
     q4, k4, v4 = (t.unsqueeze(0) if unbatched else t for t in (q, k, v))
     p = problem
@@ -235,12 +261,19 @@ def _forward(q, k, v, causal, scale, enable_gqa, kernel, out, lse, window_size=N
     out = _result(out, "out", out_shape, q.dtype, q.device, unbatched)
     lse = _result(lse, "lse", out_shape[:3], torch.float32, q.device, unbatched)
     if lse.numel() and p.seqlen_k == 0:
-        # Softmax over no keys: an empty sum, so out is 0 and lse is log(0).
+        # Softmax over no keys: an empty sum, so out is 0 and lse is log(0) (with sinks, the
+        # sink alone: lse = sink).
         out.zero_()
-        lse.fill_(-math.inf)
+        if sinks is None:
+            lse.fill_(-math.inf)
+        else:
+            lse.copy_(sinks.to(torch.float32)[None, :, None].expand(lse.shape))
     elif lse.numel():
         rung = resolve(kernel, q4, k4, v4, problem)
-        rung(q4, k4, v4, out, lse, problem)
+        if sinks is None:
+            rung(q4, k4, v4, out, lse, problem)
+        else:
+            rung(q4, k4, v4, out, lse, problem, sinks=sinks)
         launched = (rung, problem)
     if unbatched:
         out, lse = out[0], lse[0]
@@ -253,25 +286,27 @@ _PLANS = PlanCache("attention.forward")
 _SCALE_TYPES = (float, int, type(None))
 
 
-def _plan_signature(q, k, v, causal, scale, enable_gqa, kernel, window_size=None):
+def _plan_signature(q, k, v, causal, scale, enable_gqa, kernel, window_size=None, softcap=None, sinks=None):
     """The plan key of an `attention_forward` call (no out/lse given), or None when it cannot
-    have a plan (a non-tensor, a scale that is not a Python float/int/None). Not hashed here
-    (an unhashable window_size, a list, fails the lookup and so takes the checked path)."""
-    if scale.__class__ not in _SCALE_TYPES:
+    have a plan (a non-tensor, a scale or softcap that is not a Python float/int/None). Not
+    hashed here (an unhashable window_size, a list, fails the lookup and so takes the checked
+    path)."""
+    if scale.__class__ not in _SCALE_TYPES or softcap.__class__ not in _SCALE_TYPES:
         return None
     try:
         return (tensor_signature(q), tensor_signature(k), tensor_signature(v), causal, scale.__class__, scale,
-                enable_gqa, kernel, window_size)
+                enable_gqa, kernel, window_size, softcap.__class__, softcap,
+                None if sinks is None else tensor_signature(sinks))
     except (TypeError, RuntimeError):  # not plain tensors (FakeTensor, other subclasses, non-tensors)
         return None
 
 
-def _keep_plan(sig, q, k, v, rung, problem) -> None:
+def _keep_plan(sig, q, k, v, rung, problem, sinks=None) -> None:
     """Store under `sig` the replay of the checked forward just made: allocate out and lse as it
     did and call the rung's `launch_plan(problem)` (when it has one: TVM-FFI builds) on the
-    caller's tensors (detached when they require grad, as the rung does)."""
+    caller's tensors (detached when they require grad, as the rung does; sinks as fp32)."""
     launch_plan = getattr(rung, "launch_plan", None)
-    if launch_plan is None or not plain_tensors(q, k, v):
+    if launch_plan is None or not plain_tensors(q, k, v, sinks):
         return
     launch = launch_plan(problem)
     if launch is None:
@@ -285,16 +320,21 @@ def _keep_plan(sig, q, k, v, rung, problem) -> None:
     dtype, device = q.dtype, q.device
     unbatched = q.dim() == 3
     detach = q.requires_grad or k.requires_grad or v.requires_grad
+    # The signature fixes the sinks' dtype and strides: convert only when the kernel cannot read them.
+    convert = sinks is not None and (sinks.dtype != fp32 or not sinks.is_contiguous())
 
-    def plan(q, k, v):
+    def plan(q, k, v, sinks=None):
         out = empty(out_shape, dtype=dtype, device=device)
         lse = empty(lse_shape, dtype=fp32, device=device)
         if detach:
             q, k, v = q.detach(), k.detach(), v.detach()
+        extra = ()
+        if sinks is not None:
+            extra = (sinks.detach().to(fp32).contiguous() if convert else sinks.detach(),)
         if unbatched:
-            launch(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out, lse)
+            launch(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out, lse, *extra)
             return out[0], lse[0]
-        launch(q, k, v, out, lse)
+        launch(q, k, v, out, lse, *extra)
         return out, lse
 
     _PLANS.put(sig, plan)
@@ -330,12 +370,15 @@ def _backward_rung(kernel: str, q4, k4, v4, problem):
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal: str | None = None, scale=None, enable_gqa: bool = False,
-                       window_size=None, kernel: str = "auto", deterministic: bool | None = None):
+                       window_size=None, kernel: str = "auto", deterministic: bool | None = None, softcap=None,
+                       sinks=None):
     """(dq, dk, dv): gradients of `attention_forward`'s out for the output gradient `dout`,
-    given the forward's `out` and `lse` (same causal/scale/enable_gqa/window_size/kernel
-    arguments). A rung whose backward does not take the problem (a window, a head dim) raises
-    NotImplementedError with its reason, before any launch. With
+    given the forward's `out` and `lse` (same causal/scale/enable_gqa/window_size/kernel/
+    softcap/sinks arguments). A rung whose backward does not take the problem (a window, a head
+    dim, a feature) raises NotImplementedError with its reason, before any launch. With
     GQA, dk and dv sum over the query heads sharing each key/value head.
+    With sinks: (dq, dk, dv, dsinks), dsinks shaped and typed as sinks (`features.sinks_gradient`;
+    the q, k, v gradients need nothing of the sinks but the lse that includes them).
 
     deterministic: True asks for bitwise-reproducible gradients (dQ through its own pass, not
     fp32 atomics: `sm90_flash` then hands the pass to `sm80_flash`'s kernels); None follows
@@ -344,7 +387,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal: str | None = None, sc
 
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, window_size=window_size)
+    problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, window_size=window_size,
+                           softcap=softcap, sinks=sinks)
     unbatched = q.dim() == 3
     q4, k4, v4, out4, do4 = (t.unsqueeze(0) if unbatched else t for t in (q, k, v, out, dout))
     lse4 = lse.unsqueeze(0) if unbatched else lse
@@ -360,7 +404,10 @@ def attention_backward(dout, q, k, v, out, lse, *, causal: str | None = None, sc
         # Rungs without the option are deterministic already (sm80_flash: a separate dQ pass).
         options = {"deterministic": True} if deterministic and _takes_deterministic(rung) else {}
         grads = rung.backward(do4, q4, k4, v4, out4, lse4, problem, **options)
-    return tuple(g[0] for g in grads) if unbatched else tuple(grads)
+    grads = tuple(g[0] for g in grads) if unbatched else tuple(grads)
+    if sinks is not None:
+        grads = (*grads, sinks_gradient(do4, out4, lse4, sinks))
+    return grads
 
 
 def _takes_deterministic(rung) -> bool:
@@ -377,19 +424,22 @@ def _attention_function():
 
         class AttentionFunction(torch.autograd.Function):
             @staticmethod
-            def forward(ctx, q, k, v, causal, scale, enable_gqa, kernel, window_size):
+            def forward(ctx, q, k, v, sinks, causal, scale, enable_gqa, kernel, window_size, softcap):
                 out, lse = attention_forward(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa,
-                                             window_size=window_size, kernel=kernel)
-                ctx.save_for_backward(q, k, v, out, lse)
+                                             window_size=window_size, kernel=kernel, softcap=softcap,
+                                             sinks=None if sinks is None else sinks.detach())
+                ctx.mark_non_differentiable(lse)
+                ctx.save_for_backward(q, k, v, out, lse, sinks)
                 ctx.options = dict(causal=causal, scale=scale, enable_gqa=enable_gqa, window_size=window_size,
-                                   kernel=kernel)
-                return out
+                                   kernel=kernel, softcap=softcap)
+                return out, lse
 
             @staticmethod
-            def backward(ctx, dout):
-                q, k, v, out, lse = ctx.saved_tensors
-                dq, dk, dv = attention_backward(dout, q, k, v, out, lse, **ctx.options)
-                return dq, dk, dv, None, None, None, None, None
+            def backward(ctx, dout, _dlse):
+                q, k, v, out, lse, sinks = ctx.saved_tensors
+                grads = attention_backward(dout, q, k, v, out, lse, sinks=sinks, **ctx.options)
+                dsinks = grads[3] if sinks is not None and ctx.needs_input_grad[3] else None
+                return grads[0], grads[1], grads[2], dsinks, None, None, None, None, None, None
 
         _ATTENTION_FN = AttentionFunction
     return _ATTENTION_FN
@@ -399,7 +449,8 @@ _ATTENTION_FN = None
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
-                                 scale=None, enable_gqa: bool = False, *, window_size=None, kernel: str = "auto"):
+                                 scale=None, enable_gqa: bool = False, *, window_size=None, softcap=None, sinks=None,
+                                 return_lse: bool = False, kernel: str = "auto"):
     """torch.nn.functional.scaled_dot_product_attention on the cute_kernels ladder.
 
     q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv) (or all without B), fp16/bf16 on
@@ -407,20 +458,25 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p: float = 0.0
     to (B, H, S, D) are used in place). Returns out (B, Hq, Sq, Dv). `kernel`: "auto" or a rung
     name from `cute_kernels.attention.KERNELS`. window_size: None or (left, right), a sliding
     window in FlashAttention's convention (-1 for an unbounded side; with a causal mask right
-    must be -1 or 0; see the module docstring). Raises NotImplementedError for dropout and an
-    arbitrary dense attn_mask, and ValueError/TypeError for bad inputs, before any launch.
-    Differentiable in q, k and v (see the module docstring).
+    must be -1 or 0; see the module docstring). softcap: scores softcap * tanh(scale q.k /
+    softcap); sinks (Hq,): one logit per query head joining the softmax denominator
+    (`features`). return_lse: return (out, lse (B, Hq, Sq) fp32, natural log, including the
+    sinks; not differentiable). Raises NotImplementedError for dropout and an arbitrary dense
+    attn_mask, and ValueError/TypeError for bad inputs, before any launch.
+    Differentiable in q, k, v and sinks (see the module docstring).
     """
     if attn_mask is None and dropout_p.__class__ is float and dropout_p == 0.0 and is_causal.__class__ is bool:
         # the warm path: a plan of `attention_forward` for this signature, if none requires grad
-        sig = _plan_signature(q, k, v, "top_left" if is_causal else None, scale, enable_gqa, kernel, window_size)
-        if sig is not None and not (sig[0][-1] or sig[1][-1] or sig[2][-1]):
+        sig = _plan_signature(q, k, v, "top_left" if is_causal else None, scale, enable_gqa, kernel, window_size,
+                              softcap, sinks)
+        if sig is not None and not (sig[0][-1] or sig[1][-1] or sig[2][-1] or (sig[-1] is not None and sig[-1][-1])):
             try:
                 plan = _PLANS.get(sig)
             except TypeError:  # an unhashable option: the checks report it
                 plan = None
             if plan is not None:
-                return plan(q, k, v)[0]
+                out, lse = plan(q, k, v, sinks)
+                return (out, lse) if return_lse else out
     if not isinstance(dropout_p, numbers.Real) or isinstance(dropout_p, bool):
         raise TypeError(f"scaled_dot_product_attention: dropout_p must be a float, got {type(dropout_p).__name__}")
     if dropout_p != 0.0:
@@ -439,13 +495,16 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p: float = 0.0
         if want is not None and have != want:
             raise ValueError(f"scaled_dot_product_attention: the causal attn_mask is built for (Sq, Sk) = {have} but "
                              f"query and key have {want}")
-    tensors = [t for t in (q, k, v) if isinstance(t, torch.Tensor)]
+    tensors = [t for t in (q, k, v, sinks) if isinstance(t, torch.Tensor)]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, window_size=window_size)
+        problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, window_size=window_size,
+                               softcap=softcap, sinks=sinks)
         q4, k4, v4 = (t.unsqueeze(0) if t.dim() == 3 else t for t in (q, k, v))
         if problem.seqlen_k and problem.batch * problem.heads_q * problem.seqlen_q:
             _backward_rung(kernel, q4, k4, v4, problem)  # refuse before launching what cannot be differentiated
-        return _attention_function().apply(q, k, v, causal, scale, enable_gqa, kernel, window_size)
-    out, _ = attention_forward(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, window_size=window_size,
-                               kernel=kernel)
-    return out
+        out, lse = _attention_function().apply(q, k, v, sinks, causal, scale, enable_gqa, kernel, window_size,
+                                               softcap)
+    else:
+        out, lse = attention_forward(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa,
+                                     window_size=window_size, kernel=kernel, softcap=softcap, sinks=sinks)
+    return (out, lse) if return_lse else out

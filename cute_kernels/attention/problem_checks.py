@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 __all__ = ["MAX_GRID_YZ", "common_reason", "launch_scalars", "mask_flags", "window_scalars", "varlen_window_scalars",
-           "bottom_right_flag"]
+           "bottom_right_flag", "softcap_scalars"]
 
 # The launch grid puts heads and batch on y and z.
 MAX_GRID_YZ = 65535
@@ -77,3 +77,14 @@ def bottom_right_flag(problem) -> int:
     """1 when the diagonal is aligned bottom-right (varlen kernels then take each sequence's
     seqlen_k - seqlen_q as its base offset), else 0."""
     return 1 if problem.causal == "bottom_right" or (problem.causal is None and _windowed(problem)) else 0
+
+
+def softcap_scalars(problem) -> tuple[float, float]:
+    """(exponent scale, score scale) of a launch: the kernels' online softmax runs on raw scores
+    x with 2^(x * exponent scale * log2 e); with a soft cap c it runs on t = tanh(x * score
+    scale) instead, so (c, scale / c) (`softmax`); without one (scale, 1.0), the score scale
+    unused."""
+    softcap = getattr(problem, "softcap", None)
+    if softcap is None:
+        return problem.scale, 1.0
+    return softcap, problem.scale / softcap

@@ -11,6 +11,9 @@ and lse (B, Hq, Sq), fp32 natural-log log-sum-exp of the scaled scores, on torch
 stream. q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv) have unit head-dim stride.
 Optional launches: `varlen(...)` (packed sequences, `varlen.attention_varlen_forward`) and, for
 the `decode` rung, `supports_paged(problem)` / `paged(...)` (`paged.paged_decode`).
+Score features (`features`): a rung lists those its forward implements in `features` and
+declines the others in `supports`; a problem with sinks reaches `__call__` / `varlen` with a
+`sinks=` keyword (and `seqused_k=` for varlen), softcap through the problem.
 """
 
 from __future__ import annotations

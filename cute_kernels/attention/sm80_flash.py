@@ -22,6 +22,11 @@ Masks (`mask`): the sequence end; with `causal` the upper diagonal j <= i + caus
 that see no key give out 0 and lse -inf. The packed (varlen) launch reads each sequence's
 offsets on the device (`seqlen_info`) and aligns both diagonals per sequence.
 
+Score features (`features`): with `softcap` each S block becomes tanh(S * scale / c) before the
+mask (`softmax.apply_softcap`; the softmax then runs with scale_log2 = c log2 e); with `sinks`
+the head's sink logit joins every row's denominator in the epilogue; the varlen launch takes
+`seqused_k` (B,) int32, the number of keys each sequence uses (its Sk, alignment included).
+
 Layouts are computed with `cute_kernels.layouts` in `FlashSm80Layouts` (printable from the
 workbench) and converted with `runtime.to_cute` while tracing.
 """
@@ -39,13 +44,14 @@ from cute_kernels.layouts import Layout
 from cute_kernels.runtime import compile_kernel, to_cute, tvm_ffi_available
 
 from . import block_info, seqlen_info
-from .problem_checks import (bottom_right_flag, common_reason, launch_scalars, mask_flags, varlen_window_scalars,
-                             window_scalars)
+from .features import feature_reason
+from .problem_checks import (bottom_right_flag, common_reason, launch_scalars, mask_flags, softcap_scalars,
+                             varlen_window_scalars, window_scalars)
 from .sm80_blocks import (assume_aligned_rows, copy_layouts, gemm_rs, gemm_ss, load_rows, smem_atom_width,
                           smem_operand, smem_tile_layout, store_tile, transposed)
 from .fragments import accumulator_as_a, mn_view
 from .mask import apply_mask
-from .softmax import LOG2_E, OnlineSoftmax
+from .softmax import LOG2_E, OnlineSoftmax, apply_softcap
 
 __all__ = ["FlashSm80Config", "FlashSm80Layouts", "FlashAttentionSm80", "config_for", "HEAD_DIMS"]
 
@@ -64,6 +70,8 @@ class FlashSm80Config:
     local: whether a sliding window's lower bound is tested (its offset is a runtime value too);
     then every visited block is masked. block_m x block_n: the Q rows of a CTA x the K/V rows of
     one step; num_warps: warps per CTA, splitting the Q rows (each warp needs a multiple of 16 rows).
+    softcap: scores are soft-capped (runtime cap); sinks: a per-head sink logit joins each row's
+    denominator; seqused_k: (varlen) each sequence's key count comes from a seqused_k tensor.
     """
 
     head_dim: int = 128
@@ -73,6 +81,9 @@ class FlashSm80Config:
     block_n: int = 64
     num_warps: int = 4
     local: bool = False
+    softcap: bool = False
+    sinks: bool = False
+    seqused_k: bool = False
 
     def validate(self) -> "FlashSm80Config":
         d = self.head_dim
@@ -80,7 +91,7 @@ class FlashSm80Config:
             raise ValueError(f"FlashSm80Config.head_dim must be a multiple of 16 in [16, 256], got {d!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"FlashSm80Config.dtype must be one of {_DTYPES}, got {self.dtype!r}")
-        for name in ("causal", "local"):
+        for name in ("causal", "local", "softcap", "sinks", "seqused_k"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FlashSm80Config.{name} must be a bool, got {getattr(self, name)!r}")
         if self.num_warps not in (1, 2, 4, 8):
@@ -116,7 +127,7 @@ class FlashSm80Config:
         return 2 * self.head_dim * (self.block_m + 2 * self.block_n)
 
 
-def config_for(head_dim: int, dtype: str, causal: bool, local: bool = False) -> FlashSm80Config:
+def config_for(head_dim: int, dtype: str, causal: bool, local: bool = False, **features) -> FlashSm80Config:
     """The tile for a head dim, chosen so the SASS has no spills (checked by the variants):
     128 x 64 with 4 warps up to D = 64; at D = 128 the tiles below; 128 x 64 with 8 warps (16 Q
     rows per warp) for the other head dims up to 128 and for multiples of 32 above (at D = 256:
@@ -130,13 +141,17 @@ def config_for(head_dim: int, dtype: str, causal: bool, local: bool = False) -> 
     128 x 32 with 4 warps without a mask and 64 x 64 with 4 warps with one (128 x 32 spills
     80-108 bytes once a diagonal is tested; 128 x 64 with 4 warps spills 156-180 bytes). Against
     SDPA's FA2 backend on an H200 (B4 H16 S4096 and B4 H32 S2048, bf16): 0.95x / 0.98x and
-    causal 0.94x / 0.95x, where 128 x 64 with 8 warps measured 0.85x / 0.87x and 0.89x / 0.87x."""
+    causal 0.94x / 0.95x, where 128 x 64 with 8 warps measured 0.85x / 0.87x and 0.89x / 0.87x.
+    `features` (softcap, sinks, seqused_k: bools) keep the tile, except that a soft cap at D = 128
+    takes the masked tile and up to D = 64 eight warps (its tanh's registers)."""
     if head_dim == 128:
-        block_m, block_n, num_warps = (64, 64, 4) if causal or local else (128, 32, 4)
+        tight = causal or local or features.get("softcap", False)
+        block_m, block_n, num_warps = (64, 64, 4) if tight else (128, 32, 4)
         return FlashSm80Config(head_dim=head_dim, dtype=dtype, causal=causal, block_m=block_m, block_n=block_n,
-                               num_warps=num_warps, local=local).validate()
+                               num_warps=num_warps, local=local, **features).validate()
     if head_dim <= 64:
-        block_m, num_warps = 128, 4
+        # A soft cap's tanh spills 32 rows per warp (8 bytes at D = 64): 16 rows per warp then.
+        block_m, num_warps = 128, 8 if features.get("softcap", False) else 4
     elif head_dim <= 128 or head_dim % 32 == 0:
         block_m, num_warps = 128, 8
     else:
@@ -145,7 +160,7 @@ def config_for(head_dim: int, dtype: str, causal: bool, local: bool = False) -> 
     # whose 32-byte swizzle rows take 2 threads each).
     block_n = max(64, 32 * num_warps // (smem_atom_width(head_dim) // 8))
     return FlashSm80Config(head_dim=head_dim, dtype=dtype, causal=causal, block_m=block_m, block_n=block_n,
-                           num_warps=num_warps, local=local).validate()
+                           num_warps=num_warps, local=local, **features).validate()
 
 
 @dataclass(frozen=True)
@@ -200,13 +215,17 @@ class FlashAttentionSm80:
                  softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
                  qhead_per_kvhead: cutlass.Int32, stream, mCuSeqlensQ: cute.Tensor | None = None,
                  mCuSeqlensK: cute.Tensor | None = None, num_sequences: cutlass.Int32 | None = None,
-                 max_seqlen_q: cutlass.Int32 | None = None, bottom_right: cutlass.Int32 | None = None):
+                 max_seqlen_q: cutlass.Int32 | None = None, bottom_right: cutlass.Int32 | None = None,
+                 score_scale: cutlass.Float32 | None = None, mSinks: cute.Tensor | None = None,
+                 mSeqUsedK: cute.Tensor | None = None):
         """Launch over (q tiles, heads, batch). Row i sees keys j <= i + causal_offset (when
         `causal`) and j >= i + offset_lo (when `local`). Varlen (the cu_seqlens given): q/k/v/o
         are the packed (T, H, D) tensors viewed (1, H, T, D), lse (H, T) viewed (1, H, T); the
         grid is (q tiles of max_seqlen_q, heads, num_sequences), and both offsets are then
         relative to each sequence's base, bottom_right * (Sk_b - Sq_b) (bottom_right: 0 or 1),
-        i.e. causal_offset = window_right and offset_lo = -window_left."""
+        i.e. causal_offset = window_right and offset_lo = -window_left. Features: softmax_scale
+        and score_scale are `problem_checks.softcap_scalars` (with `softcap`); mSinks (Hq,) fp32
+        (with `sinks`); mSeqUsedK (B,) int32 (varlen, with `seqused_k`)."""
         c = self.config
         # The host checked every non-unit stride is a multiple of 8 elements (16 bytes), so each
         # row of every tile starts 16-byte aligned: tell the compiler, or no 128-bit access.
@@ -237,8 +256,8 @@ class FlashAttentionSm80:
         else:
             grid = (cute.ceil_div(max_seqlen_q, c.block_m), mQ.shape[1], num_sequences)
         self.kernel(mQ, mK, mV, mO, mLSE, softmax_scale * LOG2_E, causal_offset, offset_lo, qhead_per_kvhead,
-                    gmem_load, gmem_store, tiled_mma, SharedStorage, mCuSeqlensQ, mCuSeqlensK, bottom_right).launch(
-            grid=grid, block=[c.threads, 1, 1], stream=stream)
+                    gmem_load, gmem_store, tiled_mma, SharedStorage, mCuSeqlensQ, mCuSeqlensK, bottom_right,
+                    score_scale, mSinks, mSeqUsedK).launch(grid=grid, block=[c.threads, 1, 1], stream=stream)
 
     # ---- device side ---------------------------------------------------------------------------
 
@@ -247,7 +266,8 @@ class FlashAttentionSm80:
                scale_log2: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
                qhead_per_kvhead: cutlass.Int32, gmem_load: cute.TiledCopy, gmem_store: cute.TiledCopy,
                tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr, mCuSeqlensQ: cute.Tensor | None,
-               mCuSeqlensK: cute.Tensor | None, bottom_right: cutlass.Int32 | None):
+               mCuSeqlensK: cute.Tensor | None, bottom_right: cutlass.Int32 | None,
+               score_scale: cutlass.Float32 | None, mSinks: cute.Tensor | None, mSeqUsedK: cute.Tensor | None):
         c = self.config
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
@@ -260,6 +280,8 @@ class FlashAttentionSm80:
         else:
             info = seqlen_info.varlen_seqlens(mCuSeqlensQ, mCuSeqlensK, batch)
             seqlen_q, seqlen_k = info.seqlen_q, info.seqlen_k
+            if cutlass.const_expr(self.config.seqused_k):
+                seqlen_k = mSeqUsedK[batch]  # the host checked it is within the sequence's rows
             base = bottom_right * (seqlen_k - seqlen_q)
             causal_offset, offset_lo = causal_offset + base, offset_lo + base
             mQ_s = cute.domain_offset((info.offset_q, 0), mQ[0, head, None, None])
@@ -326,16 +348,19 @@ class FlashAttentionSm80:
         for i in cutlass.range(n_masked, unroll=1):
             self.compute_block(n_block_max - 1 - i, True, m_block, seqlen_k, offsets, gmem_load,
                                tKgK, tKsK, tVgV, tVsV, tKVcKV, tiled_mma, thr_mma, frags,
-                               acc_o, t_coord_s, softmax)
+                               acc_o, t_coord_s, softmax, score_scale)
         if cutlass.const_expr(not c.local):
             for i in cutlass.range(n_unmasked_end, unroll=1):
                 self.compute_block(n_unmasked_end - 1 - i, False, m_block, seqlen_k, offsets, gmem_load,
                                    tKgK, tKsK, tVgV, tVsV, tKVcKV, tiled_mma, thr_mma, frags,
-                                   acc_o, t_coord_s, softmax)
+                                   acc_o, t_coord_s, softmax, score_scale)
 
         # ---- epilogue ----
         lse = cute.make_rmem_tensor((softmax.num_rows,), cutlass.Float32)
-        softmax.finalize(mn_view(acc_o), lse)
+        sink_log2 = None
+        if cutlass.const_expr(c.sinks):
+            sink_log2 = mSinks[head] * LOG2_E
+        softmax.finalize(mn_view(acc_o), lse, sink_log2)
         self.store_lse(mLSE_s, lse, t_coord_s, m_block * c.block_m, seqlen_q, tidx)
         # Q's buffer stages O: every warp is past its last S GEMM (store_tile synchronizes first).
         gO = cute.local_tile(mO_s, (c.block_m, c.head_dim), (m_block, 0))
@@ -347,7 +372,7 @@ class FlashAttentionSm80:
                       seqlen_k: cutlass.Int32, offsets, gmem_load: cute.TiledCopy,
                       tKgK: cute.Tensor, tKsK: cute.Tensor, tVgV: cute.Tensor, tVsV: cute.Tensor,
                       tKVcKV: cute.Tensor, tiled_mma: cute.TiledMma, thr_mma, frags, acc_o: cute.Tensor,
-                      t_coord_s: cute.Tensor, softmax: OnlineSoftmax):
+                      t_coord_s: cute.Tensor, softmax: OnlineSoftmax, score_scale: cutlass.Float32 | None):
         """One K/V block: S = Q K^T, mask, online softmax, O += P V^T, with the copies overlapped.
         offsets: (causal_offset, offset_lo, n_block_min), the mask's diagonals and the last block."""
         c = self.config
@@ -376,6 +401,8 @@ class FlashAttentionSm80:
         cute.arch.cp_async_commit_group()
 
         acc_s_mn = mn_view(acc_s)
+        if cutlass.const_expr(c.softcap):
+            apply_softcap(acc_s, score_scale)
         if cutlass.const_expr(masked):
             apply_mask(acc_s_mn, t_coord_s, m_block * c.block_m, n_block * c.block_n, seqlen_k, causal_offset,
                        c.causal, offset_lo, c.local)
@@ -407,14 +434,25 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = F
 
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
-    config = replace(config_for(head_dim, dtype, causal, local), **tile).validate()
+    features = {name: tile.pop(name) for name in ("softcap", "sinks", "seqused_k") if name in tile}
+    config = replace(config_for(head_dim, dtype, causal, local, **features), **tile).validate()
     t = _CUTLASS[dtype]
     # Strides without divisibility, as `from_torch` gives them: the kernel asserts it itself.
     qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(4)]
     lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
     args = (*qkvo, lse, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(0), cutlass.Int32(0),
-            cutlass.Int32(1), fake_stream())
+            cutlass.Int32(1), fake_stream(), None, None, None, None, None, *_fake_features(config))
     return CompileJob(FlashAttentionSm80(config), args, ("attention.sm80_flash", config))
+
+
+def _fake_features(config) -> tuple:
+    """The feature arguments of a build: the score scale, fake (Hq,) fp32 sinks and (B,) int32
+    seqused_k where the config has them, else None."""
+    from cute_kernels.runtime import fake_tensor
+
+    sinks = fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=4) if config.sinks else None
+    used = fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4) if config.seqused_k else None
+    return cutlass.Float32(1.0), sinks, used
 
 
 def build_varlen_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False, local: bool = False,
@@ -425,13 +463,15 @@ def build_varlen_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: b
 
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
-    config = replace(config_for(head_dim, dtype, causal, local), **tile).validate()
+    features = {name: tile.pop(name) for name in ("softcap", "sinks", "seqused_k") if name in tile}
+    config = replace(config_for(head_dim, dtype, causal, local, **features), **tile).validate()
     t = _CUTLASS[dtype]
     qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(4)]
     lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
     cu = [fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4) for _ in range(2)]
     args = (*qkvo, lse, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(0), cutlass.Int32(0),
-            cutlass.Int32(1), fake_stream(), *cu, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1))
+            cutlass.Int32(1), fake_stream(), *cu, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
+            *_fake_features(config))
     return CompileJob(FlashAttentionSm80(config), args, ("attention.sm80_flash.varlen", config))
 
 
@@ -443,6 +483,12 @@ VARIANT_CONFIGS = {
         (256, "bfloat16", True, False), (128, "bfloat16", True, True), (256, "bfloat16", True, True),
     )
 }
+# Score features: soft-capped scores and sinks.
+VARIANT_CONFIGS["d128_bfloat16_causal_softcap_sinks"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True,
+                                                         "softcap": True, "sinks": True}
+VARIANT_CONFIGS["d128_float16_softcap"] = {"head_dim": 128, "dtype": "float16", "softcap": True}
+VARIANT_CONFIGS["d256_bfloat16_softcap_sinks"] = {"head_dim": 256, "dtype": "bfloat16", "softcap": True,
+                                                  "sinks": True}
 
 
 def _register() -> None:
@@ -453,7 +499,10 @@ def _register() -> None:
     register_variant("attention.sm80_flash_varlen", build_varlen_variant,
                      configs={"d128_bfloat16_causal": {"head_dim": 128, "dtype": "bfloat16", "causal": True},
                               "d128_bfloat16_causal_local": {"head_dim": 128, "dtype": "bfloat16", "causal": True,
-                                                             "local": True}},
+                                                             "local": True},
+                              "d128_bfloat16_causal_softcap_sinks_seqused": {
+                                  "head_dim": 128, "dtype": "bfloat16", "causal": True, "softcap": True,
+                                  "sinks": True, "seqused_k": True}},
                      requires={"HMMA", "LDSM", "LDGSTS"})
 
 
@@ -468,6 +517,8 @@ class Sm80FlashRung:
 
     name = "sm80_flash"
     min_capability = (8, 0)
+    # Score features (`features.FEATURES`) the forward kernel implements (seqused_k: varlen only).
+    features = ("softcap", "sinks", "seqused_k")
 
     @property
     def dtypes(self):
@@ -476,7 +527,7 @@ class Sm80FlashRung:
         return (torch.float16, torch.bfloat16)
 
     def supports(self, q, k, v, problem) -> str | None:
-        why = common_reason(problem, self.dtypes)
+        why = common_reason(problem, self.dtypes) or feature_reason(problem, self.features)
         if why is not None:
             return why
         for name, t in (("q", q), ("k", k), ("v", v)):
@@ -490,20 +541,24 @@ class Sm80FlashRung:
         return None
 
     def launch_plan(self, problem):
-        """`launch(q, k, v, out, lse)`: the TVM-FFI forward of `problem`'s config with its scalars
-        bound (compiled on first use), or None without TVM-FFI. It reads torch's current stream
-        at each call and takes tensors that do not require grad; `problem` must be supported."""
-        if not tvm_ffi_available():
+        """`launch(q, k, v, out, lse, sinks=None)`: the TVM-FFI forward of `problem`'s config with
+        its scalars bound (compiled on first use), or None without TVM-FFI. It reads torch's
+        current stream at each call and takes tensors that do not require grad, sinks a
+        contiguous (Hq,) fp32 tensor when the problem has them; `problem` must be supported
+        (dense: no seqused_k)."""
+        if not tvm_ffi_available() or problem.seqused_k:
             return None
         config = _config_for_problem(problem)
         fn = _COMPILED.get(config)
         if fn is None:
             fn = _compile_tvm_ffi(config)
-        scale, offset, group = launch_scalars(problem)
+        _, offset, group = launch_scalars(problem)
+        scale, score_scale = softcap_scalars(problem)
         offset_lo, _ = window_scalars(problem)
-        # The varlen parameters (cu_seqlens, counts, alignment) are part of the signature, None here.
-        return lambda q, k, v, out, lse: fn(q, k, v, out, lse, scale, offset, offset_lo, group,
-                                            None, None, None, None, None)
+        # The varlen parameters (cu_seqlens, counts, alignment, seqused_k) are part of the
+        # signature, None here.
+        return lambda q, k, v, out, lse, sinks=None: fn(q, k, v, out, lse, scale, offset, offset_lo, group,
+                                                        None, None, None, None, None, score_scale, sinks, None)
 
     def supports_backward(self, problem) -> str | None:
         from .sm80_flash_bwd_launch import supports_backward
@@ -517,46 +572,51 @@ class Sm80FlashRung:
         return backward(dout, q, k, v, out, lse, problem)
 
     def varlen_backward(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
-                        max_seqlen_k: int, problem):
+                        max_seqlen_k: int, problem, seqused_k=None):
         """(dq, dk, dv) of the packed forward (`varlen`): dout, out (Tq, Hq, D), lse (Hq, Tq) as
         `varlen` wrote them; see `sm80_flash_bwd_launch.varlen_backward`."""
         from .sm80_flash_bwd_launch import varlen_backward
 
         return varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               problem)
+                               problem, seqused_k=seqused_k)
 
-    def __call__(self, q, k, v, out, lse, problem):
-        """Write out (B, Hq, Sq, D) and lse (B, Hq, Sq) fp32 on torch's current stream.
+    def __call__(self, q, k, v, out, lse, problem, sinks=None):
+        """Write out (B, Hq, Sq, D) and lse (B, Hq, Sq) fp32 on torch's current stream; sinks:
+        the problem's (Hq,) sink logits (any float dtype: passed on as fp32).
 
         With TVM-FFI (`runtime.tvm_ffi_available()`) the compiled function takes the torch tensors
         themselves and reads torch's current stream; otherwise each tensor is wrapped with
         `from_torch`. Either way a warm call builds no kernel object and derives no layout."""
+        sinks = _sinks_fp32(sinks, problem)
         launch = self.launch_plan(problem)
         if launch is not None:
             if q.requires_grad or k.requires_grad or v.requires_grad:
                 # DLPack export refuses tensors that require grad; a detached alias shares the storage.
                 q, k, v = q.detach(), k.detach(), v.detach()
-            launch(q, k, v, out, lse)
+            launch(q, k, v, out, lse, sinks)
             return out, lse
         from cute_kernels.runtime import current_stream, from_torch
 
         config = _config_for_problem(problem)
-        scale, offset, group = launch_scalars(problem)
+        _, offset, group = launch_scalars(problem)
         offset_lo, _ = window_scalars(problem)
         kernel = _kernel_for(config)
         tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in (q, k, v, out)]
         tensors.append(from_torch(lse, assumed_align=4, leading_dim=2))
+        scale, score_scale = softcap_scalars(problem)
         args = (*tensors, cutlass.Float32(scale), cutlass.Int32(offset), cutlass.Int32(offset_lo),
                 cutlass.Int32(group))
+        tail = (None, None, None, None, None, *_feature_args(problem, score_scale, sinks, None))
         stream = current_stream()
-        compiled = compile_kernel(kernel, *args, stream, key=("attention.sm80_flash", config))
-        compiled(*args, stream)
+        compiled = compile_kernel(kernel, *args, stream, *tail, key=("attention.sm80_flash", config))
+        compiled(*args, stream, *tail)
         return out, lse
 
-    def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, out, lse, problem):
+    def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, out, lse, problem, sinks=None,
+               seqused_k=None):
         """The packed (varlen) forward: q (Tq, Hq, D), k/v (Tk, Hkv, D), out (Tq, Hq, D),
-        lse (Hq, Tq) fp32, int32 cu_seqlens (B + 1,) already validated by the caller
-        (`varlen.attention_varlen_forward`); causal alignment and window per sequence."""
+        lse (Hq, Tq) fp32, int32 cu_seqlens (B + 1,) (and seqused_k (B,)) already validated by
+        the caller (`varlen.attention_varlen_forward`); causal alignment and window per sequence."""
         from cute_kernels.runtime import current_stream, from_torch
 
         config = _config_for_problem(problem)
@@ -567,10 +627,12 @@ class Sm80FlashRung:
         tensors.append(from_torch(lse.unsqueeze(0), assumed_align=4, leading_dim=2))
         cu = [from_torch(t, assumed_align=4, leading_dim=0) for t in (cu_seqlens_q, cu_seqlens_k)]
         window_left, window_right = varlen_window_scalars(problem)
-        args = (*tensors, cutlass.Float32(problem.scale), cutlass.Int32(window_right), cutlass.Int32(-window_left),
+        scale, score_scale = softcap_scalars(problem)
+        args = (*tensors, cutlass.Float32(scale), cutlass.Int32(window_right), cutlass.Int32(-window_left),
                 cutlass.Int32(problem.heads_q // problem.heads_kv))
         tail = (*cu, cutlass.Int32(problem.batch), cutlass.Int32(max_seqlen_q),
-                cutlass.Int32(bottom_right_flag(problem)))
+                cutlass.Int32(bottom_right_flag(problem)),
+                *_feature_args(problem, score_scale, _sinks_fp32(sinks, problem), seqused_k))
         stream = current_stream()
         compiled = compile_kernel(kernel, *args, stream, *tail, key=("attention.sm80_flash.varlen", config))
         compiled(*args, stream, *tail)
@@ -593,14 +655,36 @@ def _kernel_for(config: FlashSm80Config) -> FlashAttentionSm80:
 
 
 def _config_for_problem(problem) -> FlashSm80Config:
-    """`config_for` the problem's head dim, dtype and mask flags (`mask_flags`: the upper diagonal
-    for causality or a right window bound, the lower one for a left bound), built once each."""
+    """`config_for` the problem's head dim, dtype, mask flags (`mask_flags`: the upper diagonal
+    for causality or a right window bound, the lower one for a left bound) and score features,
+    built once each."""
     upper, local = mask_flags(problem)
-    key = (problem.head_dim, problem.dtype, upper, local)
+    features = (problem.softcap is not None, problem.sinks, problem.seqused_k)
+    key = (problem.head_dim, problem.dtype, upper, local, features)
     config = _CONFIGS.get(key)
     if config is None:
-        config = _CONFIGS[key] = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), upper, local)
+        config = _CONFIGS[key] = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), upper, local,
+                                            **dict(zip(("softcap", "sinks", "seqused_k"), features)))
     return config
+
+
+def _sinks_fp32(sinks, problem):
+    """The sinks as the kernels read them (contiguous fp32), or None without them."""
+    if not problem.sinks:
+        return None
+    import torch
+
+    if sinks is None:
+        raise ValueError(f"the problem has sinks but none were passed ({problem.describe()})")
+    return sinks.detach().to(torch.float32).contiguous()
+
+
+def _feature_args(problem, score_scale: float, sinks, seqused_k) -> tuple:
+    """(score scale, sinks, seqused_k) as DSL arguments (the tensors None where absent)."""
+    from cute_kernels.runtime import from_torch
+
+    wrap = lambda t: None if t is None else from_torch(t, assumed_align=4, leading_dim=0)  # noqa: E731
+    return cutlass.Float32(score_scale), wrap(sinks), wrap(seqused_k if problem.seqused_k else None)
 
 
 def _compile_tvm_ffi(config: FlashSm80Config):
@@ -616,8 +700,8 @@ def _compile_tvm_ffi(config: FlashSm80Config):
     qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(4)]
     lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
     fn = compile_kernel(_kernel_for(config), *qkvo, lse, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0),
-                        cutlass.Int32(1), fake_stream(tvm_ffi_env_stream=True),
-                        key=("attention.sm80_flash", "tvm_ffi", config),
+                        cutlass.Int32(1), fake_stream(tvm_ffi_env_stream=True), None, None, None, None, None,
+                        *_fake_features(config), key=("attention.sm80_flash", "tvm_ffi", config),
                         options=TVM_FFI_OPTION)
     _COMPILED[config] = fn
     return fn

@@ -27,6 +27,12 @@ dQ is computed by its own pass instead of fp32 atomics from the dK/dV pass: dete
 the price of recomputing S and dP once more. D is computed on the host side (one fused torch
 reduction), and rows the forward left empty (lse = -inf) enter with lse = +inf, so their P is 0.
 Loads are not overlapped with compute here (one K/V or Q/dO tile in flight at a time).
+
+Score features (`features`): with `softcap` (the cap c a runtime argument) S is recomputed as
+t = tanh(S * scale / c) before the mask, as the forward does, then P = 2^(t c log2 e - lse2)
+and dS = P (dP - D) (1 - t^2), the tanh's derivative, in the elementwise pass that holds t
+anyway (a masked t of -inf gives P = 0 and a factor of 0); sinks need nothing here (the
+forward's lse includes them); varlen's `seqused_k` sets each sequence's key count.
 The host side (supports_backward, backward, varlen_backward) is `sm80_flash_bwd_launch`.
 """
 
@@ -45,7 +51,7 @@ from .fragments import accumulator_as_a, mn_view
 from .mask import apply_causal_mask_kq, apply_mask, apply_window_mask_kq
 from .sm80_blocks import (assume_aligned_rows, copy_layouts, gemm_rs, gemm_ss, load_rows, smem_atom_width,
                           smem_operand, smem_tile_layout, store_tile, transposed)
-from .softmax import LOG2_E
+from .softmax import LOG2_E, apply_softcap
 
 __all__ = ["FlashSm80BwdConfig", "bwd_config_for", "FlashAttentionSm80BwdDQ", "FlashAttentionSm80BwdDKDV",
            "supports_backward", "backward", "varlen_backward"]
@@ -64,7 +70,9 @@ class FlashSm80BwdConfig:
     a score row, so a score fragment is the next GEMM's A operand in place). col_warps > 1 adds
     warps that split the head dim of the gradient GEMMs (dQ += dS K, dV += P^T dO, dK += dS^T Q):
     each fp32 accumulator then takes 1/col_warps of the registers, at the price of every score
-    tile being computed col_warps times (once per column group of warps)."""
+    tile being computed col_warps times (once per column group of warps).
+    softcap: scores are soft-capped (`features`); seqused_k: (varlen) each sequence's key count
+    comes from a seqused_k tensor."""
 
     head_dim: int = 128
     dtype: str = "bfloat16"
@@ -75,6 +83,8 @@ class FlashSm80BwdConfig:
     num_warps: int = 4
     local: bool = False
     col_warps: int = 1
+    softcap: bool = False
+    seqused_k: bool = False
 
     def validate(self) -> "FlashSm80BwdConfig":
         d = self.head_dim
@@ -82,7 +92,7 @@ class FlashSm80BwdConfig:
             raise ValueError(f"FlashSm80BwdConfig.head_dim must be a multiple of 16 in [16, 256], got {d!r}")
         if self.dtype not in _CUTLASS:
             raise ValueError(f"FlashSm80BwdConfig.dtype must be one of {tuple(_CUTLASS)}, got {self.dtype!r}")
-        for name in ("causal", "local"):
+        for name in ("causal", "local", "softcap", "seqused_k"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FlashSm80BwdConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.num_warps not in (1, 2, 4, 8):
@@ -114,27 +124,30 @@ class FlashSm80BwdConfig:
         return 32 * self.num_warps
 
 
-def bwd_config_for(head_dim: int, dtype: str, causal: bool, local: bool = False) -> FlashSm80BwdConfig:
+def bwd_config_for(head_dim: int, dtype: str, causal: bool, local: bool = False, softcap: bool = False,
+                   seqused_k: bool = False) -> FlashSm80BwdConfig:
     """Tiles chosen so the SASS has no spills (checked by the variants). Up to D = 128: 64 x 64
     tiles with 4 warps (each warp: 16 rows of the tile it owns); at D > 64 dK and dV take
     2 x D/2 fp32 registers per thread, so the dK/dV pass steps over fewer Q rows (32, and 16 with
     a mask's extra live values). Above D = 128 the accumulators alone would pass the 255
     registers a thread has, so 4 more warps split the head dim (col_warps = 2, 256 threads; as
-    FlashAttention-2's 8 warps at D = 256): each accumulator takes D/4 registers per thread."""
-    masked = causal or local
+    FlashAttention-2's 8 warps at D = 256): each accumulator takes D/4 registers per thread.
+    A soft cap counts as a mask here (its tanh holds values live the same way)."""
+    masked = causal or local or softcap
+    features = {"softcap": softcap, "seqused_k": seqused_k}
     if head_dim <= 128:
         dkdv_block_m = 64 if head_dim <= 64 else (16 if masked else 32)
         # ... but at least the rows one copy pass moves (64 at D = 80 or 112, whose 32-byte
         # swizzle rows take 2 threads each).
         dkdv_block_m = max(dkdv_block_m, 128 // (smem_atom_width(head_dim) // 8))
         return FlashSm80BwdConfig(head_dim=head_dim, dtype=dtype, causal=causal, local=local,
-                                  dkdv_block_m=dkdv_block_m).validate()
+                                  dkdv_block_m=dkdv_block_m, **features).validate()
     # D = 160 and 224 (a 32-column tile, interleaved between the two warp groups) keep 8 to 16
     # bytes of spills in some mask variants, outside the inner loop; 192 and 256 have none.
     col_warps = 2 if head_dim % 32 == 0 else 1
     dkdv_block_m = max(32, 32 * 4 * col_warps // (smem_atom_width(head_dim) // 8))
     return FlashSm80BwdConfig(head_dim=head_dim, dtype=dtype, causal=causal, local=local, block_m=64, block_n=64,
-                              dkdv_block_m=dkdv_block_m, col_warps=col_warps).validate()
+                              dkdv_block_m=dkdv_block_m, col_warps=col_warps, **features).validate()
 
 
 def _permute_width(head_dim: int) -> int:
@@ -166,30 +179,42 @@ def _copies(dtype, threads: int, head_dim: int):
 
 
 @cute.jit
+def _p_and_ds(s: cutlass.Float32, dp: cutlass.Float32, lse2: cutlass.Float32, d_val: cutlass.Float32,
+              scale_log2: cutlass.Float32, capped: cutlass.Constexpr):
+    """(P, dS) of one (masked) score s: P = 2^(s * scale_log2 - lse2), dS = P (dp - D); when
+    `capped`, s is the soft cap's t = tanh(...) (-inf where masked) and dS carries the tanh's
+    derivative (1 - t^2), with t clamped at -1 so that a masked entry's factor is 0, not -inf
+    (its P is 0; a NaN t still reaches dS through P)."""
+    p = cute.math.exp2(s * scale_log2 - lse2, fastmath=True)
+    ds = p * (dp - d_val)
+    if cutlass.const_expr(capped):
+        t = cute.arch.fmax(s, cutlass.Float32(-1.0))
+        ds = ds * (cutlass.Float32(1.0) - t * t)
+    return p, ds
+
+
+@cute.jit
 def _dsoftmax(s_mn: cute.Tensor, dp_mn: cute.Tensor, lse2, d_vals, scale_log2: cutlass.Float32,
-              per_row: cutlass.Constexpr):
-    """In place: s -> P = 2^(s * scale_log2 - lse2), dp -> dS = P * (dp - D). lse2 (log2-domain
-    lse) and d_vals are indexed by row (per_row) or by column of the (rows, cols) views."""
+              per_row: cutlass.Constexpr, capped: cutlass.Constexpr = False):
+    """In place: s -> P = 2^(s * scale_log2 - lse2), dp -> dS = P * (dp - D) (`_p_and_ds`).
+    lse2 (log2-domain lse) and d_vals are indexed by row (per_row) or by column of the
+    (rows, cols) views."""
     for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
         for c in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
             i = r if cutlass.const_expr(per_row) else c
-            p = cute.math.exp2(s_mn[r, c] * scale_log2 - lse2[i], fastmath=True)
-            s_mn[r, c] = p
-            dp_mn[r, c] = p * (dp_mn[r, c] - d_vals[i])
+            s_mn[r, c], dp_mn[r, c] = _p_and_ds(s_mn[r, c], dp_mn[r, c], lse2[i], d_vals[i], scale_log2, capped)
 
 
 @cute.jit
 def _dsoftmax_cols(s_mn: cute.Tensor, dp_mn: cute.Tensor, coord_mn: cute.Tensor, s_lse2: cute.Tensor,
-                   s_d: cute.Tensor, scale_log2: cutlass.Float32):
+                   s_d: cute.Tensor, scale_log2: cutlass.Float32, capped: cutlass.Constexpr = False):
     """`_dsoftmax` of a transposed tile (columns = query rows), lse2 and D read per column from
     shared memory (s_lse2, s_d indexed by the tile-local column `coord_mn` gives)."""
     for c in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
         col = coord_mn[0, c][1]
         lse2, d_val = s_lse2[col], s_d[col]
         for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
-            p = cute.math.exp2(s_mn[r, c] * scale_log2 - lse2, fastmath=True)
-            s_mn[r, c] = p
-            dp_mn[r, c] = p * (dp_mn[r, c] - d_val)
+            s_mn[r, c], dp_mn[r, c] = _p_and_ds(s_mn[r, c], dp_mn[r, c], lse2, d_val, scale_log2, capped)
 
 
 def _to(t: cute.Tensor, dtype) -> cute.Tensor:
@@ -198,15 +223,28 @@ def _to(t: cute.Tensor, dtype) -> cute.Tensor:
     return r
 
 
-def _sequence(mCuSeqlensQ, mCuSeqlensK, batch, seqlen_q, seqlen_k, causal_offset, offset_lo, bottom_right):
+def _sequence(mCuSeqlensQ, mCuSeqlensK, batch, seqlen_q, seqlen_k, causal_offset, offset_lo, bottom_right,
+              mSeqUsedK=None):
     """(seqlen_q, seqlen_k, causal_offset, offset_lo, offset_q, offset_k) of this CTA's sequence:
-    the tensors' own lengths for a dense launch, else read from cu_seqlens, with both offsets
-    moved by the sequence's base bottom_right * (Sk_b - Sq_b)."""
+    the tensors' own lengths for a dense launch, else read from cu_seqlens (the key count from
+    mSeqUsedK when given), with both offsets moved by the sequence's base bottom_right * (Sk_b -
+    Sq_b)."""
     if cutlass.const_expr(mCuSeqlensQ is None):
         return seqlen_q, seqlen_k, causal_offset, offset_lo, 0, 0
     info = seqlen_info.varlen_seqlens(mCuSeqlensQ, mCuSeqlensK, batch)
-    base = bottom_right * (info.seqlen_k - info.seqlen_q)
-    return info.seqlen_q, info.seqlen_k, causal_offset + base, offset_lo + base, info.offset_q, info.offset_k
+    seqlen_k = info.seqlen_k
+    if cutlass.const_expr(mSeqUsedK is not None):
+        seqlen_k = mSeqUsedK[batch]
+    base = bottom_right * (seqlen_k - info.seqlen_q)
+    return info.seqlen_q, seqlen_k, causal_offset + base, offset_lo + base, info.offset_q, info.offset_k
+
+
+def _scales(config, softmax_scale, softcap):
+    """(scale_log2, score_scale or None): the exponent's scale and, with a soft cap, the
+    pre-tanh one (`problem_checks.softcap_scalars`)."""
+    if cutlass.const_expr(config.softcap):
+        return softcap * LOG2_E, softmax_scale / softcap
+    return softmax_scale * LOG2_E, None
 
 
 def _rows(t: cute.Tensor, batch, head, offset, varlen: bool) -> cute.Tensor:
@@ -247,10 +285,12 @@ class FlashAttentionSm80BwdDQ:
                  offset_lo: cutlass.Int32, qhead_per_kvhead: cutlass.Int32, stream,
                  mCuSeqlensQ: cute.Tensor | None = None, mCuSeqlensK: cute.Tensor | None = None,
                  num_sequences: cutlass.Int32 | None = None, max_seqlen_q: cutlass.Int32 | None = None,
-                 bottom_right: cutlass.Int32 | None = None):
+                 bottom_right: cutlass.Int32 | None = None, softcap: cutlass.Float32 | None = None,
+                 mSeqUsedK: cute.Tensor | None = None):
         """Launch over (Q blocks, query heads, batch). Varlen (cu_seqlens given): the tensors
         are packed (1, H, T, ...) views and the offsets relative to each sequence's base, as in
-        `FlashAttentionSm80`."""
+        `FlashAttentionSm80`. softcap: the cap c (with `config.softcap`); mSeqUsedK (B,) int32
+        (varlen, with `config.seqused_k`)."""
         c = self.config
         mQ, mK, mV, mdO, mdQ = [assume_aligned_rows(t) for t in (mQ, mK, mV, mdO, mdQ)]
         q_layout, kv_layout = to_cute(self.smem_q_layout), to_cute(self.smem_kv_layout)
@@ -267,7 +307,8 @@ class FlashAttentionSm80BwdDQ:
         self.kernel(mQ, mK, mV, mdO, mLSE, mD, mdQ, softmax_scale, causal_offset, offset_lo, qhead_per_kvhead,
                     gmem_load, gmem_store, _tiled_mma(self.dtype, c.num_warps),
                     _tiled_mma(self.dtype, c.num_warps, c.col_warps, _permute_width(c.head_dim)), SharedStorage,
-                    mCuSeqlensQ, mCuSeqlensK, bottom_right).launch(grid=(tiles, mQ.shape[1], batches), block=[c.threads, 1, 1], stream=stream)
+                    mCuSeqlensQ, mCuSeqlensK, bottom_right, softcap, mSeqUsedK).launch(
+            grid=(tiles, mQ.shape[1], batches), block=[c.threads, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor,
@@ -275,14 +316,15 @@ class FlashAttentionSm80BwdDQ:
                offset_lo: cutlass.Int32, qhead_per_kvhead: cutlass.Int32, gmem_load: cute.TiledCopy,
                gmem_store: cute.TiledCopy, mma_s: cute.TiledMma, mma_acc: cute.TiledMma,
                SharedStorage: cutlass.Constexpr, mCuSeqlensQ: cute.Tensor | None, mCuSeqlensK: cute.Tensor | None,
-               bottom_right: cutlass.Int32 | None):
+               bottom_right: cutlass.Int32 | None, softcap: cutlass.Float32 | None, mSeqUsedK: cute.Tensor | None):
         c = self.config
         varlen = mCuSeqlensQ is not None
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         kv_head = head // qhead_per_kvhead
         seqlen_q, seqlen_k, causal_offset, offset_lo, offset_q, offset_k = _sequence(
-            mCuSeqlensQ, mCuSeqlensK, batch, mQ.shape[2], mK.shape[2], causal_offset, offset_lo, bottom_right)
+            mCuSeqlensQ, mCuSeqlensK, batch, mQ.shape[2], mK.shape[2], causal_offset, offset_lo, bottom_right,
+            mSeqUsedK)
         n_block_max, n_unmasked_end = block_info.n_block_range(
             m_block, seqlen_q, seqlen_k, causal_offset, block_m=c.block_m, block_n=c.block_n, causal=c.causal,
             minimum=cutlass.min, maximum=cutlass.max)
@@ -347,17 +389,17 @@ class FlashAttentionSm80BwdDQ:
                 lse2[r] = g_lse[row] * LOG2_E
                 d_rows[r] = g_d[row]
 
-        scale_log2 = softmax_scale * LOG2_E
+        scale_log2, score_scale = _scales(c, softmax_scale, softcap)
         offsets = (causal_offset, offset_lo)
         for i in cutlass.range(n_masked, unroll=1):
             self.dq_block(n_block_max - 1 - i, True, m_block, seqlen_k, offsets, gmem_load, tKgK, tKsK,
                           tVgV, tVsV, tKVcKV, mma_s, thr_mma_s, mma_acc, frags, acc_dq, t_coord_s, lse2, d_rows,
-                          scale_log2)
+                          scale_log2, score_scale)
         if cutlass.const_expr(not c.local):
             for i in cutlass.range(n_unmasked_end, unroll=1):
                 self.dq_block(n_unmasked_end - 1 - i, False, m_block, seqlen_k, offsets, gmem_load, tKgK, tKsK,
                               tVgV, tVsV, tKVcKV, mma_s, thr_mma_s, mma_acc, frags, acc_dq, t_coord_s, lse2, d_rows,
-                              scale_log2)
+                              scale_log2, score_scale)
 
         acc_dq.store(acc_dq.load() * softmax_scale)
         g_dq = cute.local_tile(_rows(mdQ, batch, head, offset_q, varlen), tile_q, (m_block, 0))
@@ -368,9 +410,10 @@ class FlashAttentionSm80BwdDQ:
                  seqlen_k: cutlass.Int32, offsets, gmem_load: cute.TiledCopy,
                  tKgK: cute.Tensor, tKsK: cute.Tensor, tVgV: cute.Tensor, tVsV: cute.Tensor, tKVcKV: cute.Tensor,
                  mma_s: cute.TiledMma, thr_mma_s, mma_acc: cute.TiledMma, frags, acc_dq: cute.Tensor,
-                 t_coord_s: cute.Tensor, lse2: cute.Tensor, d_rows: cute.Tensor, scale_log2: cutlass.Float32):
+                 t_coord_s: cute.Tensor, lse2: cute.Tensor, d_rows: cute.Tensor, scale_log2: cutlass.Float32,
+                 score_scale=None):
         """dQ += dS K for K/V block n_block (S, P, dP, dS recomputed). offsets: the mask's
-        (causal_offset, offset_lo)."""
+        (causal_offset, offset_lo); score_scale: the soft cap's (None without one)."""
         c = self.config
         causal_offset, offset_lo = offsets
         q_frag, k_frag, do_frag, v_frag, kt_frag = frags
@@ -391,10 +434,12 @@ class FlashAttentionSm80BwdDQ:
         gemm_ss(mma_s, acc_dp, do_frag, v_frag)
 
         s_mn = mn_view(acc_s)
+        if cutlass.const_expr(c.softcap):
+            apply_softcap(acc_s, score_scale)
         if cutlass.const_expr(masked):
             apply_mask(s_mn, t_coord_s, m_block * c.block_m, n_block * c.block_n, seqlen_k, causal_offset, c.causal,
                        offset_lo, c.local)
-        _dsoftmax(s_mn, mn_view(acc_dp), lse2, d_rows, scale_log2, True)
+        _dsoftmax(s_mn, mn_view(acc_dp), lse2, d_rows, scale_log2, True, c.softcap)
         gemm_rs(mma_acc, acc_dq, accumulator_as_a(_to(acc_dp, self.dtype)), kt_frag)
 
 
@@ -416,9 +461,10 @@ class FlashAttentionSm80BwdDKDV:
                  causal_offset: cutlass.Int32, offset_lo: cutlass.Int32, qhead_per_kvhead: cutlass.Int32, stream,
                  mCuSeqlensQ: cute.Tensor | None = None, mCuSeqlensK: cute.Tensor | None = None,
                  num_sequences: cutlass.Int32 | None = None, max_seqlen_k: cutlass.Int32 | None = None,
-                 bottom_right: cutlass.Int32 | None = None):
-        """Launch over (K/V blocks, KV heads, batch); varlen as `FlashAttentionSm80BwdDQ`, the
-        grid then covering the longest key sequence."""
+                 bottom_right: cutlass.Int32 | None = None, softcap: cutlass.Float32 | None = None,
+                 mSeqUsedK: cute.Tensor | None = None):
+        """Launch over (K/V blocks, KV heads, batch); varlen and the features as
+        `FlashAttentionSm80BwdDQ`, the grid then covering the longest key sequence."""
         c = self.config
         mQ, mK, mV, mdO, mdK, mdV = [assume_aligned_rows(t) for t in (mQ, mK, mV, mdO, mdK, mdV)]
         q_layout, kv_layout = to_cute(self.smem_q_layout), to_cute(self.smem_kv_layout)
@@ -438,7 +484,8 @@ class FlashAttentionSm80BwdDKDV:
         self.kernel(mQ, mK, mV, mdO, mLSE, mD, mdK, mdV, softmax_scale, causal_offset, offset_lo, qhead_per_kvhead,
                     gmem_load, gmem_store, _tiled_mma(self.dtype, c.num_warps),
                     _tiled_mma(self.dtype, c.num_warps, c.col_warps, _permute_width(c.head_dim)), SharedStorage,
-                    mCuSeqlensQ, mCuSeqlensK, bottom_right).launch(grid=(tiles, mK.shape[1], batches), block=[c.threads, 1, 1], stream=stream)
+                    mCuSeqlensQ, mCuSeqlensK, bottom_right, softcap, mSeqUsedK).launch(
+            grid=(tiles, mK.shape[1], batches), block=[c.threads, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor,
@@ -446,13 +493,14 @@ class FlashAttentionSm80BwdDKDV:
                causal_offset: cutlass.Int32, offset_lo: cutlass.Int32, qhead_per_kvhead: cutlass.Int32,
                gmem_load: cute.TiledCopy, gmem_store: cute.TiledCopy, mma_s: cute.TiledMma, mma_acc: cute.TiledMma,
                SharedStorage: cutlass.Constexpr, mCuSeqlensQ: cute.Tensor | None, mCuSeqlensK: cute.Tensor | None,
-               bottom_right: cutlass.Int32 | None):
+               bottom_right: cutlass.Int32 | None, softcap: cutlass.Float32 | None, mSeqUsedK: cute.Tensor | None):
         c = self.config
         varlen = mCuSeqlensQ is not None
         tidx, _, _ = cute.arch.thread_idx()
         n_block, kv_head, batch = cute.arch.block_idx()
         seqlen_q, seqlen_k, causal_offset, offset_lo, offset_q, offset_k = _sequence(
-            mCuSeqlensQ, mCuSeqlensK, batch, mQ.shape[2], mK.shape[2], causal_offset, offset_lo, bottom_right)
+            mCuSeqlensQ, mCuSeqlensK, batch, mQ.shape[2], mK.shape[2], causal_offset, offset_lo, bottom_right,
+            mSeqUsedK)
         m_block_min, m_block_max = block_info.m_block_range(
             n_block, seqlen_q, causal_offset, block_m=c.dkdv_block_m, block_n=c.block_n, causal=c.causal,
             maximum=cutlass.max, offset_lo=offset_lo, local=c.local, minimum=cutlass.min)
@@ -501,7 +549,7 @@ class FlashAttentionSm80BwdDKDV:
         # (key row, query column) of each S^T element this thread holds.
         t_coord_st = mn_view(thr_mma_s.partition_C(cute.make_identity_tensor((c.block_n, c.dkdv_block_m))))
 
-        scale_log2 = softmax_scale * LOG2_E
+        scale_log2, score_scale = _scales(c, softmax_scale, softcap)
         # One flat loop over (query head of the group, Q block): per-head addresses are
         # recomputed per step instead of held in registers across an inner loop.
         m_blocks = cutlass.max(m_block_max - m_block_min, 0)
@@ -515,7 +563,7 @@ class FlashAttentionSm80BwdDKDV:
             self.dkdv_block(m_block, n_block, seqlen_q, (causal_offset, offset_lo), gmem_load,
                             thr_load.partition_S(gQ), thr_load.partition_D(sQ), thr_load.partition_S(gdO),
                             thr_load.partition_D(sdO), tQcQ, g_lse, g_d, s_rows, tidx, mma_s, thr_mma_s, mma_acc,
-                            frags, acc_dk, acc_dv, t_coord_st, scale_log2)
+                            frags, acc_dk, acc_dv, t_coord_st, scale_log2, score_scale)
 
         acc_dk.store(acc_dk.load() * softmax_scale)
         g_dk = cute.local_tile(_rows(mdK, batch, kv_head, offset_k, varlen), tile_kv, (n_block, 0))
@@ -528,7 +576,8 @@ class FlashAttentionSm80BwdDKDV:
                    gmem_load: cute.TiledCopy, tQgQ: cute.Tensor, tQsQ: cute.Tensor, tdOgdO: cute.Tensor,
                    tdOsdO: cute.Tensor, tQcQ: cute.Tensor, g_lse: cute.Tensor, g_d: cute.Tensor, s_rows,
                    tidx: cutlass.Int32, mma_s: cute.TiledMma, thr_mma_s, mma_acc: cute.TiledMma, frags,
-                   acc_dk: cute.Tensor, acc_dv: cute.Tensor, t_coord_st: cute.Tensor, scale_log2: cutlass.Float32):
+                   acc_dk: cute.Tensor, acc_dv: cute.Tensor, t_coord_st: cute.Tensor, scale_log2: cutlass.Float32,
+                   score_scale=None):
         """dV += P^T dO and dK += dS^T Q for Q block m_block of one query head (g_lse, g_d: its
         (Sq,) lse and D, staged per Q block in s_rows). offsets: the mask's (causal_offset, offset_lo)."""
         c = self.config
@@ -566,12 +615,14 @@ class FlashAttentionSm80BwdDKDV:
         gemm_ss(mma_s, acc_dpt, v_frag, do_frag, prefetch)     # dP^T = V dO^T
 
         st_mn = mn_view(acc_st)
+        if cutlass.const_expr(c.softcap):
+            apply_softcap(acc_st, score_scale)
         key_base, query_base = n_block * c.block_n, m_block * c.dkdv_block_m
         if cutlass.const_expr(c.causal):
             apply_causal_mask_kq(st_mn, t_coord_st, key_base, query_base, causal_offset)
         if cutlass.const_expr(c.local):
             apply_window_mask_kq(st_mn, t_coord_st, key_base, query_base, offset_lo)
-        _dsoftmax_cols(st_mn, mn_view(acc_dpt), t_coord_st, s_lse2, s_d, scale_log2)
+        _dsoftmax_cols(st_mn, mn_view(acc_dpt), t_coord_st, s_lse2, s_d, scale_log2, c.softcap)
         gemm_rs(mma_acc, acc_dv, accumulator_as_a(_to(acc_st, self.dtype)), dot_frag, prefetch)
         gemm_rs(mma_acc, acc_dk, accumulator_as_a(_to(acc_dpt, self.dtype)), qt_frag, prefetch)
 

@@ -12,12 +12,18 @@ import math
 
 import cutlass
 
+from .features import feature_reason
 from .problem_checks import (bottom_right_flag, launch_scalars, mask_flags, varlen_window_scalars,
                              window_scalars)
 from .sm80_flash_bwd import (_CUTLASS, FlashAttentionSm80BwdDKDV, FlashAttentionSm80BwdDQ, FlashSm80BwdConfig,
                              bwd_config_for)
 
 __all__ = ["supports_backward", "backward", "varlen_backward", "config_for_problem"]
+
+
+# Score features (`features.FEATURES`) the backward kernels take. Sinks need nothing of them:
+# the forward's lse includes the sink, so P = exp(S - lse) and dS = P (dP - D) are unchanged.
+BACKWARD_FEATURES = ("sinks", "softcap", "seqused_k")
 
 
 def supports_backward(problem) -> str | None:
@@ -35,7 +41,7 @@ def supports_backward(problem) -> str | None:
         return f"the sm80_flash backward needs the value head dim ({problem.head_dim_v}) equal to D ({d})"
     if not (math.isfinite(problem.scale) and problem.scale > 0):
         return f"scale {problem.scale} must be finite and > 0"
-    return None
+    return feature_reason(problem, BACKWARD_FEATURES)
 
 
 _CONFIGS: dict = {}
@@ -43,14 +49,21 @@ _KERNELS: dict = {}
 
 
 def config_for_problem(problem) -> FlashSm80BwdConfig:
-    """`bwd_config_for` the problem's head dim, dtype and mask flags (`mask_flags`), built once each."""
+    """`bwd_config_for` the problem's head dim, dtype, mask flags (`mask_flags`) and features
+    (soft cap, seqused_k), built once each."""
     upper, local = mask_flags(problem)
-    key = (problem.head_dim, problem.dtype, upper, local)
+    softcap, used = problem.softcap is not None, problem.seqused_k
+    key = (problem.head_dim, problem.dtype, upper, local, softcap, used)
     config = _CONFIGS.get(key)
     if config is None:
         config = _CONFIGS[key] = bwd_config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."),
-                                                upper, local)
+                                                upper, local, softcap, used)
     return config
+
+
+def _softcap_arg(problem):
+    """The kernels' softcap argument: the cap as a Float32, or None without one."""
+    return None if problem.softcap is None else cutlass.Float32(problem.softcap)
 
 
 def _kernel(cls, config):
@@ -106,24 +119,26 @@ def backward(dout, q, k, v, out, lse, problem):
     offset_lo, _ = window_scalars(problem)
     scalars = (cutlass.Float32(scale), cutlass.Int32(offset), cutlass.Int32(offset_lo), cutlass.Int32(group))
     stream = current_stream()
+    tail = (None, None, None, None, None, _softcap_arg(problem), None)
     args = (t4(q), t4(k), t4(v), t4(dout), t3(lse_b), t3(d_rows), t4(dq), *scalars)
-    fn = compile_kernel(_kernel(FlashAttentionSm80BwdDQ, config), *args, stream,
+    fn = compile_kernel(_kernel(FlashAttentionSm80BwdDQ, config), *args, stream, *tail,
                         key=("attention.sm80_flash_bwd_dq", config))
-    fn(*args, stream)
+    fn(*args, stream, *tail)
     args = (t4(q), t4(k), t4(v), t4(dout), t3(lse_b), t3(d_rows), t4(dk), t4(dv), *scalars)
-    fn = compile_kernel(_kernel(FlashAttentionSm80BwdDKDV, config), *args, stream,
+    fn = compile_kernel(_kernel(FlashAttentionSm80BwdDKDV, config), *args, stream, *tail,
                         key=("attention.sm80_flash_bwd_dkdv", config))
-    fn(*args, stream)
+    fn(*args, stream, *tail)
     return dq, dk, dv
 
 
 def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
-                    problem):
+                    problem, seqused_k=None):
     """(dq (Tq, Hq, D), dk, dv (Tk, Hkv, D)) of the packed forward (`Sm80FlashRung.varlen`):
     q, out, dout (Tq, Hq, D), k, v (Tk, Hkv, D), lse (Hq, Tq) fp32 as the varlen forward returns
     it, int32 cu_seqlens (B + 1,) and max lengths already validated by the caller; causal
     alignment and window per sequence (`problem`: batch = number of sequences). dq, dk, dv are
-    new contiguous tensors of q's dtype, zero for rows of sequences with no key or no query."""
+    new contiguous tensors of q's dtype, zero for rows of sequences with no key or no query
+    (and for key rows past a sequence's seqused_k)."""
     import torch
 
     from cute_kernels.runtime import compile_kernel, current_stream, from_torch
@@ -136,8 +151,10 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     # Every row is written: the grids cover the longest sequences, and a block whose rows see
     # no key (or whose keys no row sees) stores zeros.
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    # Key rows past a sequence's seqused_k belong to no CTA's keys: they are zeroed up front.
+    alloc = torch.empty if seqused_k is None else torch.zeros
+    dk = alloc(k.shape, dtype=k.dtype, device=k.device)
+    dv = alloc(v.shape, dtype=v.dtype, device=v.device)
     d_rows, lse_b = _prep(dout, out, lse)
     d_rows = d_rows.t().contiguous()  # (Hq, Tq), as lse
     # (T, H, D) -> (1, H, T, D) and (H, T) -> (1, H, T): the dense kernels' modes, rows offset per CTA.
@@ -149,13 +166,15 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     cu = [from_torch(t, assumed_align=4, leading_dim=0) for t in (cu_seqlens_q, cu_seqlens_k)]
     flag = cutlass.Int32(bottom_right_flag(problem))
     stream = current_stream()
+    used = None if seqused_k is None else from_torch(seqused_k, assumed_align=4, leading_dim=0)
+    features = (_softcap_arg(problem), used)
     args = (view4(q), view4(k), view4(v), view4(dout), view3(lse_b), view3(d_rows), view4(dq), *scalars)
-    tail = (*cu, cutlass.Int32(problem.batch), cutlass.Int32(max_seqlen_q), flag)
+    tail = (*cu, cutlass.Int32(problem.batch), cutlass.Int32(max_seqlen_q), flag, *features)
     fn = compile_kernel(_kernel(FlashAttentionSm80BwdDQ, config), *args, stream, *tail,
                         key=("attention.sm80_flash_bwd_dq.varlen", config))
     fn(*args, stream, *tail)
     args = (view4(q), view4(k), view4(v), view4(dout), view3(lse_b), view3(d_rows), view4(dk), view4(dv), *scalars)
-    tail = (*cu, cutlass.Int32(problem.batch), cutlass.Int32(max_seqlen_k), flag)
+    tail = (*cu, cutlass.Int32(problem.batch), cutlass.Int32(max_seqlen_k), flag, *features)
     fn = compile_kernel(_kernel(FlashAttentionSm80BwdDKDV, config), *args, stream, *tail,
                         key=("attention.sm80_flash_bwd_dkdv.varlen", config))
     fn(*args, stream, *tail)
@@ -165,30 +184,34 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
 # ---- compile-only variants ------------------------------------------------------------------------
 
 
-def _variant_args(kernel: str, head_dim: int, dtype: str, varlen: bool):
+def _variant_args(kernel: str, config, varlen: bool):
     from cute_kernels.runtime import fake_stream, fake_tensor
 
-    t = _CUTLASS[dtype]
+    t = _CUTLASS[config.dtype]
     n_out = 1 if kernel == "dq" else 2
     q, k, v, do, *grads = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(4 + n_out)]
     lse, d = [fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4) for _ in range(2)]
-    args = (q, k, v, do, lse, d, *grads, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(0),
+    args = (q, k, v, do, lse, d, *grads, cutlass.Float32(1.0 / math.sqrt(config.head_dim)), cutlass.Int32(0),
             cutlass.Int32(0), cutlass.Int32(1), fake_stream())
     if varlen:
         cu = [fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4) for _ in range(2)]
         args = (*args, *cu, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1))
-    return args
+    else:
+        args = (*args, None, None, None, None, None)
+    used = fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4) if config.seqused_k else None
+    return (*args, cutlass.Float32(30.0) if config.softcap else None, used)
 
 
 def _build(kernel: str, varlen: bool):
     cls = FlashAttentionSm80BwdDQ if kernel == "dq" else FlashAttentionSm80BwdDKDV
 
-    def build(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False, local: bool = False):
+    def build(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False, local: bool = False,
+              softcap: bool = False, seqused_k: bool = False):
         from cute_kernels.runtime import CompileJob
 
-        config = bwd_config_for(head_dim, dtype, causal, local)
+        config = bwd_config_for(head_dim, dtype, causal, local, softcap, seqused_k)
         name = f"attention.sm80_flash_bwd_{kernel}{'.varlen' if varlen else ''}"
-        return CompileJob(cls(config), _variant_args(kernel, head_dim, dtype, varlen), (name, config))
+        return CompileJob(cls(config), _variant_args(kernel, config, varlen), (name, config))
 
     return build
 
@@ -204,9 +227,17 @@ BWD_VARIANT_CONFIGS = {
         (192, "float16", True, False), (256, "bfloat16", True, True),
     )
 }
+# Soft-capped scores (the tanh's derivative in dS).
+BWD_VARIANT_CONFIGS["d128_bfloat16_causal_softcap"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True,
+                                                       "softcap": True}
+BWD_VARIANT_CONFIGS["d64_float16_softcap"] = {"head_dim": 64, "dtype": "float16", "softcap": True}
+BWD_VARIANT_CONFIGS["d256_bfloat16_causal_softcap"] = {"head_dim": 256, "dtype": "bfloat16", "causal": True,
+                                                       "softcap": True}
 BWD_VARLEN_CONFIGS = {
     "d128_bfloat16_causal_local": {"head_dim": 128, "dtype": "bfloat16", "causal": True, "local": True},
     "d256_bfloat16_causal": {"head_dim": 256, "dtype": "bfloat16", "causal": True, "local": False},
+    "d128_bfloat16_causal_softcap_seqused": {"head_dim": 128, "dtype": "bfloat16", "causal": True, "local": False,
+                                             "softcap": True, "seqused_k": True},
 }
 
 

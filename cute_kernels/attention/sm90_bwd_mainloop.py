@@ -8,6 +8,12 @@ compute S^T, dP^T, P^T, dS^T, dV, dK in registers and dQ_blk = dS K through shar
 add scale * dQ_blk to the fp32 dQ accumulator (8-byte `red.global.add.v2.f32`, or one TMA
 reduce-add per warpgroup). Masks: keys past Sk, the upper diagonal j <= i + offset (`causal`)
 and a window's lower bound j >= i + offset_lo (`local`), as selects on P^T.
+
+Soft cap (`config.softcap`, the cap c a runtime argument): S^T is turned into t = tanh(S^T *
+scale / c) before P^T = 2^(t c log2 e - lse2), and dS^T gains the tanh's derivative (1 - t^2).
+P^T is computed while dP^T is still in flight and t is not kept (no registers to spare): the
+dS^T pass recovers it from P^T itself, t = (log2 P^T + lse2) / (c log2 e), exact to fp32
+rounding wherever P^T > 0 (and where P^T = 0, dS^T is 0 whatever the factor).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from cute_kernels.hopper import pipeline as hpipe
 from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP, WarpRoles
 
 from . import block_info
-from .softmax import LOG2_E
+from .softmax import LOG2_E, softcap_tanh
 from .sm90_layouts import accumulator_value_layout, mn_view_layout
 from .sm90_softmax import acc_as_a, acc_mn_view
 
@@ -97,8 +103,8 @@ class FlashAttentionSm90Bwd:
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
                  mDrow: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
                  softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
-                 qhead_per_kvhead: cutlass.Int32, stream):
-        """Launch over (key blocks, query heads, batch)."""
+                 qhead_per_kvhead: cutlass.Int32, stream, softcap: cutlass.Float32 | None = None):
+        """Launch over (key blocks, query heads, batch). softcap: the cap c (with `config.softcap`)."""
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
         # (B, H, S, D) -> (S, D, H, B): a TMA box is a (rows, D) slab of one (head, batch).
@@ -156,11 +162,15 @@ class FlashAttentionSm90Bwd:
             sDrow: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm * c.stages], 128]
 
         grid = (cute.ceil_div(mK.shape[0], bn), mQ.shape[2], mQ.shape[3])
+        # P^T's exponent scale and the soft cap's pre-tanh one (`problem_checks.softcap_scalars`).
+        exp_scale, score_scale = softmax_scale, softmax_scale
+        if cutlass.const_expr(c.softcap):
+            exp_scale, score_scale = softcap, softmax_scale / softcap
         self.kernel(tma_k, tK, tma_v, tV, tma_q, tQ, tma_do, tdO, tma_lse, tLSE, tma_drow, tDrow, tma_dq, tdQ, mdQacc,
                     mdK, mdV,
-                    softmax_scale, softmax_scale * LOG2_E, causal_offset, offset_lo, qhead_per_kvhead, mQ.shape[0],
+                    softmax_scale, exp_scale * LOG2_E, causal_offset, offset_lo, qhead_per_kvhead, mQ.shape[0],
                     smem_kv_layout, smem_qdo_layout, smem_ds_layout, smem_row_layout, smem_dq_layout, smem_dq_full,
-                    mma_sdp0, mma_sdp, mma_dkv, mma_dq0, mma_dq, SharedStorage).launch(
+                    mma_sdp0, mma_sdp, mma_dkv, mma_dq0, mma_dq, SharedStorage, score_scale).launch(
                         grid=grid, block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # ---- device side ---------------------------------------------------------------------------
@@ -176,7 +186,7 @@ class FlashAttentionSm90Bwd:
                smem_ds_layout: cute.ComposedLayout, smem_row_layout: cute.Layout,
                smem_dq_layout: cute.ComposedLayout, smem_dq_full: cute.ComposedLayout, mma_sdp0: cute.TiledMma,
                mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq0: cute.TiledMma, mma_dq: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr):
+               SharedStorage: cutlass.Constexpr, score_scale: cutlass.Float32):
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
         tidx, _, _ = cute.arch.thread_idx()
@@ -233,8 +243,8 @@ class FlashAttentionSm90Bwd:
             self.consume((tma_dq, gdQ2, sdQ, sdQ_full), mma_sdp0, mma_sdp, mma_dkv, mma_dq0, mma_dq, sK, sV, sQ, sdO,
                          sdS, pipe_kv, pipe_qdo,
                          sLSE, sDrow, mdQacc, mdK[None, None, head, batch], mdV[None, None, head, batch], scale,
-                         scale_log2, (causal_offset, offset_lo), n_block, seqlen_q, seqlen_k, m_block_min, m_count, rows_base,
-                         tidx - THREADS_PER_WARPGROUP)
+                         (scale_log2, score_scale), (causal_offset, offset_lo), n_block, seqlen_q, seqlen_k,
+                         m_block_min, m_count, rows_base, tidx - THREADS_PER_WARPGROUP)
 
     @cute.jit
     def produce(self, tma_k, gK, sK, tma_v, gV, sV, tma_q, gQ, sQ, tma_do, gdO, sdO, tma_lse, gLSE, sLSE,
@@ -275,7 +285,7 @@ class FlashAttentionSm90Bwd:
     @cute.jit
     def consume(self, dq_tma, mma_sdp0: cute.TiledMma, mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma,
                 mma_dq0: cute.TiledMma, mma_dq: cute.TiledMma, sK, sV, sQ, sdO, sdS, pipe_kv, pipe_qdo,
-                sLSE, sDrow, gdQacc, gdK, gdV, scale: cutlass.Float32, scale_log2: cutlass.Float32,
+                sLSE, sDrow, gdQacc, gdK, gdV, scale: cutlass.Float32, scales,
                 offsets, n_block: cutlass.Int32, seqlen_q: cutlass.Int32,
                 seqlen_k: cutlass.Int32, m_block_min: cutlass.Int32, m_count: cutlass.Int32,
                 rows_base: cutlass.Int32, ctidx: cutlass.Int32):
@@ -346,7 +356,7 @@ class FlashAttentionSm90Bwd:
                               mma_dq, tSrK,
                               tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, acc_s, acc_dp, acc_dv, acc_dk,
                               acc_dq, r_p, r_ds, t_p, t_ds, s_mn, dp_mn, coord_s, coord_dq, thr_r2s,
-                              stmatrix, sdS, ds_ready, pipe_qdo, sLSE, sDrow, gdQacc, scale, scale_log2,
+                              stmatrix, sdS, ds_ready, pipe_qdo, sLSE, sDrow, gdQacc, scale, scales,
                               offsets, key_base, rows_base, seqlen_k, dq_red)
         if cutlass.const_expr(c.defer_dkv_wait):
             wgmma.wait_group(0)  # the last dV, dK GEMMs
@@ -369,13 +379,15 @@ class FlashAttentionSm90Bwd:
              mma_dkv, mma_dq0, mma_dq, tSrK,
              tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, acc_s, acc_dp, acc_dv, acc_dk, acc_dq, r_p, r_ds,
              t_p, t_ds, s_mn, dp_mn, coord_s, coord_dq, thr_r2s, stmatrix, sdS, ds_ready, pipe_qdo,
-             sLSE, sDrow, gdQacc, scale: cutlass.Float32, scale_log2: cutlass.Float32,
+             sLSE, sDrow, gdQacc, scale: cutlass.Float32, scales,
              offsets, key_base: cutlass.Int32, rows_base: cutlass.Int32,
              seqlen_k: cutlass.Int32, dq_red):
         """Q block m against this CTA's keys; dS^T goes through smem buffer `buf`. Returns the
         advanced pipeline state and this step's (whose slot a deferred release frees), both
-        loop-carried by the caller."""
+        loop-carried by the caller. scales: (P^T's exponent scale in log2 units, the soft cap's
+        pre-tanh scale)."""
         c = self.config
+        scale_log2, score_scale = scales
         bm = c.block_m
         row_base = m * bm
         first = rows_base + row_base
@@ -416,7 +428,10 @@ class FlashAttentionSm90Bwd:
                     keep = keep & (cutlass.Int32(row_offs[r] - col_offs[j]) <= diag)
                 if cutlass.const_expr(c.local):
                     keep = keep & (cutlass.Int32(row_offs[r] - col_offs[j]) >= diag_lo)
-                p = cute.math.exp2(s_mn[r, j] * scale_log2 - sLSE[t_col + col_offs[j], stage], fastmath=True)
+                x = s_mn[r, j]
+                if cutlass.const_expr(c.softcap):
+                    x = softcap_tanh(x * score_scale)
+                p = cute.math.exp2(x * scale_log2 - sLSE[t_col + col_offs[j], stage], fastmath=True)
                 s_mn[r, j] = cutlass.select_(keep, p, cutlass.Float32(0.0))
         r_p.store(acc_s.load().to(self.dtype))
         if cutlass.const_expr(c.early_dv):
@@ -428,9 +443,18 @@ class FlashAttentionSm90Bwd:
             wgmma.wait_group(1)  # dP^T landed; dV in flight
         else:
             wgmma.wait_group(0)
+        if cutlass.const_expr(c.softcap):
+            inv_scale_log2 = cute.arch.rcp_approx(scale_log2)
         for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
             for j in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
-                dp_mn[r, j] = s_mn[r, j] * (dp_mn[r, j] - sDrow[t_col + col_offs[j], stage])
+                p = s_mn[r, j]
+                ds = p * (dp_mn[r, j] - sDrow[t_col + col_offs[j], stage])
+                if cutlass.const_expr(c.softcap):
+                    # t from P^T itself (module docstring); P^T = 0 takes factor 0 (log2 0 = -inf).
+                    t = (cute.math.log2(p, fastmath=True) + sLSE[t_col + col_offs[j], stage]) * inv_scale_log2
+                    ds = ds * cutlass.select_(p > cutlass.Float32(0.0), cutlass.Float32(1.0) - t * t,
+                                              cutlass.Float32(0.0))
+                dp_mn[r, j] = ds
         r_ds.store(acc_dp.load().to(self.dtype))
 
         # dS^T -> smem (the A of dQ for both warpgroups). Buffer `buf` was last read by the dQ

@@ -50,6 +50,12 @@ same run). Measured slower on these cases and left off by `config_for`: rescale_
 issue-bound, not MUFU-bound), 3 K/V stages, block_n 176 up to D = 128 and 64 at D = 256, and
 no ping-pong at D = 256.
 
+Score features (`features`): with `softcap` each S block is turned into tanh(S * scale / c)
+right after its GEMM lands (before the mask; `softmax.apply_softcap`) and the softmax runs with
+scale_log2 = c log2 e; with `sinks` the head's sink logit (an fp32 (Hq,) tensor) joins every
+row's denominator in the epilogue (`OnlineSoftmax.finalize`). Both are compile-time flags of
+the config, their values runtime arguments.
+
 Layouts come from `cute_kernels.layouts` (GMMA smem atoms via `hopper.smem_layouts`, the
 register views via `sm90_layouts`) and are converted with `runtime.to_cute` while tracing.
 """
@@ -70,8 +76,9 @@ from cute_kernels.hopper import pipeline as hpipe
 from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP, WarpRoles
 
 from . import block_info
-from .problem_checks import common_reason, launch_scalars, mask_flags, window_scalars
-from .softmax import LOG2_E
+from .features import feature_reason
+from .problem_checks import common_reason, launch_scalars, mask_flags, softcap_scalars, window_scalars
+from .softmax import LOG2_E, apply_softcap
 from .sm90_layouts import FlashSm90Config, config_for
 from .sm90_softmax import Sm90Softmax, acc_as_a, acc_mn_view, mask_scores, to_16bit
 
@@ -113,9 +120,12 @@ class FlashAttentionSm90:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
-                 qhead_per_kvhead: cutlass.Int32, stream):
+                 qhead_per_kvhead: cutlass.Int32, stream, score_scale: cutlass.Float32,
+                 mSinks: cute.Tensor | None = None):
         """Launch over (q tiles, heads, batch). Row i sees keys j <= i + causal_offset (with
-        `causal`) and j >= i + offset_lo (with `local`; ignored otherwise)."""
+        `causal`) and j >= i + offset_lo (with `local`; ignored otherwise). softmax_scale and
+        score_scale are `problem_checks.softcap_scalars` (with `softcap`: the cap c and scale / c;
+        score_scale is unused otherwise); mSinks: (Hq,) fp32 sink logits (with `sinks`)."""
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
         # (B, H, S, D) -> (S, D, H, B): a TMA box is a (rows, D) slab of one (head, batch), and the
@@ -154,7 +164,8 @@ class FlashAttentionSm90:
             grid = (cute.ceil_div(mQ.shape[0], bm) * mQ.shape[2] * mQ.shape[3], 1, 1)
         self.kernel(tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, mLSE, softmax_scale * LOG2_E, causal_offset,
                     offset_lo, qhead_per_kvhead, smem_q_layout, smem_kv_layout, tiled_mma_qk, tiled_mma_qk0, tiled_mma_pv,
-                    SharedStorage).launch(grid=grid, block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+                    SharedStorage, score_scale, mSinks).launch(grid=grid, block=[c.threads, 1, 1], min_blocks_per_mp=1,
+                                                               stream=stream)
 
     # ---- device side ---------------------------------------------------------------------------
 
@@ -164,7 +175,7 @@ class FlashAttentionSm90:
                scale_log2: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
                qhead_per_kvhead: cutlass.Int32, smem_q_layout: cute.ComposedLayout, smem_kv_layout: cute.ComposedLayout,
                tiled_mma_qk: cute.TiledMma, tiled_mma_qk0: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr):
+               SharedStorage: cutlass.Constexpr, score_scale: cutlass.Float32, mSinks: cute.Tensor | None):
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
         tidx, _, _ = cute.arch.thread_idx()
@@ -223,10 +234,13 @@ class FlashAttentionSm90:
             self.roles.become_consumer()
             wg = warpgroup_idx - 1
             gO = cute.local_tile(mO[None, None, head, batch], (bm, d), (m_block, 0))
+            sink_log2 = None
+            if cutlass.const_expr(c.sinks):
+                sink_log2 = mSinks[head] * LOG2_E
             self.consume(tiled_mma_qk, tiled_mma_qk0, tiled_mma_pv, sQ, sK, sV, pipe_q, pipe_k, pipe_v, tma_o, gO,
                          mLSE[None, head, batch], scale_log2, causal_offset, offset_lo, m_block, seqlen_q,
                          seqlen_k, n_block_min, n_block_max, n_unmasked_end, tidx - THREADS_PER_WARPGROUP, warp_idx,
-                         wg)
+                         wg, (score_scale, sink_log2))
 
     @cute.jit
     def produce(self, tma_q, gQ, sQ, tma_k, gK, sK, tma_v, gV, sV, pipe_q, pipe_k, pipe_v,
@@ -292,8 +306,9 @@ class FlashAttentionSm90:
                 causal_offset: cutlass.Int32, offset_lo: cutlass.Int32, m_block: cutlass.Int32,
                 seqlen_q: cutlass.Int32, seqlen_k: cutlass.Int32, n_block_min: cutlass.Int32,
                 n_block_max: cutlass.Int32, n_unmasked_end: cutlass.Int32, ctidx: cutlass.Int32,
-                warp_idx: cutlass.Int32, wg: cutlass.Int32):
-        """Consumer warpgroup `wg` (0 .. consumer_warpgroups - 1, rows 64 wg .. 64 wg + 63 of the tile)."""
+                warp_idx: cutlass.Int32, wg: cutlass.Int32, features):
+        """Consumer warpgroup `wg` (0 .. consumer_warpgroups - 1, rows 64 wg .. 64 wg + 63 of the tile).
+        features: (score_scale, sink_log2 or None), see `__call__`."""
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
         # Set once, outside any branch or loop: an MMA field set inside one is state the tracer
@@ -328,14 +343,15 @@ class FlashAttentionSm90:
         stmatrix = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         thr_r2s = cute.make_tiled_copy_C(stmatrix, tiled_mma_pv).get_slice(ctidx)
 
+        score_scale, sink_log2 = features
         if n_block_max > n_block_min:
             self.mainloop((tiled_mma_qk0, tiled_mma_qk), tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_s, acc_o, r_p, t_p,
                           acc_s_mn, acc_o_mn, coord_s, softmax, row_scale, pipe_q, pipe_k, pipe_v, turn, wg, row_base,
-                          seqlen_k, causal_offset, offset_lo, n_block_min, n_block_max, n_unmasked_end)
+                          seqlen_k, causal_offset, offset_lo, n_block_min, n_block_max, n_unmasked_end, score_scale)
 
         # ---- epilogue
         lse = cute.make_rmem_tensor((2,), cutlass.Float32)
-        softmax.finalize(acc_o_mn, lse)
+        softmax.finalize(acc_o_mn, lse, sink_log2)
         if ctidx % 4 == 0:
             for r in cutlass.range_constexpr(2):
                 row = row_base + coord_s[r, 0][0]
@@ -348,7 +364,7 @@ class FlashAttentionSm90:
                  coord_s, softmax: Sm90Softmax, row_scale, pipe_q, pipe_k, pipe_v, turn, wg: cutlass.Int32,
                  row_base: cutlass.Int32, seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32,
                  offset_lo: cutlass.Int32, n_block_min: cutlass.Int32, n_block_max: cutlass.Int32,
-                 n_unmasked_end: cutlass.Int32):
+                 n_unmasked_end: cutlass.Int32, score_scale: cutlass.Float32):
         """Every K/V block of this tile (n_block_max > n_block_min): the first alone, then the
         overlapped steps, then the last block's P V."""
         c = self.config
@@ -370,6 +386,8 @@ class FlashAttentionSm90:
         wgmma.wait_group(0)
         pipe_k.consumer_release(k_state)
         k_state.advance()
+        if cutlass.const_expr(c.softcap):
+            apply_softcap(acc_s, score_scale)
         mask_scores(acc_s_mn, coord_s, row_base, n_first * bn, seqlen_k, causal_offset, c.causal, offset_lo, c.local)
         softmax.update(acc_s_mn, row_scale)  # O is still 0: nothing to rescale
         if cutlass.const_expr(c.rescale_early):
@@ -384,7 +402,7 @@ class FlashAttentionSm90:
             k_state, v_state = self.step(n, n >= n_unmasked_end, n > n_block_min, tiled_mma_qk, tiled_mma_pv, tSrQ,
                                          tSrK, tOrVt, acc_s, acc_o, r_p, t_p, acc_s_mn, acc_o_mn, coord_s, softmax,
                                          row_scale, pipe_k, pipe_v, k_state, v_state, turn, wg, row_base, seqlen_k,
-                                         causal_offset, offset_lo)
+                                         causal_offset, offset_lo, score_scale)
 
         # ---- the last block's O += P V
         if cutlass.const_expr(c.rescale_early):
@@ -399,7 +417,8 @@ class FlashAttentionSm90:
     def step(self, n: cutlass.Int32, masked: cutlass.Boolean, more: cutlass.Boolean, tiled_mma_qk, tiled_mma_pv,
              tSrQ, tSrK, tOrVt, acc_s, acc_o, r_p, t_p, acc_s_mn, acc_o_mn, coord_s, softmax: Sm90Softmax,
              row_scale, pipe_k, pipe_v, k_state, v_state, turn, wg: cutlass.Int32, row_base: cutlass.Int32,
-             seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32):
+             seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
+             score_scale: cutlass.Float32):
         """Block n: issue S = Q K_n and O += P V of the previous block together; softmax of S_n
         under the P V GEMM; O rescaled and P overwritten once that GEMM retired (with
         `rescale_early`, O is rescaled by the previous block's factors between issuing the two
@@ -418,6 +437,8 @@ class FlashAttentionSm90:
         wgmma.wait_group(1)  # S_n landed; P V still in flight
         pipe_k.consumer_release(k_state)
         k_state.advance()
+        if cutlass.const_expr(c.softcap):
+            apply_softcap(acc_s, score_scale)
         if masked:
             mask_scores(acc_s_mn, coord_s, row_base, n * c.block_n, seqlen_k, causal_offset, c.causal, offset_lo,
                         c.local)
@@ -490,20 +511,29 @@ class FlashAttentionSm90:
 # ---- compile-only variants ------------------------------------------------------------------------
 
 
+def _fake_sinks(config):
+    """The fake (Hq,) fp32 sinks argument of a build (None without `sinks`)."""
+    from cute_kernels.runtime import fake_tensor
+
+    return fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=4) if config.sinks else None
+
+
 def build_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False, local: bool = False, **tile):
     """A CompileJob for `sm90_flash` over fake (B, H, S, D) tensors with symbolic sizes; `tile`
-    (block_n, stages, pingpong, producer_regs, consumer_regs, ...) overrides `config_for`."""
+    (block_n, stages, pingpong, producer_regs, consumer_regs, softcap, sinks, ...) overrides
+    `config_for`."""
     from dataclasses import replace
 
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
-    config = replace(config_for(head_dim, dtype, causal, local), **tile).validate()
+    features = {name: tile.pop(name) for name in ("softcap", "sinks", "seqused_k") if name in tile}
+    config = replace(config_for(head_dim, dtype, causal, local, **features), **tile).validate()
     t = _CUTLASS[dtype]
     # TMA needs 16-byte aligned strides: the rung checks it, the fake tensors state it.
     qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16, stride_divisibility=8) for _ in range(4)]
     lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
     args = (*qkvo, lse, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1),
-            fake_stream())
+            fake_stream(), cutlass.Float32(1.0), _fake_sinks(config))
     return CompileJob(FlashAttentionSm90(config), args, ("attention.sm90_flash", config))
 
 
@@ -531,6 +561,12 @@ VARIANT_CONFIGS["d256_bfloat16_causal_local"] = {"head_dim": 256, "dtype": "bflo
 VARIANT_CONFIGS["d64_bfloat16_causal_3wg"] = {"head_dim": 64, "dtype": "bfloat16", "causal": True,
                                               "consumer_warpgroups": 3, "producer_regs": 32, "consumer_regs": 160,
                                               "block_n": 80}
+# Score features: soft-capped scores and sinks, on the largest tiles of each head-dim class.
+VARIANT_CONFIGS["d128_bfloat16_causal_softcap_sinks"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True,
+                                                         "softcap": True, "sinks": True}
+VARIANT_CONFIGS["d64_float16_softcap"] = {"head_dim": 64, "dtype": "float16", "softcap": True}
+VARIANT_CONFIGS["d256_bfloat16_causal_local_softcap_sinks"] = {"head_dim": 256, "dtype": "bfloat16", "causal": True,
+                                                               "local": True, "softcap": True, "sinks": True}
 
 
 def _register() -> None:
@@ -550,6 +586,8 @@ class Sm90FlashRung:
 
     name = "sm90_flash"
     min_capability = (9, 0)
+    # Score features (`features.FEATURES`) the forward kernel implements.
+    features = ("softcap", "sinks")
 
     @property
     def dtypes(self):
@@ -569,7 +607,7 @@ class Sm90FlashRung:
         return backward(dout, q, k, v, out, lse, problem, deterministic=deterministic)
 
     def supports(self, q, k, v, problem) -> str | None:
-        why = common_reason(problem, self.dtypes)
+        why = common_reason(problem, self.dtypes) or feature_reason(problem, self.features)
         if why is not None:
             return why
         for name, t in (("q", q), ("k", k), ("v", v)):
@@ -583,22 +621,26 @@ class Sm90FlashRung:
         return None
 
     def launch_plan(self, problem):
-        """`launch(q, k, v, out, lse)`: the TVM-FFI forward of `problem`'s config with its scalars
-        bound (compiled on first use), or None without TVM-FFI. It reads torch's current stream
-        at each call and takes tensors that do not require grad, `out` TMA-aligned (as
-        `__call__` checks); `problem` must be supported."""
+        """`launch(q, k, v, out, lse, sinks=None)`: the TVM-FFI forward of `problem`'s config with
+        its scalars bound (compiled on first use), or None without TVM-FFI. It reads torch's
+        current stream at each call and takes tensors that do not require grad, `out`
+        TMA-aligned (as `__call__` checks), sinks a contiguous (Hq,) fp32 tensor when the problem
+        has them; `problem` must be supported."""
         if not tvm_ffi_available():
             return None
         config = _config_for_problem(problem)
         fn = _COMPILED.get(config)
         if fn is None:
             fn = _compile_tvm_ffi(config)
-        scale, offset, group = launch_scalars(problem)
+        _, offset, group = launch_scalars(problem)
+        scale, score_scale = softcap_scalars(problem)
         offset_lo, _ = window_scalars(problem)
-        return lambda q, k, v, out, lse: fn(q, k, v, out, lse, scale, offset, offset_lo, group)
+        return lambda q, k, v, out, lse, sinks=None: fn(q, k, v, out, lse, scale, offset, offset_lo, group,
+                                                        score_scale, sinks)
 
-    def __call__(self, q, k, v, out, lse, problem):
-        """Write out (B, Hq, Sq, D) and lse (B, Hq, Sq) fp32 on torch's current stream.
+    def __call__(self, q, k, v, out, lse, problem, sinks=None):
+        """Write out (B, Hq, Sq, D) and lse (B, Hq, Sq) fp32 on torch's current stream; sinks:
+        the problem's (Hq,) sink logits (any float dtype: passed on as fp32).
 
         With TVM-FFI (`runtime.tvm_ffi_available()`) the compiled function takes the torch tensors
         themselves and reads torch's current stream; otherwise each tensor is wrapped with
@@ -606,25 +648,29 @@ class Sm90FlashRung:
         if out.data_ptr() % 16 or any(s % 8 for s in out.stride()[:-1]):
             raise ValueError(f"out's strides {tuple(out.stride())} must be multiples of 8 elements and its "
                              "pointer 16-byte aligned (TMA store)")
+        sinks = _sinks_fp32(sinks, problem)
         launch = self.launch_plan(problem)
         if launch is not None:
             if q.requires_grad or k.requires_grad or v.requires_grad:
                 # DLPack export refuses tensors that require grad; a detached alias shares the storage.
                 q, k, v = q.detach(), k.detach(), v.detach()
-            launch(q, k, v, out, lse)
+            launch(q, k, v, out, lse, sinks)
             return out, lse
         from cute_kernels.runtime import current_stream, from_torch
 
         config = _config_for_problem(problem)
-        scale, offset, group = launch_scalars(problem)
+        _, offset, group = launch_scalars(problem)
+        scale, score_scale = softcap_scalars(problem)
         offset_lo, _ = window_scalars(problem)
         kernel = _kernel_for(config)
         tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in (q, k, v, out)]
         tensors.append(from_torch(lse, assumed_align=4, leading_dim=2))
         args = (*tensors, cutlass.Float32(scale), cutlass.Int32(offset), cutlass.Int32(offset_lo), cutlass.Int32(group))
+        tail = (cutlass.Float32(score_scale),
+                None if sinks is None else from_torch(sinks, assumed_align=4, leading_dim=0))
         stream = current_stream()
-        compiled = compile_kernel(kernel, *args, stream, key=("attention.sm90_flash", config))
-        compiled(*args, stream)
+        compiled = compile_kernel(kernel, *args, stream, *tail, key=("attention.sm90_flash", config))
+        compiled(*args, stream, *tail)
         return out, lse
 
 
@@ -643,14 +689,27 @@ def _kernel_for(config: FlashSm90Config) -> FlashAttentionSm90:
 
 
 def _config_for_problem(problem) -> FlashSm90Config:
-    """`config_for` the problem's head dim, dtype and mask bounds (`mask_flags`: the upper
-    diagonal, the window's lower one), built once per combination."""
+    """`config_for` the problem's head dim, dtype, mask bounds (`mask_flags`: the upper
+    diagonal, the window's lower one) and score features, built once per combination."""
     upper, local = mask_flags(problem)
-    key = (problem.head_dim, problem.dtype, upper, local)
+    softcap, sinks = problem.softcap is not None, problem.sinks
+    key = (problem.head_dim, problem.dtype, upper, local, softcap, sinks)
     config = _CONFIGS.get(key)
     if config is None:
-        config = _CONFIGS[key] = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), upper, local)
+        config = _CONFIGS[key] = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), upper, local,
+                                            softcap, sinks)
     return config
+
+
+def _sinks_fp32(sinks, problem):
+    """The sinks as the kernels read them (contiguous fp32), or None without them."""
+    if not problem.sinks:
+        return None
+    import torch
+
+    if sinks is None:
+        raise ValueError(f"the problem has sinks but none were passed ({problem.describe()})")
+    return sinks.detach().to(torch.float32).contiguous()
 
 
 def _compile_tvm_ffi(config: FlashSm90Config):
@@ -665,8 +724,8 @@ def _compile_tvm_ffi(config: FlashSm90Config):
     lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
     fn = compile_kernel(_kernel_for(config), *qkvo, lse, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0),
                         cutlass.Int32(1),
-                        fake_stream(tvm_ffi_env_stream=True), key=("attention.sm90_flash", "tvm_ffi", config),
-                        options=TVM_FFI_OPTION)
+                        fake_stream(tvm_ffi_env_stream=True), cutlass.Float32(1.0), _fake_sinks(config),
+                        key=("attention.sm90_flash", "tvm_ffi", config), options=TVM_FFI_OPTION)
     _COMPILED[config] = fn
     return fn
 

@@ -96,6 +96,7 @@ from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP
 from cute_kernels.runtime import compile_kernel, tvm_ffi_available
 
 from . import sm90_bwd_prep as _prep
+from .features import feature_reason
 from .problem_checks import launch_scalars, mask_flags, window_scalars
 from .softmax import LOG2_E
 from .sm90_bwd_mainloop import CUTLASS_DTYPES as _CUTLASS
@@ -129,7 +130,8 @@ class FlashSm90BwdConfig:
     arithmetic; prep_kernel: D, lse2 and the zeroed dQ accumulator come from the
     `sm90_bwd_prep` kernel instead of torch ops (host side only: not part of the compiled
     kernel's key); producer_regs /
-    consumer_regs: the setmaxnreg budgets.
+    consumer_regs: the setmaxnreg budgets; softcap: soft-capped scores (the cap a runtime
+    argument; `sm90_bwd_mainloop` recovers the tanh from P^T for dS^T's factor).
     """
 
     head_dim: int = 128
@@ -146,13 +148,15 @@ class FlashSm90BwdConfig:
     prep_kernel: bool = True
     producer_regs: int = 24
     consumer_regs: int = 240
+    softcap: bool = False
 
     def validate(self) -> "FlashSm90BwdConfig":
         if self.head_dim not in HEAD_DIMS:
             raise ValueError(f"FlashSm90BwdConfig.head_dim must be one of {HEAD_DIMS}, got {self.head_dim!r}")
         if self.dtype not in _CUTLASS:
             raise ValueError(f"FlashSm90BwdConfig.dtype must be one of {tuple(_CUTLASS)}, got {self.dtype!r}")
-        for name in ("causal", "local", "dkv_fp32", "dq_tma_reduce", "defer_dkv_wait", "early_dv", "prep_kernel"):
+        for name in ("causal", "local", "dkv_fp32", "dq_tma_reduce", "defer_dkv_wait", "early_dv", "prep_kernel",
+                     "softcap"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FlashSm90BwdConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.block_m != 64:
@@ -197,10 +201,10 @@ class FlashSm90BwdConfig:
 
 
 def bwd_config_for(head_dim: int, dtype: str, causal: bool, *, dkv_fp32: bool = False,
-                   local: bool = False) -> FlashSm90BwdConfig:
+                   local: bool = False, softcap: bool = False) -> FlashSm90BwdConfig:
     """The tile for a head dim: 64 Q rows per step against 128 keys per CTA."""
     return FlashSm90BwdConfig(head_dim=head_dim, dtype=dtype, causal=causal, local=local,
-                              dkv_fp32=dkv_fp32).validate()
+                              dkv_fp32=dkv_fp32, softcap=softcap).validate()
 
 
 # ---- compile-only variants ------------------------------------------------------------------------
@@ -223,7 +227,8 @@ def _fake_args(config: FlashSm90BwdConfig, fake_tensor, fake_stream):
     lse2, drow, dq = [fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=16) for _ in range(3)]
     dk, dv = [fake_tensor(dkv_t, 4, leading_dim=3, assumed_align=16) for _ in range(2)]
     return (q, k, v, do, lse2, drow, dq, dk, dv, cutlass.Float32(1.0 / math.sqrt(config.head_dim)),
-            cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1), fake_stream())
+            cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1), fake_stream(),
+            cutlass.Float32(30.0) if config.softcap else None)
 
 
 BWD_VARIANT_CONFIGS = {
@@ -248,6 +253,11 @@ BWD_VARIANT_CONFIGS["d128_bfloat16_causal_local_gqa"] = {"head_dim": 128, "dtype
 BWD_VARIANT_CONFIGS["d64_float16_causal_gqa_tma_early_defer"] = {
     "head_dim": 64, "dtype": "float16", "causal": True, "dkv_fp32": True, "dq_tma_reduce": True, "early_dv": True,
     "defer_dkv_wait": True}
+# Soft-capped scores (dS^T's tanh factor recovered from P^T).
+BWD_VARIANT_CONFIGS["d128_bfloat16_causal_softcap"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True,
+                                                       "softcap": True}
+BWD_VARIANT_CONFIGS["d64_float16_local_gqa_softcap"] = {"head_dim": 64, "dtype": "float16", "causal": False,
+                                                        "local": True, "dkv_fp32": True, "softcap": True}
 
 
 def _register() -> None:
@@ -263,6 +273,11 @@ _register()
 # ---- host side ------------------------------------------------------------------------------------
 
 
+# Score features (`features.FEATURES`) this backward takes. Sinks need nothing of it: the
+# forward's lse includes the sink, so P = exp(S - lse) and dS = P (dP - D) are unchanged.
+BACKWARD_FEATURES = ("sinks", "softcap")
+
+
 def supports_backward(problem) -> str | None:
     """None when this backward takes `problem` (an `api.AttentionProblem`), else why not."""
     if str(problem.dtype).removeprefix("torch.") not in _CUTLASS:
@@ -276,7 +291,7 @@ def supports_backward(problem) -> str | None:
         return f"the sm90_flash backward needs the value head dim ({problem.head_dim_v}) equal to D ({d})"
     if not (math.isfinite(problem.scale) and problem.scale > 0):
         return f"scale {problem.scale} must be finite and > 0"
-    return None
+    return feature_reason(problem, BACKWARD_FEATURES)
 
 
 # Per-process caches of the warm path (see `backward`): kernel objects and TVM-FFI functions per
@@ -313,6 +328,7 @@ def _compile_tvm_ffi(config: FlashSm90BwdConfig):
     dk, dv = [fake_tensor(dkv_t, 4, leading_dim=3, assumed_align=16) for _ in range(2)]
     fn = compile_kernel(_kernel_for(config), q, k, v, do, lse2, drow, dq, dk, dv, cutlass.Float32(1.0),
                         cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1), fake_stream(tvm_ffi_env_stream=True),
+                        cutlass.Float32(30.0) if config.softcap else None,
                         key=("attention.sm90_flash_bwd", "tvm_ffi", config), options=TVM_FFI_OPTION)
     _COMPILED[config] = fn
     return fn
@@ -323,7 +339,8 @@ class _Launch:
     """What `backward` derives from a problem (and config) once: config: the host config;
     kernel_config: the compiled kernel's (prep_kernel is host-side only, so one compiled kernel
     serves both settings); group: query heads per KV head; scale, offset, offset_lo: the
-    kernel's runtime scalars (`launch_scalars`, `window_scalars`); sq_pad: Sq rounded up to
+    kernel's runtime scalars (`launch_scalars`, `window_scalars`); softcap: the cap or None;
+    sq_pad: Sq rounded up to
     whole Q blocks; prep: whether the `sm90_bwd_prep` kernel runs (the option, and 32-bit
     element offsets suffice); dkv_shape: (B, Hq, Sk, D) of the kernel's dK, dV."""
 
@@ -331,6 +348,7 @@ class _Launch:
     kernel_config: FlashSm90BwdConfig
     group: int
     scale: float
+    softcap: float | None
     offset: int
     offset_lo: int
     sq_pad: int
@@ -340,8 +358,8 @@ class _Launch:
 
 def _check_supported(problem) -> None:
     """`supports_backward`, raising ValueError with its reason; a pass is remembered per (dtype,
-    head dim, value head dim, scale) (bounded like `_LAUNCHES`)."""
-    key = (problem.dtype, problem.head_dim, problem.head_dim_v, problem.scale)
+    head dim, value head dim, scale, features) (bounded like `_LAUNCHES`)."""
+    key = (problem.dtype, problem.head_dim, problem.head_dim_v, problem.scale, problem.softcap, problem.seqused_k)
     if key in _SUPPORTED:
         return
     why = supports_backward(problem)
@@ -362,20 +380,22 @@ def _launch_for(problem, config) -> _Launch:
     group = problem.heads_q // problem.heads_kv
     dtype_name = str(problem.dtype).removeprefix("torch.")
     upper, local = mask_flags(problem)
-    want = (problem.head_dim, dtype_name, upper, local, group > 1)
+    softcap = problem.softcap is not None
+    want = (problem.head_dim, dtype_name, upper, local, group > 1, softcap)
     if config is not None:
         config = config.validate()
-        if (config.head_dim, config.dtype, config.causal, config.local, config.dkv_fp32) != want:
+        if (config.head_dim, config.dtype, config.causal, config.local, config.dkv_fp32, config.softcap) != want:
             raise ValueError(f"config {config} does not match the problem (head_dim, dtype, causal, local, "
-                             f"dkv_fp32) = {want}")
+                             f"dkv_fp32, softcap) = {want}")
     else:
-        config = bwd_config_for(problem.head_dim, dtype_name, upper, dkv_fp32=group > 1, local=local)
+        config = bwd_config_for(problem.head_dim, dtype_name, upper, dkv_fp32=group > 1, local=local,
+                                softcap=softcap)
     scale, offset, _ = launch_scalars(problem)
     offset_lo, _ = window_scalars(problem)
     b, hq, sq, sk, d = problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k, problem.head_dim
     sq_pad = -(-sq // config.block_m) * config.block_m
     launch = _Launch(config=config, kernel_config=replace(config, prep_kernel=False), group=group, scale=scale,
-                     offset=offset, offset_lo=offset_lo, sq_pad=sq_pad,
+                     softcap=problem.softcap, offset=offset, offset_lo=offset_lo, sq_pad=sq_pad,
                      prep=config.prep_kernel and b * hq * sq_pad * d < 2**31, dkv_shape=(b, hq, sk, d))
     if len(_LAUNCHES) >= _MAX_LAUNCHES:
         _LAUNCHES.clear()
@@ -403,6 +423,11 @@ def _dsl_args(launch: _Launch, q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h)
     return (t4(q), t4(k), t4(v), t4(dout), t1(lse2), t1(d_rows), t1(dq_flat), t4(dk_h), t4(dv_h),
             cutlass.Float32(launch.scale), cutlass.Int32(launch.offset), cutlass.Int32(launch.offset_lo),
             cutlass.Int32(launch.group))
+
+
+def _softcap_arg(launch: _Launch):
+    """The kernel's trailing softcap argument (after the stream): the cap, or None without one."""
+    return None if launch.softcap is None else cutlass.Float32(launch.softcap)
 
 
 def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, config=None):
@@ -467,15 +492,16 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
         fn = _COMPILED.get(launch.kernel_config)
         if fn is None:
             fn = _compile_tvm_ffi(launch.kernel_config)
-        fn(q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h, launch.scale, launch.offset, launch.offset_lo, group)
+        fn(q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h, launch.scale, launch.offset, launch.offset_lo, group,
+           launch.softcap)
     else:
         from cute_kernels.runtime import current_stream
 
         args = _dsl_args(launch, q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h)
         stream = current_stream()
-        fn = compile_kernel(_kernel_for(launch.kernel_config), *args, stream,
+        fn = compile_kernel(_kernel_for(launch.kernel_config), *args, stream, _softcap_arg(launch),
                             key=("attention.sm90_flash_bwd", launch.kernel_config))
-        fn(*args, stream)
+        fn(*args, stream, _softcap_arg(launch))
     # Post-processing: dQ to q's dtype; GQA's per-query-head dK, dV summed over each group.
     dq = (dq_acc if sq == sq_pad else dq_acc[:, :, :sq]).to(q.dtype)
     if group > 1:

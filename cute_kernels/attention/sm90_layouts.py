@@ -68,6 +68,8 @@ class FlashSm90Config:
     of the MUFU (16 results per clock and SM).
     The last three are off in `config_for`: each measured slower on the suite's cases (the
     `sm90_flash` docstring has the figures); they stay as tested options for other shapes.
+    softcap: scores are soft-capped (`softmax.apply_softcap`; the cap is a runtime value);
+    sinks: a per-head sink logit joins each row's denominator (`softmax.OnlineSoftmax.finalize`).
     """
 
     head_dim: int = 128
@@ -85,6 +87,8 @@ class FlashSm90Config:
     rescale_threshold: float = 0.0
     rescale_early: bool = False
     exp2_poly: int = 0
+    softcap: bool = False
+    sinks: bool = False
 
     def validate(self) -> "FlashSm90Config":
         d = self.head_dim
@@ -92,7 +96,7 @@ class FlashSm90Config:
             raise ValueError(f"FlashSm90Config.head_dim must be a multiple of 16 in [16, 256], got {d!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"FlashSm90Config.dtype must be one of {_DTYPES}, got {self.dtype!r}")
-        for name in ("causal", "pingpong", "k_lead", "lpt", "local", "rescale_early"):
+        for name in ("causal", "pingpong", "k_lead", "lpt", "local", "rescale_early", "softcap", "sinks"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FlashSm90Config.{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.block_n, int) or self.block_n % 16 or not 16 <= self.block_n <= 256:
@@ -154,7 +158,8 @@ class FlashSm90Config:
         return 2 * self.block_n * self.head_dim
 
 
-def config_for(head_dim: int, dtype: str, causal: bool, local: bool = False) -> FlashSm90Config:
+def config_for(head_dim: int, dtype: str, causal: bool, local: bool = False, softcap: bool = False,
+               sinks: bool = False) -> FlashSm90Config:
     """The tile for a head dim: 192 x 128 with three consumer warpgroups of 160 registers up to
     D = 64 (FA3's tile; measured 0.94x FA4 against 0.81x for 128 x 128 at B8 H16 S2048), 128 x
     128 up to D = 128, 128 x 96 up to 192 and 128 x 80 above (shared memory: Q plus two slots of
@@ -162,10 +167,12 @@ def config_for(head_dim: int, dtype: str, causal: bool, local: bool = False) -> 
     240). `causal`: the upper diagonal is
     tested (`problem_checks.mask_flags`); `local`: the window's lower one too. Causal problems
     without a left bound launch longest-first (`lpt`); with one, every Q block's work is about
-    the window's width, so the plain grid serves."""
+    the window's width, so the plain grid serves. `softcap` takes 96-key blocks up to D = 64
+    (128 spill there); otherwise the features keep the tile."""
     roles = {}
     if head_dim <= 64:
-        block_n = 128
+        # A soft cap's tanh needs registers the three 160-register consumers lack at 128 keys.
+        block_n = 96 if softcap else 128
         roles = {"consumer_warpgroups": 3, "producer_regs": 32, "consumer_regs": 160}
     elif head_dim <= 128:
         block_n = 128
@@ -174,7 +181,7 @@ def config_for(head_dim: int, dtype: str, causal: bool, local: bool = False) -> 
     else:
         block_n = 80
     return FlashSm90Config(head_dim=head_dim, dtype=dtype, causal=causal, block_n=block_n, lpt=causal and not local,
-                           local=local, **roles).validate()
+                           local=local, softcap=softcap, sinks=sinks, **roles).validate()
 
 
 def num_m_blocks(seqlen_q: int, block_m: int = BLOCK_M) -> int:

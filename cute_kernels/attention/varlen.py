@@ -15,8 +15,14 @@ sliding window (`window_size=(left, right)`, -1 unbounded) is also per sequence:
 sequence b sees keys i + base_b - left <= j <= i + base_b + right, base_b = Sk_b - Sq_b unless
 the mask is top-left causal (`mask_rule`).
 
+Score features (`features`): softcap and sinks (Hq,) as in `attention_forward`, and
+`seqused_k` (B,) int32: sequence b attends to the first seqused_k[b] keys of its cu_seqlens_k
+rows (its Sk_b, alignment included), so a padded batch packed as equal-stride sequences needs
+no unpadding of its keys.
+
 The offsets are validated on the host before the launch (one small device-to-host copy): a
 max_seqlen_q below a real length would leave rows unwritten, so it is refused, never trusted.
+seqused_k is checked in the same copy (0 <= seqused_k[b] <= that sequence's cu_seqlens_k length).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import math
 
 from .api import _CAUSAL, AttentionProblem
+from .features import check_sinks, check_softcap, sinks_gradient
 from .mask_rule import canonical_window
 
 __all__ = ["attention_varlen_forward", "attention_varlen_backward", "check_varlen_inputs"]
@@ -66,8 +73,29 @@ def _check_given(given: dict, q, v, who: str) -> None:
                              f"it), got {tuple(t.shape)} {t.dtype}")
 
 
+def _check_seqused(seqused_k, cu_k: list[int], device, who: str) -> None:
+    """seqused_k: a (B,) int32 tensor on the inputs' device, each 0 <= used <= its capacity."""
+    import torch
+
+    batch = len(cu_k) - 1
+    if not isinstance(seqused_k, torch.Tensor):
+        raise TypeError(f"{who}: seqused_k must be a torch.Tensor or None, got {type(seqused_k).__name__}")
+    if seqused_k.dtype != torch.int32 or tuple(seqused_k.shape) != (batch,):
+        raise ValueError(f"{who}: seqused_k must be a ({batch},) int32 tensor (one key count per sequence), got "
+                         f"{tuple(seqused_k.shape)} {seqused_k.dtype}")
+    if seqused_k.device != device:
+        raise ValueError(f"{who}: seqused_k is on {seqused_k.device} but the inputs are on {device}")
+    if not seqused_k.is_contiguous():
+        raise ValueError(f"{who}: seqused_k must be contiguous")
+    for b, used in enumerate(seqused_k.tolist()):
+        room = cu_k[b + 1] - cu_k[b]
+        if not 0 <= used <= room:
+            raise ValueError(f"{who}: seqused_k[{b}] = {used} but sequence {b} has {room} key rows in cu_seqlens_k")
+
+
 def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale,
-                        window_size=None, who: str = _WHO, given=None) -> AttentionProblem:
+                        window_size=None, who: str = _WHO, given=None, softcap=None, sinks=None,
+                        seqused_k=None) -> AttentionProblem:
     """Validate the packed inputs; return the problem (batch = number of sequences, seqlen_q/k
     = max_seqlen_q/k, the window canonical as in `api.check_inputs`). Raises TypeError/ValueError
     naming the offending argument; `who` names the entry point in the messages. `given`: the
@@ -102,6 +130,8 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     elif not isinstance(scale, (int, float)) or isinstance(scale, bool):
         raise TypeError(f"{who}: scale must be a real number or None, got {type(scale).__name__}")
     causal, left, right = canonical_window(window_size, causal, who)
+    softcap = check_softcap(softcap, who)
+    check_sinks(sinks, hq, q, who)
     given = given or {}
     _check_given(given, q, v, who)
     devices = {t.device for t in (q, k, v, cu_seqlens_q, cu_seqlens_k, *given.values()) if isinstance(t, torch.Tensor)}
@@ -111,20 +141,23 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     cu_k = _check_cu(cu_seqlens_k, "cu_seqlens_k", tk, max_seqlen_k, "max_seqlen_k", who)
     if len(cu_q) != len(cu_k):
         raise ValueError(f"{who}: cu_seqlens_q has {len(cu_q) - 1} sequences but cu_seqlens_k has {len(cu_k) - 1}")
+    if seqused_k is not None:
+        _check_seqused(seqused_k, cu_k, q.device, who)
     if q.device.type != "cuda":
         raise ValueError(f"{who}: tensors are on '{q.device}'; the cute_kernels attention kernels run on CUDA "
                          "devices only")
     return AttentionProblem(len(cu_q) - 1, hq, hk, max_seqlen_q, max_seqlen_k, d, dv, q.dtype, causal, float(scale),
-                            left, right)
+                            left, right, softcap, sinks is not None, seqused_k is not None)
 
 
 def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                              causal: str | None = None, scale=None, window_size=None, kernel: str = "auto",
-                             out=None, lse=None):
+                             out=None, lse=None, softcap=None, sinks=None, seqused_k=None):
     """(out (Tq, Hq, Dv) in q's dtype, lse (Hq, Tq) fp32 natural log): per sequence b,
     attention_forward of its rows (module docstring), GQA when Hq > Hkv (query head h reads
     key/value head h // (Hq / Hkv)). window_size: None or (left, right), -1 unbounded (module
-    docstring). kernel: "auto" or "sm80_flash". Forward only (`attention_varlen_backward` is
+    docstring). softcap, sinks (Hq,), seqused_k (B,) int32: `features` (the module docstring).
+    kernel: "auto" or a rung with a varlen launch. Forward only (`attention_varlen_backward` is
     the gradient; `cute_kernels.ops.sdpa_varlen` is the differentiable op).
     out, lse: optional preallocated contiguous results, overwritten entirely."""
     import torch
@@ -134,14 +167,18 @@ def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
     from .registry import KERNELS
 
     problem = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                  causal=causal, scale=scale, window_size=window_size)
+                                  causal=causal, scale=scale, window_size=window_size, softcap=softcap, sinks=sinks,
+                                  seqused_k=seqused_k)
     out = _result(out, "out", (q.shape[0], q.shape[1], v.shape[2]), q.dtype, q.device, False)
     lse = _result(lse, "lse", (q.shape[1], q.shape[0]), torch.float32, q.device, False)
     if lse.numel() == 0:
         return out, lse
     if max_seqlen_k == 0:
         out.zero_()
-        lse.fill_(-math.inf)
+        if sinks is None:
+            lse.fill_(-math.inf)
+        else:
+            lse.copy_(sinks.to(torch.float32)[:, None].expand(lse.shape))
         return out, lse
     # The rung checks strides and sizes on the (1, H, T, D) views the kernel runs on; "auto"
     # picks among the rungs that have a varlen launch.
@@ -150,19 +187,23 @@ def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
     if kernel != "auto" and kernel in KERNELS and kernel not in with_varlen:
         raise ValueError(f"attention kernel {kernel!r} has no varlen launch; varlen kernels: {list(with_varlen)}")
     rung = resolve(kernel, *views, problem, registry=with_varlen)
-    return rung.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out, lse, problem)
+    # The features reach only rungs that declared them (`supports`), so others see the old call.
+    extra = {name: t for name, t in (("sinks", sinks), ("seqused_k", seqused_k)) if t is not None}
+    return rung.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out, lse, problem, **extra)
 
 
 def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                               max_seqlen_k: int, *, causal: str | None = None, scale=None, window_size=None,
-                              kernel: str = "auto", deterministic: bool | None = None):
+                              kernel: str = "auto", deterministic: bool | None = None, softcap=None, sinks=None,
+                              seqused_k=None):
     """(dq (Tq, Hq, D), dk (Tk, Hkv, D), dv (Tk, Hkv, Dv)), shaped and typed as q, k, v: the
     gradients of `attention_varlen_forward`'s out for the output gradient `dout` (Tq, Hq, Dv),
     given that forward's `out` and `lse` (Hq, Tq) and the same cu_seqlens, max_seqlen,
     causal/scale/window_size/kernel arguments. With GQA, dk and dv sum over the query heads
     sharing each key/value head. Every argument is checked, and the rung's backward is asked
     whether it takes the problem, before any launch: NotImplementedError names the reason when
-    no rung has a varlen backward (`varlen_backward`) for it.
+    no rung has a varlen backward (`varlen_backward`) for it. With sinks: (dq, dk, dv, dsinks),
+    dsinks shaped and typed as sinks (`features.sinks_gradient`).
 
     deterministic: True asks for bitwise-reproducible gradients (passed to rungs whose
     `varlen_backward` takes the option); None follows `torch.are_deterministic_algorithms_enabled()`."""
@@ -173,14 +214,21 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
         deterministic = torch.are_deterministic_algorithms_enabled()
     problem = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                                   scale=scale, window_size=window_size, who=who,
-                                  given={"out": out, "dout": dout, "lse": lse})
+                                  given={"out": out, "dout": dout, "lse": lse}, softcap=softcap, sinks=sinks,
+                                  seqused_k=seqused_k)
     if q.shape[0] * q.shape[1] == 0 or max_seqlen_k == 0:
         # No query row or no key: out does not depend on q, k, v.
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    rung = _varlen_backward_rung(kernel, [t.permute(1, 0, 2).unsqueeze(0) for t in (q, k, v)], problem, who)
-    options = {"deterministic": True} if deterministic and _takes_deterministic(rung.varlen_backward) else {}
-    return tuple(rung.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                      max_seqlen_k, problem, **options))
+        grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
+    else:
+        rung = _varlen_backward_rung(kernel, [t.permute(1, 0, 2).unsqueeze(0) for t in (q, k, v)], problem, who)
+        options = {"deterministic": True} if deterministic and _takes_deterministic(rung.varlen_backward) else {}
+        if seqused_k is not None:
+            options["seqused_k"] = seqused_k
+        grads = tuple(rung.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                           max_seqlen_k, problem, **options))
+    if sinks is not None:
+        grads = (*grads, sinks_gradient(dout, out, lse, sinks, packed=True))
+    return grads
 
 
 def _takes_deterministic(fn) -> bool:

@@ -40,17 +40,21 @@ def _causal(attn_mask, is_causal: bool):
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
-                                 scale=None, enable_gqa: bool = False, *, window_size=None, kernel: str = "auto",
-                                 fallback: str = "none"):
+                                 scale=None, enable_gqa: bool = False, *, window_size=None, softcap=None, sinks=None,
+                                 return_lse: bool = False, kernel: str = "auto", fallback: str = "none"):
     """torch.nn.functional.scaled_dot_product_attention on the cute_kernels attention kernels.
 
     Masks: is_causal=True (top-left, as PyTorch) or attn_mask=torch.nn.attention.bias.
     causal_lower_right(Sq, Sk) / causal_upper_left(Sq, Sk), and window_size=(left, right):
     FlashAttention's sliding window (-1 for an unbounded side; aligned bottom-right without
-    causality; `cute_kernels.attention.mask_rule`). A dense attn_mask tensor and dropout_p > 0
-    are not supported by our kernels: NotImplementedError, or PyTorch's SDPA with
-    fallback="torch" (given the window as a boolean mask). Differentiable through
-    `cute_kernels::sdpa`'s backward.
+    causality; `cute_kernels.attention.mask_rule`). softcap (scores softcap * tanh(scale q.k /
+    softcap)) and sinks (Hq,) (one logit per query head in the softmax denominator; gpt-oss):
+    `cute_kernels.attention.features`; differentiable in sinks too. return_lse: return (out,
+    lse (..., Hq, Sq) fp32, natural log, sinks included). A dense attn_mask tensor and
+    dropout_p > 0 are not supported by our kernels: NotImplementedError, or with
+    fallback="torch" PyTorch's SDPA (given the window as a boolean mask), or the PyTorch
+    definition (`attention_reference.masked_attention`) when a feature or the lse is asked for.
+    Differentiable through `cute_kernels::sdpa`'s backward.
     """
     check_fallback("scaled_dot_product_attention", fallback)
     causal = _causal(attn_mask, is_causal)
@@ -63,13 +67,40 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             raise NotImplementedError(f"scaled_dot_product_attention: {reason}; pass fallback='torch' to use "
                                       "torch.nn.functional.scaled_dot_product_attention for such calls")
         note_fallback("scaled_dot_product_attention", reason)
+        if softcap is not None or sinks is not None or return_lse:
+            return _by_definition(query, key, value, attn_mask, dropout_p, is_causal, causal, scale, enable_gqa,
+                                  window_size, softcap, sinks, return_lse)
         extra = {"enable_gqa": True} if enable_gqa else {}
         if window_size is not None:
             attn_mask, is_causal = _with_window(query, key, attn_mask, is_causal, causal, window_size), False
         return torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **extra)
-    out, _ = ops.sdpa(query, key, value, causal, scale, enable_gqa, left, right, rung=kernel, fallback=fallback)
-    return out
+    features = {}
+    if softcap is not None:
+        features["softcap"] = softcap
+    if sinks is not None:
+        features["sinks"] = sinks
+    out, lse = ops.sdpa(query, key, value, causal, scale, enable_gqa, left, right, rung=kernel, fallback=fallback,
+                        **features)
+    return (out, lse) if return_lse else out
+
+
+def _by_definition(query, key, value, attn_mask, dropout_p, is_causal, causal, scale, enable_gqa, window_size,
+                   softcap, sinks, return_lse):
+    """The fallback for a dense mask or dropout with a feature (or the lse) PyTorch's SDPA lacks."""
+    from cute_kernels.attention.features import check_sinks, check_softcap
+    from cute_kernels.ops.attention_reference import masked_attention
+
+    who = "scaled_dot_product_attention"
+    check_softcap(softcap, who)
+    check_sinks(sinks, query.shape[-3], query, who)
+    if isinstance(attn_mask, torch.Tensor):
+        if is_causal:
+            raise ValueError(f"{who}: pass either is_causal=True or attn_mask, not both")
+        causal = None
+    out, lse = masked_attention(query, key, value, attn_mask if isinstance(attn_mask, torch.Tensor) else None,
+                                dropout_p, causal, scale, enable_gqa, window_size, softcap, sinks)
+    return (out, lse) if return_lse else out
 
 
 def _window_ints(window_size, causal):

@@ -13,6 +13,9 @@ the first call):
 - `sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=None,
   scale=None, window_left=-1, window_right=-1, rung="auto", fallback="none")` -> (out, lse),
   differentiable through `sdpa_varlen_backward(...)` -> (dq, dk, dv); `paged_decode(...)` -> out.
+  The dense and varlen ops end with `softcap=None, sinks=None` (varlen also `seqused_k=None`):
+  logit soft-capping and per-head sinks (`cute_kernels.attention.features`), differentiable in
+  sinks.
 
 `rung` names a rung of the ladder (`cute_kernels.gemm.KERNELS`, `cute_kernels.attention.KERNELS`)
 or "auto"; it is the kernel layer's `kernel=` argument under another name (see

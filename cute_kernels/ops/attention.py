@@ -11,6 +11,14 @@ Sliding windows: the dense and varlen ops take `window_left: int = -1, window_ri
 (a schema takes ints, not an optional pair), FlashAttention's `window_size` split in two: -1 is
 an unbounded side, and (-1, -1) is no window. The entry points receive
 `window_size=(window_left, window_right)`, or None for (-1, -1).
+
+Score features (`cute_kernels.attention.features`): every dense and varlen op also takes
+`softcap: Optional[float] = None` and `sinks: Optional[Tensor] = None` (Hq,), and the varlen ops
+`seqused_k: Optional[Tensor] = None` (B,) int32, as the last schema arguments. They reach the
+entry points as keywords only when given (so entries without them see the old call). `sdpa` and
+`sdpa_varlen` differentiate into sinks too: dsinks = -sum_rows exp(sink - lse) rowsum(dO * O)
+(`features.sinks_gradient`), computed in the autograd formula from the forward's out and lse;
+the backward ops return (dq, dk, dv) as before.
 """
 
 import importlib
@@ -19,6 +27,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from cute_kernels.attention.features import check_sinks, check_softcap, sinks_gradient
 from cute_kernels.attention.mask_rule import canonical_window
 
 from . import attention_reference as reference
@@ -83,32 +92,51 @@ def _window(op: str, causal, window_left: int, window_right: int):
     return window
 
 
+def _features(op: str, q, softcap, sinks, seqused_k=None, packed: bool = False) -> dict:
+    """The feature keywords an entry point receives: only those given, checked (so the fake and
+    every path raise alike). packed: q is (Tq, Hq, D) (varlen), else (..., Hq, Sq, D)."""
+    given = {}
+    if softcap is not None:
+        given["softcap"] = check_softcap(softcap, f"cute_kernels.{op}")
+    if sinks is not None:
+        heads = q.shape[1] if packed else q.shape[-3]
+        given["sinks"] = check_sinks(sinks, heads, q, f"cute_kernels.{op}")
+    if seqused_k is not None:
+        given["seqused_k"] = seqused_k
+    return given
+
+
 # ---- sdpa (forward) ----------------------------------------------------------------------------
 
 @torch.library.custom_op("cute_kernels::sdpa", mutates_args=())
 def sdpa(q: Tensor, k: Tensor, v: Tensor, causal: Optional[str] = None, scale: Optional[float] = None,
          enable_gqa: bool = False, window_left: int = -1, window_right: int = -1, rung: str = "auto",
-         fallback: str = "none") -> tuple[Tensor, Tensor]:
+         fallback: str = "none", softcap: Optional[float] = None,
+         sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """(out, lse): attention of q (B, Hq, Sq, D) over k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv) (or
     all without B); out (B, Hq, Sq, Dv) in q's dtype, lse (B, Hq, Sq) fp32 (not differentiable).
     causal: None, "top_left" or "bottom_right"; scale default 1/sqrt(D); window_left/right: a
     sliding window, -1 unbounded (module docstring); rung: an attention rung
-    (`cute_kernels.attention.KERNELS`) or "auto"."""
+    (`cute_kernels.attention.KERNELS`) or "auto"; softcap, sinks (Hq,): the score features
+    (module docstring; lse includes the sinks)."""
     check_fallback("sdpa", fallback)
     _check_causal("sdpa", causal)
     window = _window("sdpa", causal, window_left, window_right)
+    features = _features("sdpa", q, softcap, sinks)
     if fallback == "torch" and not on_cuda(q, k, v):
         note_fallback("sdpa", f"inputs on {q.device}")
-        return reference.forward(q, k, v, causal, scale, enable_gqa, window)
+        return reference.forward(q, k, v, causal, scale, enable_gqa, window, softcap, sinks)
+    if sinks is not None:
+        features["sinks"] = sinks.detach()
     try:
         with device_guard(q):
             return _entry("sdpa")(*_detached(q, k, v), causal=causal, scale=scale, enable_gqa=enable_gqa,
-                                  window_size=window, kernel=rung)
+                                  window_size=window, kernel=rung, **features)
     except UNSUPPORTED as err:
         if fallback != "torch":
             raise_unsupported("sdpa", err)
         note_fallback("sdpa", str(err))
-        return reference.forward(q, k, v, causal, scale, enable_gqa, window)
+        return reference.forward(q, k, v, causal, scale, enable_gqa, window, softcap, sinks)
 
 
 def _check_ranks(op: str, *tensors) -> None:
@@ -120,27 +148,31 @@ def _check_ranks(op: str, *tensors) -> None:
 
 @sdpa.register_fake
 def _sdpa_fake(q, k, v, causal=None, scale=None, enable_gqa=False, window_left=-1, window_right=-1, rung="auto",
-               fallback="none"):
+               fallback="none", softcap=None, sinks=None):
     _check_causal("sdpa", causal)
     _window("sdpa", causal, window_left, window_right)
     _check_ranks("sdpa", q, k, v)
+    _features("sdpa", q, softcap, sinks)
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     return out, q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
+_SDPA_OPTIONS = ("causal", "scale", "enable_gqa", "window_left", "window_right", "rung", "fallback", "softcap")
+
+
 def _sdpa_setup(ctx, inputs, output):
-    q, k, v, causal, scale, enable_gqa, window_left, window_right, rung, fallback = inputs
+    q, k, v, *options, sinks = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.options = dict(causal=causal, scale=scale, enable_gqa=enable_gqa, window_left=window_left,
-                       window_right=window_right, rung=rung, fallback=fallback)
+    ctx.save_for_backward(q, k, v, out, lse, sinks)
+    ctx.options = dict(zip(_SDPA_OPTIONS, options))
 
 
 def _sdpa_grad(ctx, grad_out, grad_lse):
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = sdpa_backward(grad_out, q, k, v, out, lse, **ctx.options)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    q, k, v, out, lse, sinks = ctx.saved_tensors
+    dq, dk, dv = sdpa_backward(grad_out, q, k, v, out, lse, **ctx.options, sinks=sinks)
+    dsinks = sinks_gradient(grad_out, out, lse, sinks) if sinks is not None and ctx.needs_input_grad[-1] else None
+    return dq, dk, dv, *([None] * len(_SDPA_OPTIONS)), dsinks
 
 
 sdpa.register_autograd(_sdpa_grad, setup_context=_sdpa_setup)
@@ -152,33 +184,40 @@ sdpa.register_autograd(_sdpa_grad, setup_context=_sdpa_setup)
 def sdpa_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                   causal: Optional[str] = None, scale: Optional[float] = None, enable_gqa: bool = False,
                   window_left: int = -1, window_right: int = -1, rung: str = "auto",
-                  fallback: str = "none") -> tuple[Tensor, Tensor, Tensor]:
+                  fallback: str = "none", softcap: Optional[float] = None,
+                  sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of `sdpa`'s out given its (out, lse); contiguous, shaped and typed as q, k, v.
-    `rung` is the forward's (the backward of that rung runs). Raises NotImplementedError naming
-    the missing kernel when no attention backward exists for the input."""
+    `rung` is the forward's (the backward of that rung runs); softcap and sinks as the forward
+    took them (the sinks' own gradient is `features.sinks_gradient`, see the module docstring).
+    Raises NotImplementedError naming the missing kernel when no attention backward exists for
+    the input."""
     check_fallback("sdpa_backward", fallback)
     _check_causal("sdpa_backward", causal)
     window = _window("sdpa_backward", causal, window_left, window_right)
+    features = _features("sdpa_backward", q, softcap, sinks)
     if fallback == "torch" and not on_cuda(grad_out, q, k, v):
         note_fallback("sdpa_backward", f"inputs on {q.device}")
-        return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa, window)
+        return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa, window, softcap, sinks)
+    if sinks is not None:
+        features["sinks"] = sinks.detach()
     try:
         with device_guard(q):
             grads = _entry("sdpa_backward")(*_detached(grad_out, q, k, v, out, lse), causal=causal, scale=scale,
-                                            enable_gqa=enable_gqa, window_size=window, kernel=rung)
+                                            enable_gqa=enable_gqa, window_size=window, kernel=rung, **features)
     except UNSUPPORTED as err:
         if fallback != "torch":
             raise_unsupported("sdpa_backward", err)
         note_fallback("sdpa_backward", str(err))
-        return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa, window)
-    return tuple(g.contiguous() for g in grads)
+        return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa, window, softcap, sinks)
+    return tuple(g.contiguous() for g in grads[:3])
 
 
 @sdpa_backward.register_fake
 def _sdpa_backward_fake(grad_out, q, k, v, out, lse, causal=None, scale=None, enable_gqa=False, window_left=-1,
-                        window_right=-1, rung="auto", fallback="none"):
+                        window_right=-1, rung="auto", fallback="none", softcap=None, sinks=None):
     _check_causal("sdpa_backward", causal)
     _window("sdpa_backward", causal, window_left, window_right)
+    _features("sdpa_backward", q, softcap, sinks)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -188,26 +227,34 @@ def _sdpa_backward_fake(grad_out, q, k, v, out, lse, causal=None, scale=None, en
 def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
                 max_seqlen_k: int, causal: Optional[str] = None, scale: Optional[float] = None,
                 window_left: int = -1, window_right: int = -1, rung: str = "auto",
-                fallback: str = "none") -> tuple[Tensor, Tensor]:
+                fallback: str = "none", softcap: Optional[float] = None, sinks: Optional[Tensor] = None,
+                seqused_k: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """(out (Tq, Hq, Dv), lse (Hq, Tq) fp32) for sequences packed along dim 0 of q (Tq, Hq, D),
     k (Tk, Hkv, D), v (Tk, Hkv, Dv), delimited by int32 cu_seqlens_q/k (B + 1,) (see
-    `attention_reference.varlen_forward`); Hq a multiple of Hkv. Differentiable in q, k, v
-    through `sdpa_varlen_backward` (lse is not differentiable)."""
-    check_fallback("sdpa_varlen", fallback)
-    _check_causal("sdpa_varlen", causal)
-    window = _window("sdpa_varlen", causal, window_left, window_right)
-    if fallback == "torch" and not on_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k):
-        note_fallback("sdpa_varlen", f"inputs on {q.device}")
-        return reference.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window)
+    `attention_reference.varlen_forward`); Hq a multiple of Hkv. softcap, sinks (Hq,) and
+    seqused_k (B,) int32: the module docstring. Differentiable in q, k, v and sinks through
+    `sdpa_varlen_backward` (lse is not differentiable)."""
+    op = "sdpa_varlen"
+    check_fallback(op, fallback)
+    _check_causal(op, causal)
+    window = _window(op, causal, window_left, window_right)
+    features = _features(op, q, softcap, sinks, seqused_k, packed=True)
+    if fallback == "torch" and not on_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k):
+        note_fallback(op, f"inputs on {q.device}")
+        return reference.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window, softcap, sinks,
+                                        seqused_k)
+    if sinks is not None:
+        features["sinks"] = sinks.detach()
     try:
         with device_guard(q):
-            return _entry("sdpa_varlen")(*_detached(q, k, v, cu_seqlens_q, cu_seqlens_k), max_seqlen_q, max_seqlen_k,
-                                         causal=causal, scale=scale, window_size=window, kernel=rung)
+            return _entry(op)(*_detached(q, k, v, cu_seqlens_q, cu_seqlens_k), max_seqlen_q, max_seqlen_k,
+                              causal=causal, scale=scale, window_size=window, kernel=rung, **features)
     except UNSUPPORTED as err:
         if fallback != "torch":
-            raise_unsupported("sdpa_varlen", err)
-        note_fallback("sdpa_varlen", str(err))
-        return reference.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window)
+            raise_unsupported(op, err)
+        note_fallback(op, str(err))
+        return reference.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window, softcap, sinks,
+                                        seqused_k)
 
 
 def _check_packed(op: str, q, k, v) -> None:
@@ -218,28 +265,36 @@ def _check_packed(op: str, q, k, v) -> None:
 
 @sdpa_varlen.register_fake
 def _sdpa_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=None, scale=None,
-                      window_left=-1, window_right=-1, rung="auto", fallback="none"):
+                      window_left=-1, window_right=-1, rung="auto", fallback="none", softcap=None, sinks=None,
+                      seqused_k=None):
     _check_causal("sdpa_varlen", causal)
     _window("sdpa_varlen", causal, window_left, window_right)
     _check_packed("sdpa_varlen", q, k, v)
+    _features("sdpa_varlen", q, softcap, sinks, seqused_k, packed=True)
     out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
     return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
+_VARLEN_OPTIONS = ("causal", "scale", "window_left", "window_right", "rung", "fallback", "softcap")
+
+
 def _sdpa_varlen_setup(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *options = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *options, sinks, seqused_k = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks, seqused_k)
     ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
-    ctx.options = dict(zip(("causal", "scale", "window_left", "window_right", "rung", "fallback"), options))
+    ctx.options = dict(zip(_VARLEN_OPTIONS, options))
 
 
 def _sdpa_varlen_grad(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks, seqused_k = ctx.saved_tensors
     dq, dk, dv = sdpa_varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens,
-                                      **ctx.options)
-    return dq, dk, dv, *([None] * 10)
+                                      **ctx.options, sinks=sinks, seqused_k=seqused_k)
+    dsinks = None
+    if sinks is not None and ctx.needs_input_grad[-2]:
+        dsinks = sinks_gradient(grad_out, out, lse, sinks, packed=True)
+    return dq, dk, dv, *([None] * (4 + len(_VARLEN_OPTIONS))), dsinks, None
 
 
 # ---- sdpa_varlen_backward ------------------------------------------------------------------------
@@ -248,37 +303,44 @@ def _sdpa_varlen_grad(ctx, grad_out, grad_lse):
 def sdpa_varlen_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                          cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                          causal: Optional[str] = None, scale: Optional[float] = None, window_left: int = -1,
-                         window_right: int = -1, rung: str = "auto",
-                         fallback: str = "none") -> tuple[Tensor, Tensor, Tensor]:
+                         window_right: int = -1, rung: str = "auto", fallback: str = "none",
+                         softcap: Optional[float] = None, sinks: Optional[Tensor] = None,
+                         seqused_k: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of `sdpa_varlen`'s out given its (out (Tq, Hq, Dv), lse (Hq, Tq)); contiguous,
-    shaped and typed as q, k, v (see `attention_reference.varlen_backward`). Raises
-    NotImplementedError naming the missing kernel when no varlen backward exists for the input."""
+    shaped and typed as q, k, v (see `attention_reference.varlen_backward`); the features as the
+    forward took them. Raises NotImplementedError naming the missing kernel when no varlen
+    backward exists for the input."""
     op = "sdpa_varlen_backward"
     check_fallback(op, fallback)
     _check_causal(op, causal)
     window = _window(op, causal, window_left, window_right)
-    if fallback == "torch" and not on_cuda(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k):
+    features = _features(op, q, softcap, sinks, seqused_k, packed=True)
+    ref_args = (causal, scale, window, softcap, sinks, seqused_k)
+    if fallback == "torch" and not on_cuda(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k):
         note_fallback(op, f"inputs on {q.device}")
-        return reference.varlen_backward(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window)
+        return reference.varlen_backward(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *ref_args)
+    if sinks is not None:
+        features["sinks"] = sinks.detach()
     try:
         with device_guard(q):
             grads = _entry(op)(*_detached(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k), max_seqlen_q,
-                               max_seqlen_k, causal=causal, scale=scale, window_size=window, kernel=rung)
+                               max_seqlen_k, causal=causal, scale=scale, window_size=window, kernel=rung, **features)
     except UNSUPPORTED as err:
         if fallback != "torch":
             raise_unsupported(op, err)
         note_fallback(op, str(err))
-        return reference.varlen_backward(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window)
-    return tuple(g.contiguous() for g in grads)
+        return reference.varlen_backward(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, *ref_args)
+    return tuple(g.contiguous() for g in grads[:3])
 
 
 @sdpa_varlen_backward.register_fake
 def _sdpa_varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                causal=None, scale=None, window_left=-1, window_right=-1, rung="auto",
-                               fallback="none"):
+                               fallback="none", softcap=None, sinks=None, seqused_k=None):
     _check_causal("sdpa_varlen_backward", causal)
     _window("sdpa_varlen_backward", causal, window_left, window_right)
     _check_packed("sdpa_varlen_backward", q, k, v)
+    _features("sdpa_varlen_backward", q, softcap, sinks, seqused_k, packed=True)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 

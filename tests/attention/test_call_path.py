@@ -39,10 +39,11 @@ FORBIDDEN = [
 ]
 
 # (rung module, kernel argument, kernel class name, trailing launch arguments after the scalars
-# (scale, upper offset, lower offset, group))
+# (scale, upper offset, lower offset, group): sm80's five varlen slots, then both rungs' score
+# features (the soft cap's score scale, sinks; sm80's seqused_k))
 RUNGS = {
-    "sm80_flash": (sm80_flash, "sm80_flash", "FlashAttentionSm80", (None, None, None, None, None)),
-    "sm90_flash": (sm90_flash, "sm90_flash", "FlashAttentionSm90", ()),
+    "sm80_flash": (sm80_flash, "sm80_flash", "FlashAttentionSm80", (None, None, None, None, None, 1.0, None, None)),
+    "sm90_flash": (sm90_flash, "sm90_flash", "FlashAttentionSm90", (1.0, None)),
 }
 
 
@@ -246,7 +247,7 @@ def test_dsl_tensor_fallback_builds_the_kernel_once(rung, monkeypatch):
     assert [b["key"] for b in compiler.builds] == [(f"attention.{name}", module.config_for(64, "bfloat16", False))] * 3
     assert all(b["options"] is None for b in compiler.builds)
     assert [t for t, _ in wrapped[:3]] == [q, k, v] and len(wrapped) == 15
-    assert compiler.launches[-1][-1] == "stream"
+    assert "stream" in compiler.launches[-1]
 
 
 def test_dispatch_caches_static_checks_per_device(monkeypatch):
@@ -270,7 +271,7 @@ def test_dispatch_caches_static_checks_per_device(monkeypatch):
 @pytest.mark.compile
 def test_sm80_flash_tvm_ffi_build_takes_torch_tensors(monkeypatch, tmp_path):
     """The real TVM-FFI build of the sm80_flash forward: its signature is the rung's launch
-    (5 tensors, 4 scalars, the 5 varlen slots as None, no stream argument), and it checks the
+    (5 tensors, 4 scalars, the 5 varlen slots as None, the 3 feature slots, no stream argument), and it checks the
     torch tensors it is given itself (a CPU tensor is refused by device, not by arity)."""
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(sm80_flash, "_COMPILED", {})
@@ -279,7 +280,7 @@ def test_sm80_flash_tvm_ffi_build_takes_torch_tensors(monkeypatch, tmp_path):
     assert sm80_flash._COMPILED[config] is fn
     q, k, v = _qkv(sq=128, sk=128)
     out, lse = torch.empty_like(q), torch.empty(1, 8, 128)
-    with pytest.raises(TypeError, match="Expects 14 parameters"):
+    with pytest.raises(TypeError, match="Expects 17 parameters"):
         fn(q, k, v, out, lse, 0.125, 0, 0, 1)
     with pytest.raises(ValueError, match="device_type=cuda"):
-        fn(q, k, v, out, lse, 0.125, 0, 0, 1, None, None, None, None, None)
+        fn(q, k, v, out, lse, 0.125, 0, 0, 1, None, None, None, None, None, 1.0, None, None)

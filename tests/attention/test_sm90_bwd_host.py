@@ -132,6 +132,7 @@ PROBLEMS = {
                             window_right=5), None),
     "torch_prep_gqa": (_problem(hq=6, hkv=2, sq=70, sk=64, causal="top_left"),
                        replace(bwd.bwd_config_for(64, "bfloat16", True, dkv_fp32=True), prep_kernel=False)),
+    "softcap_sinks": (_problem(causal="top_left", softcap=20.0, sinks=True), None),
 }
 
 
@@ -155,7 +156,8 @@ def test_both_paths_pass_identical_arguments(host, name):
     expect_offset = base + (p.window_right or 0)
     expect_lo = base - p.window_left if p.window_left is not None else 0
     scalars = [x[1] for x in dict(tvm)["bwd"] if x[0] == "scalar"]
-    assert scalars[1:] == [expect_offset, expect_lo, p.heads_q // p.heads_kv]
+    # ... and, after the stream, the soft cap (None without one; sinks need nothing here).
+    assert scalars[1:] == [expect_offset, expect_lo, p.heads_q // p.heads_kv, p.softcap]
     assert scalars[0] == pytest.approx(p.scale)
     sq_pad = -(-p.seqlen_q // 64) * 64
     flat = [x[1] for x in dict(tvm)["bwd"] if x[0] == "tensor" and len(x[1]) == 1]
