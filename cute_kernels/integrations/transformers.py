@@ -180,18 +180,10 @@ def _features(softcap, sinks) -> dict:
 def _dense(query, key, value, causal: bool, scaling, left: int, softcap, sinks, kernel, fallback):
     from cute_kernels.nn import functional as cf
 
-    extra = _features(softcap, sinks)
-    try:
-        out = cf.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scaling,
-                                              enable_gqa=query.shape[1] != key.shape[1],
-                                              window_size=None if left == -1 else (left, 0 if causal else -1),
-                                              kernel=kernel, fallback=fallback, **extra)
-    except TypeError as err:
-        if extra and "unexpected keyword" in str(err):
-            raise NotImplementedError(f"cute_kernels attention: {', '.join(extra)} is not taken by this build's "
-                                      "scaled_dot_product_attention (the score features are not merged yet); use "
-                                      "attn_implementation='eager' for this model") from err
-        raise
+    out = cf.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scaling,
+                                          enable_gqa=query.shape[1] != key.shape[1],
+                                          window_size=None if left == -1 else (left, 0 if causal else -1),
+                                          kernel=kernel, fallback=fallback, **_features(softcap, sinks))
     return out.transpose(1, 2)
 
 
@@ -206,10 +198,9 @@ def _varlen(query, key, value, cu_q, cu_k, kwargs, causal: bool, scaling, left: 
     max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
     max_q = int(max_q) if max_q is not None else int((cu_q[1:] - cu_q[:-1]).max())
     max_k = int(max_k) if max_k is not None else int((cu_k[1:] - cu_k[:-1]).max())
-    out, _ = masked_ops._call(sdpa_varlen, "sdpa_varlen", flat(query), flat(key), flat(value),
-                              cu_q.to(torch.int32), cu_k.to(torch.int32), max_q, max_k,
-                              "bottom_right" if causal else None, scaling, left, -1, rung=kernel, fallback=fallback,
-                              features=_features(softcap, sinks))
+    out, _ = sdpa_varlen(flat(query), flat(key), flat(value), cu_q.to(torch.int32), cu_k.to(torch.int32), max_q,
+                         max_k, "bottom_right" if causal else None, scaling, left, -1, rung=kernel, fallback=fallback,
+                         **_features(softcap, sinks))
     return out.unsqueeze(0)
 
 

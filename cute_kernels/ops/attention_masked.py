@@ -25,7 +25,8 @@ cross-attention too. Causal masks are aligned bottom-right per sequence (the que
 sequence's last tokens), windows are FlashAttention's (`window_left/right`, -1 unbounded).
 
 softcap and sinks (Hq,) are passed to the operators below unchanged (`cute_kernels.attention.
-features` defines them); the backward returns the sinks' gradient when they are given.
+features` defines them); the backward returns the sinks' gradient (`features.sinks_gradient`
+over the real rows) when they are given.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+
+from cute_kernels.attention.features import sinks_gradient
 
 from . import attention as attention_ops
 from .fallback import check_fallback
@@ -164,33 +167,13 @@ def _scatter(dst: Tensor, rows: Optional[Tensor], src: Tensor) -> Tensor:
 
 
 def _features(softcap, sinks) -> dict:
-    """The score-feature keywords for the operators below: given only when used, so a build
-    whose operators predate them still runs every call that does not use them."""
+    """The score-feature keywords for the operators below, given only when used."""
     extra = {}
     if softcap is not None:
         extra["softcap"] = softcap
     if sinks is not None:
         extra["sinks"] = sinks
     return extra
-
-
-def _call(op, name: str, *args, features: dict, **kwargs):
-    try:
-        return op(*args, **kwargs, **features)
-    except TypeError as err:
-        if features and "unexpected keyword" in str(err):
-            raise NotImplementedError(
-                f"cute_kernels.sdpa_masked: {', '.join(features)} is not taken by cute_kernels.{name} in this build "
-                "(the attention score features are not merged yet); use attn_implementation='eager' for this "
-                "model") from err
-        raise
-
-
-def _split_grads(grads, sinks):
-    """(dq, dk, dv, dsinks): the operators return the sinks' gradient fourth when given sinks."""
-    grads = tuple(grads)
-    dsinks = grads[3] if sinks is not None and len(grads) > 3 else None
-    return grads[0], grads[1], grads[2], dsinks
 
 
 # ---- the forward ---------------------------------------------------------------------------------
@@ -210,15 +193,15 @@ def sdpa_masked(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], seg
     if plan.dense:
         ks, vs = k[:, :, :plan.keys_used], v[:, :, :plan.keys_used]
         align = causal if causal is None or ks.shape[2] != sq else "top_left"
-        out, lse = _call(attention_ops.sdpa, "sdpa", q, ks, vs, align, scale, hq != k.shape[1], window_left,
-                         window_right, rung=rung, fallback=fallback, features=features)
+        out, lse = attention_ops.sdpa(q, ks, vs, align, scale, hq != k.shape[1], window_left, window_right,
+                                      rung=rung, fallback=fallback, **features)
         return out.transpose(1, 2).contiguous(), lse.permute(1, 0, 2).reshape(hq, b * sq).contiguous()
     qp = _packed(q, plan.rows_q, sq)
     kp, vp = _packed(k, plan.rows_k, plan.keys_used), _packed(v, plan.rows_k, plan.keys_used)
     align = None if causal is None else "bottom_right"
-    out_p, lse_p = _call(attention_ops.sdpa_varlen, "sdpa_varlen", qp, kp, vp, plan.cu_q, plan.cu_k, plan.max_q,
-                         plan.max_k, align, scale, window_left, window_right, rung=rung, fallback=fallback,
-                         features=features)
+    out_p, lse_p = attention_ops.sdpa_varlen(qp, kp, vp, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, align,
+                                             scale, window_left, window_right, rung=rung, fallback=fallback,
+                                             **features)
     out = _scatter(q.new_empty((b, sq, hq, v.shape[3])), plan.rows_q, out_p)
     lse = lse_p.new_full((hq, b * sq), float("-inf"))
     if plan.rows_q is None:
@@ -272,15 +255,18 @@ def sdpa_masked_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
     b, hq, sq, _ = q.shape
     plan = plan_for(key_mask, segments, sq, k.shape[2], causal)
     features = _features(softcap, sinks)
+    dsinks = q.new_empty(0)
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if plan.dense:
         used = plan.keys_used
         ks, vs = k[:, :, :used], v[:, :, :used]
         align = causal if causal is None or used != sq else "top_left"
-        grads = _call(attention_ops.sdpa_backward, "sdpa_backward", grad_out.transpose(1, 2), q, ks, vs,
-                      out.transpose(1, 2), lse.view(hq, b, sq).permute(1, 0, 2).contiguous(), align, scale,
-                      hq != k.shape[1], window_left, window_right, rung=rung, fallback=fallback, features=features)
-        gq, gk, gv, dsinks = _split_grads(grads, sinks)
+        gq, gk, gv = attention_ops.sdpa_backward(
+            grad_out.transpose(1, 2), q, ks, vs, out.transpose(1, 2), lse.view(hq, b, sq).permute(1, 0, 2).contiguous(),
+            align, scale, hq != k.shape[1], window_left, window_right, rung=rung, fallback=fallback, **features)
+        if sinks is not None:
+            flat = lambda t: t.reshape(-1, t.shape[2], t.shape[3])  # noqa: E731
+            dsinks = sinks_gradient(flat(grad_out), flat(out), lse, sinks, packed=True)
         dq.copy_(gq)
         dk[:, :, :used].copy_(gk)
         dv[:, :, :used].copy_(gv)
@@ -290,19 +276,16 @@ def sdpa_masked_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
         pick = (lambda t: flat(t)) if rows_q is None else (lambda t: flat(t).index_select(0, rows_q))
         lse_p = lse if rows_q is None else lse.index_select(1, rows_q)
         align = None if causal is None else "bottom_right"
-        grads = _call(attention_ops.sdpa_varlen_backward, "sdpa_varlen_backward", pick(grad_out.contiguous()),
-                      _packed(q, rows_q, sq), _packed(k, rows_k, used), _packed(v, rows_k, used), pick(out),
-                      lse_p.contiguous(), plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, align, scale, window_left,
-                      window_right, rung=rung, fallback=fallback, features=features)
-        gq, gk, gv, dsinks = _split_grads(grads, sinks)
+        dout_p, out_p, lse_p = pick(grad_out.contiguous()), pick(out), lse_p.contiguous()
+        gq, gk, gv = attention_ops.sdpa_varlen_backward(
+            dout_p, _packed(q, rows_q, sq), _packed(k, rows_k, used), _packed(v, rows_k, used), out_p, lse_p,
+            plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, align, scale, window_left, window_right, rung=rung,
+            fallback=fallback, **features)
+        if sinks is not None:
+            dsinks = sinks_gradient(dout_p, out_p, lse_p, sinks, packed=True)
         _scatter_into(dq, rows_q, gq, sq)
         _scatter_into(dk, rows_k, gk, used)
         _scatter_into(dv, rows_k, gv, used)
-    if sinks is None:
-        dsinks = q.new_empty(0)
-    elif dsinks is None:
-        raise NotImplementedError("cute_kernels.sdpa_masked_backward: the attention backward returned no gradient "
-                                  "for sinks")
     return dq, dk, dv, dsinks
 
 

@@ -6,19 +6,11 @@ For the lead to run on the H200: `python3 -m pytest -q -m gpu tests/integrations
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 
 pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.gpu
-
-
-def _sinks_supported() -> bool:
-    from cute_kernels.nn import functional as cf
-
-    return "sinks" in inspect.signature(cf.scaled_dot_product_attention).parameters
 
 
 def _run(name: str, modes: tuple[str, ...]):
@@ -41,8 +33,6 @@ def test_language_model_matches_stock_on_our_kernels(name):
 
 
 def test_gpt_oss_sinks_on_our_kernels():
-    if not _sinks_supported():
-        pytest.skip("the attention API takes no sinks yet (the score-features branch)")
     _run("gpt_oss", ("train_eager", "infer_eager", "generate"))
 
 

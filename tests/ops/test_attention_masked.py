@@ -106,6 +106,27 @@ def test_packed_segments_match_per_sequence_attention():
         assert _rel(g, r) < 1e-12
 
 
+def test_softcap_and_sinks_on_a_padded_batch_with_their_gradients():
+    b, s, hq = 2, 7, 4
+    q, k, v = _qkv(b, hq, 2, s, s, seed=3)
+    sinks = torch.randn(hq, dtype=F64).requires_grad_()
+    key_mask = torch.ones(b, s, dtype=torch.bool)
+    key_mask[1, :2] = False
+    keep, rows = _dense_keep(key_mask, s, s, True, -1)
+    out, _ = ops.sdpa_masked(q, k, v, key_mask, None, "bottom_right", None, softcap=5.0, sinks=sinks,
+                             fallback="torch")
+    kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    scores = 5.0 * torch.tanh((q @ kr.transpose(-1, -2)) / 8 ** 0.5 / 5.0)
+    scores = torch.cat([scores.masked_fill(~keep, float("-inf")), sinks.view(1, hq, 1, 1).expand(b, hq, s, 1)], -1)
+    want = (torch.softmax(scores, -1)[..., :-1] @ vr).transpose(1, 2)
+    assert _rel(out[rows], want[rows]) < 1e-12
+    seed = torch.randn_like(out).masked_fill(~rows[..., None, None], 0)
+    got = torch.autograd.grad(out, (q, k, v, sinks), seed)
+    ref = torch.autograd.grad(want, (q, k, v, sinks), seed)
+    for g, r, tol in zip(got, ref, (1e-11, 1e-11, 1e-11, 1e-6)):  # dsinks reads the fp32 lse the ops return
+        assert _rel(g, r) < tol
+
+
 def test_the_plan_is_computed_once_per_mask():
     key_mask = torch.ones(2, 6, dtype=torch.bool)
     key_mask[0, 4:] = False
