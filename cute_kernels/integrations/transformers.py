@@ -76,12 +76,12 @@ def use(model, *, kernel: str = "auto", fallback: str = "none"):
     check_fallback("integrations.transformers.use", fallback)
     if not isinstance(kernel, str):
         raise TypeError(f"integrations.transformers.use: kernel must be a str, got {type(kernel).__name__}")
-    for module in model.modules():
-        object.__setattr__(module, OPTIONS_ATTRIBUTE, (kernel, fallback))
     can_set = getattr(type(model), "_can_set_attn_implementation", None)
     if can_set is not None and not can_set():
         raise TypeError(f"{type(model).__name__} does not route its attention through transformers' "
                         "AttentionInterface, so it cannot use attn_implementation='cute_kernels'")
+    for module in model.modules():
+        object.__setattr__(module, OPTIONS_ATTRIBUTE, (kernel, fallback))
     model.set_attn_implementation(NAME)
     return model
 
