@@ -8,7 +8,7 @@ that our GPU kernels take ("small": head dim 64, the GPU tests), with the batch 
 | `llama_gqa_padded` | the same, a right-padded batch (lengths 2048, 1536, 1024, 1792) | 4 x 2048 |
 | `mistral_swa` | transformers Mistral, the Llama shape with `sliding_window=512` | 4 x 2048 |
 | `qwen2` | transformers Qwen2 (q/k/v bias), the Llama shape | 4 x 2048 |
-| `gpt_oss` | transformers gpt-oss: attention sinks, sliding (128) and full layers alternating, 8 experts top-2 | 4 x 2048 |
+| `gpt_oss` | transformers gpt-oss: sinks, sliding (128) and full layers alternating, 8 experts top-2 | 4 x 2048 |
 | `vit_b16` | timm vit_base_patch16_224 | 64 images |
 | `eva02_b14` | timm eva02_base_patch14_224 (rotary embeddings, SwiGLU) | 64 images |
 

@@ -205,7 +205,8 @@ def _pair_records(case: str, timings: dict, err: float | None, ok: bool, toleran
     for impl in ("stock", "cute_kernels"):
         t = timings.get(impl)
         ours = impl == "cute_kernels"
-        r = _record(case, impl, t.median if t else None, err if ours else 0.0, ok or not ours, **(extra if ours else {}))
+        r = _record(case, impl, t.median if t else None, err if ours else 0.0, ok or not ours,
+                    **(extra if ours else {}))
         if t is not None:
             r.p20_ms, r.p80_ms, r.spread, r.rounds = t.p20, t.p80, t.spread, len(t.samples)
         r.tolerance = tolerance if ours else None
