@@ -3,7 +3,10 @@
 - `Linear`: torch.nn.Linear (same constructor and state_dict) plus `activation=`, `kernel=`,
   `fallback=`; `Linear.from_linear(m)` wraps an existing layer's parameters.
 - `functional.linear`, `functional.scaled_dot_product_attention`: the torch.nn.functional forms.
-- `patch(model)` / `route()`: send an existing model's nn.Linear and SDPA calls through them.
+- `patch(model)`: an existing model's nn.Linear layers, norms and attention on cute_kernels, by
+  each library's own mechanism (transformers' attention interface; instance-level rebinding of
+  F.scaled_dot_product_attention for timm and other models: `rebind`); `route()`: the generic
+  TorchFunctionMode fallback.
 - `parallel`: tensor parallelism on our `linear` (`ColumnParallelLinear`, `RowParallelLinear`,
   `TensorParallelMLP`).
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 from . import functional, parallel
 from .linear import Linear
 from .parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
-from .routing import patch, route
+from .routing import PatchReport, patch, route
 
-__all__ = ["ColumnParallelLinear", "Linear", "RowParallelLinear", "TensorParallelMLP", "functional", "parallel",
-           "patch", "route"]
+__all__ = ["ColumnParallelLinear", "Linear", "PatchReport", "RowParallelLinear", "TensorParallelMLP", "functional",
+           "parallel", "patch", "route"]

@@ -1,18 +1,27 @@
-"""Route an existing model's nn.Linear and SDPA calls through cute_kernels.
+"""Route an existing model's linear layers, norms and attention through cute_kernels.
 
-- `patch(model)`: replaces every `torch.nn.Linear` submodule (exactly that class; subclasses
-  keep their own forward) by a `cute_kernels.nn.Linear` sharing its parameters, and (sdpa=True)
-  runs `model.forward` under `route(linear=False)` so its SDPA calls are routed too. In place;
-  returns the model. The state_dict is unchanged.
-- `route()`: a context manager (a TorchFunctionMode) under which every
-  `torch.nn.functional.linear` and `torch.nn.functional.scaled_dot_product_attention` call,
-  however the caller imported it, goes to `cute_kernels.nn.functional`. In eager mode every
-  torch call in the block pays a Python hop; under torch.compile the mode is traced away.
+- `patch(model)`: in place, with each library's own mechanism, so that no other torch call pays
+  anything:
+  - every `torch.nn.Linear` submodule (exactly that class; subclasses keep their own forward)
+    becomes a `cute_kernels.nn.Linear` sharing its parameters (state_dict unchanged);
+  - norms (norms=True): each RMSNorm/LayerNorm module `cute_kernels.nn.norms.replacement_for`
+    has a fused replacement for (where that module exists in this build);
+  - attention (sdpa=True): a Hugging Face transformers model switches to the "cute_kernels"
+    attention implementation (`integrations.transformers.use`); any other model (timm's
+    included, `integrations.timm`) has the forwards of its modules that call
+    F.scaled_dot_product_attention rebound on the instance (`nn.rebind`).
+  The model's `cute_kernels_patch` attribute says what was done (`PatchReport`).
+- `route()`: the explicit generic fallback, a context manager (a TorchFunctionMode) under which
+  every `torch.nn.functional.linear` and `scaled_dot_product_attention` call, however the
+  caller reached it, goes to `cute_kernels.nn.functional`. In eager mode every torch call in
+  the block pays a Python hop; under torch.compile the mode is traced away.
 """
 
 from __future__ import annotations
 
-import functools
+import inspect
+import sys
+from dataclasses import dataclass, field
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -20,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 from . import functional as cf
 from .linear import Linear
 
-__all__ = ["patch", "route"]
+__all__ = ["PatchReport", "patch", "route"]
 
 
 class route(TorchFunctionMode):
@@ -46,27 +55,98 @@ class route(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _routed_forward(forward, fallback: str, attention_kernel: str, *args, **kwargs):
-    with route(linear=False, sdpa=True, attention_kernel=attention_kernel, fallback=fallback):
-        return forward(*args, **kwargs)
+@dataclass
+class PatchReport:
+    """What `patch` did to a model. `attention`: "transformers" (the attention implementation
+    switched), "rebound" (module forwards rebound; `rebound` names them) or "none";
+    `norms`: how many norm modules were replaced, None where this build has no fused norms."""
+
+    linears: int = 0
+    attention: str = "none"
+    rebound: list[str] = field(default_factory=list)
+    norms: int | None = None
+    notes: list[str] = field(default_factory=list)
 
 
-def patch(model: torch.nn.Module, *, linear: bool = True, sdpa: bool = True, kernel: str = "auto",
-          attention_kernel: str = "auto", fallback: str = "none") -> torch.nn.Module:
-    """Route `model`'s nn.Linear layers (linear=True, GEMM rung `kernel`) and SDPA calls
-    (sdpa=True, attention rung `attention_kernel`) through cute_kernels, in place; returns
-    `model`. Idempotent."""
+def patch(model: torch.nn.Module, *, linear: bool = True, sdpa: bool = True, norms: bool = True,
+          kernel: str = "auto", attention_kernel: str = "auto", fallback: str = "none") -> torch.nn.Module:
+    """Route `model`'s linear layers (linear=True, GEMM rung `kernel`), norms (norms=True) and
+    attention (sdpa=True, attention rung `attention_kernel`) through cute_kernels, in place
+    (module docstring); returns `model`. Idempotent; a later call with other options applies
+    them."""
     cf.check_fallback("nn.patch", fallback)
+    if type(model) is torch.nn.Linear:
+        raise TypeError("cute_kernels.nn.patch: model is itself an nn.Linear; use cute_kernels.nn.Linear."
+                        "from_linear(model) instead")
+    report = PatchReport()
     if linear:
-        for parent in model.modules():
-            for name, child in list(parent.named_children()):
-                if type(child) is torch.nn.Linear:
-                    setattr(parent, name, Linear.from_linear(child, kernel=kernel, fallback=fallback))
-        if type(model) is torch.nn.Linear:
-            raise TypeError("cute_kernels.nn.patch: model is itself an nn.Linear; use cute_kernels.nn.Linear."
-                            "from_linear(model) instead")
-    if sdpa and not getattr(model.__dict__.get("forward"), "_cute_kernels_routed", False):
-        routed = functools.partial(_routed_forward, model.forward, fallback, attention_kernel)
-        routed._cute_kernels_routed = True
-        model.forward = routed
+        report.linears = _swap_linears(model, kernel, fallback)
+    if norms:
+        report.norms = _swap_norms(model, fallback)
+    if sdpa:
+        _patch_attention(model, attention_kernel, fallback, report)
+    object.__setattr__(model, "cute_kernels_patch", report)
     return model
+
+
+def _swap_linears(model: torch.nn.Module, kernel: str, fallback: str) -> int:
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear:
+                setattr(parent, name, Linear.from_linear(child, kernel=kernel, fallback=fallback))
+                count += 1
+            elif isinstance(child, Linear):
+                child._set_options(child.activation, kernel, fallback)
+                count += 1
+    return count
+
+
+def _swap_norms(model: torch.nn.Module, fallback: str) -> int | None:
+    """Replace norm modules by `cute_kernels.nn.norms.replacement_for` (None when absent)."""
+    try:
+        from . import norms as norms_module
+    except ImportError:
+        return None
+    replacement_for = getattr(norms_module, "replacement_for", None)
+    if replacement_for is None:
+        return None
+    extra = {"fallback": fallback} if "fallback" in inspect.signature(replacement_for).parameters else {}
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            new = replacement_for(child, **extra)
+            if new is not None and new is not child:
+                setattr(parent, name, new)
+                count += 1
+    return count
+
+
+def _is_transformers_model(model) -> bool:
+    transformers = sys.modules.get("transformers")
+    return transformers is not None and isinstance(model, transformers.PreTrainedModel)
+
+
+def _patch_attention(model, attention_kernel: str, fallback: str, report: PatchReport) -> None:
+    from cute_kernels.nn.rebind import rebind_sdpa
+
+    if _is_transformers_model(model):
+        from cute_kernels.integrations import transformers as hf
+
+        try:
+            hf.use(model, kernel=attention_kernel, fallback=fallback)
+            report.attention = "transformers"
+            return
+        except TypeError as err:  # a model whose attention bypasses the interface: rebind below
+            report.notes.append(str(err))
+    from cute_kernels.integrations.timm import is_timm_model, patch_attention
+
+    if is_timm_model(model):
+        timm_report = patch_attention(model, kernel=attention_kernel, fallback=fallback)
+        report.rebound = timm_report.rebound
+        if timm_report.manual:
+            report.notes.append(f"{len(timm_report.manual)} timm attention module(s) have fused_attn off and keep "
+                                f"timm's manual softmax (e.g. {timm_report.manual[0]!r})")
+    else:
+        report.rebound = rebind_sdpa(model, kernel=attention_kernel, fallback=fallback)
+    report.attention = "rebound" if report.rebound else "none"

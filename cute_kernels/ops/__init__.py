@@ -22,15 +22,21 @@ or "auto"; it is the kernel layer's `kernel=` argument under another name (see
 `RESERVED_ARGUMENT_NAMES`). Every op has a fake (shape/dtype inference) and, where it has a
 backward, an autograd formula. `fallback="torch"` computes input our kernels do not take with
 PyTorch, visibly (see `fallback`).
+
+`sdpa_masked(q, k, v, key_mask, segments, ...)` -> (out (B, Sq, Hq, Dv), lse) takes a padded or
+packed (B, H, S, D) batch in one opaque op (unpad, varlen, pad back inside), with its backward
+(`attention_masked`; what the transformers integration runs for masked calls).
 """
 
 from __future__ import annotations
 
 from .attention import CAUSAL, paged_decode, sdpa, sdpa_backward, sdpa_varlen, sdpa_varlen_backward
+from .attention_masked import sdpa_masked, sdpa_masked_backward
 from .fallback import FALLBACK_COUNTS, FALLBACKS, FallbackWarning
 from .gemm import ACTIVATIONS, linear, matmul, scaled_mm
 
-OPS = ("matmul", "linear", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode")
+OPS = ("matmul", "linear", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
+       "sdpa_masked", "sdpa_masked_backward")
 
 # Names no schema argument of ours may take. Inductor lowers an op it has no lowering for through
 # `FallbackKernel.create(kernel, *args, **kwargs)`, passing the schema's defaulted arguments as
@@ -41,5 +47,6 @@ RESERVED_ARGUMENT_NAMES = frozenset({"kernel", "cls", "self", "name", "layout", 
 
 __all__ = [
     "matmul", "linear", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
+    "sdpa_masked", "sdpa_masked_backward",
     "ACTIVATIONS", "CAUSAL", "FALLBACKS", "FALLBACK_COUNTS", "FallbackWarning", "OPS", "RESERVED_ARGUMENT_NAMES",
 ]

@@ -50,6 +50,9 @@ def _example_args(name):
         "paged_decode": (randn(2, 4, 8), randn(6, 4, 2, 8), randn(6, 4, 2, 8),
                          torch.tensor([[5, 0, 3], [2, 1, 0]], dtype=torch.int32),
                          torch.tensor([10, 3], dtype=torch.int32)),
+        "sdpa_masked": (q, k, v, torch.ones(1, 6, dtype=torch.bool), None),
+        "sdpa_masked_backward": (randn(1, 4, 2, 8), q, k, v, randn(1, 4, 2, 8), randn(2, 4),
+                                 torch.ones(1, 6, dtype=torch.bool), None),
     }[name]
 
 
@@ -98,7 +101,7 @@ def _compiler_available() -> bool:
     return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
 
 
-def _every_op(x, w, b, q, k, v, a8, b8, vq, vk, vv, cu_q, cu_k, pq, kc, vc, table, seqlens):
+def _every_op(x, w, b, q, k, v, a8, b8, vq, vk, vv, cu_q, cu_k, pq, kc, vc, table, seqlens, key_mask):
     """Every op once, with defaulted arguments passed by keyword (the form that collided)."""
     y = ops.linear(x, w, bias=b, activation="silu", rung="auto", fallback="torch")
     z = ops.matmul(y, w, rung="auto", fallback="torch")
@@ -108,7 +111,8 @@ def _every_op(x, w, b, q, k, v, a8, b8, vq, vk, vv, cu_q, cu_k, pq, kc, vc, tabl
     vo, _ = ops.sdpa_varlen(vq, vk, vv, cu_q, cu_k, 5, 7, causal="top_left", window_left=2, rung="auto",
                             fallback="torch")
     d = ops.paged_decode(pq, kc, vc, table, seqlens, scale=0.25, rung="auto", fallback="torch")
-    return z * 2 + 1, o.sum(-1) + lse, vo, s, d
+    mo, _ = ops.sdpa_masked(q, k, v, key_mask, None, causal="bottom_right", rung="auto", fallback="torch")
+    return z * 2 + 1, o.sum(-1) + lse + mo.transpose(1, 2).sum(-1), vo, s, d
 
 
 def _inputs(m, s):
@@ -124,7 +128,8 @@ def _inputs(m, s):
                 cu_q=torch.tensor([0, 3, 8], dtype=torch.int32), cu_k=torch.tensor([0, 4, 11], dtype=torch.int32),
                 pq=randn(2, 4, 8), kc=randn(6, 4, 2, 8), vc=randn(6, 4, 2, 8),
                 table=torch.tensor([[5, 0, 3], [2, 1, 0]], dtype=torch.int32),
-                seqlens=torch.tensor([10, 3], dtype=torch.int32))
+                seqlens=torch.tensor([10, 3], dtype=torch.int32),
+                key_mask=torch.arange(s)[None, :] >= 2)
 
 
 @pytest.mark.skipif(not _compiler_available(), reason="Inductor on CPU needs a C++ compiler")
@@ -149,7 +154,7 @@ def test_inductor_compiles_every_op_forward_and_backward_without_recompiling(mon
     with inductor_config.patch(force_disable_caches=True):
         for m, s in ((9, 7), (13, 10)):
             inp = _inputs(m, s)
-            for name, dim in (("x", 0), ("k", 2), ("v", 2)):
+            for name, dim in (("x", 0), ("k", 2), ("v", 2), ("key_mask", 1)):
                 torch._dynamo.mark_dynamic(inp[name], dim)
             got = compiled(**inp)
             frames.append(counter.frame_count)

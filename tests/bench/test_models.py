@@ -1,0 +1,53 @@
+"""The models suite's harness on CPU: tiny models (fallback="torch"), records in the schema,
+the page and plot drawn from the JSON, the CLI's routing and argument errors."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from cute_kernels.bench import model_specs  # noqa: E402
+from cute_kernels.bench.models import DEFAULT_MODES, MODES, ModelsSettings, run_models  # noqa: E402
+from cute_kernels.bench.models_report import models_page  # noqa: E402
+from cute_kernels.bench.records import BenchResult, validate_result  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::cute_kernels.ops.fallback.FallbackWarning")
+
+
+def test_every_model_has_default_modes_and_a_tiny_config():
+    assert set(DEFAULT_MODES) == set(model_specs.SPECS)
+    assert all(set(modes) <= set(MODES) for modes in DEFAULT_MODES.values())
+    assert all(spec.tiny and spec.config for spec in model_specs.SPECS.values())
+
+
+def test_tiny_run_records_in_the_schema_and_the_page_is_drawn_from_them(tmp_path):
+    settings = ModelsSettings(models=("llama_gqa_padded",), modes=("train_eager", "generate"), rounds=1, iters=1,
+                              warmup=0, prompts=2, prompt_len=5, new_tokens=3, device="cpu", size="tiny",
+                              fallback="torch")
+    result = run_models(settings, log=lambda line: None)
+    data = result.to_dict()
+    validate_result(data)
+    by = {(r["case"], r["impl"]): r for r in data["records"]}
+    assert set(by) == {(f"llama_gqa_padded/{m}", i) for m in ("train_eager", "generate")
+                       for i in ("stock", "cute_kernels")}
+    ours = by[("llama_gqa_padded/train_eager", "cute_kernels")]
+    assert ours["ok"] and ours["kind"] == "ours" and ours["rel_err"] < 1e-5 and ours["ms"] > 0
+    assert "rel_err_grad" in ours and ours["ratio_to_best_peer"] > 0
+    gen = by[("llama_gqa_padded/generate", "cute_kernels")]
+    assert gen["ok"] and gen["token_agreement"] == 1.0 and gen["tokens_per_s"] > 0
+    page = models_page(BenchResult.from_dict(data), "r.json", "r.png")
+    assert "| llama_gqa_padded/train_eager |" in page and "r.png" in page and "Geometric mean" in page
+
+
+def test_cli_routes_bench_models_and_checks_names(capsys):
+    from cute_kernels.cli import main
+
+    assert main(["bench", "models", "--list"]) == 0
+    assert "llama_gqa" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="unknown model"):
+        main(["bench", "models", "--models", "llama_7b"])
+    with pytest.raises(SystemExit, match="unknown mode"):
+        main(["bench", "models", "--modes", "train_fast"])
+    with pytest.raises(SystemExit, match="--batch/--seq go with --config"):
+        main(["precompile", "--model", "llama_gqa", "--batch", "2"])
