@@ -1,0 +1,1 @@
+"""Fused memory-bound kernels (layer 4)."""
