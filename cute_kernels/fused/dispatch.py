@@ -7,9 +7,9 @@ when a row is too wide for the kernel's register-resident form.
 
 from __future__ import annotations
 
-from .tiling import RowTiling, row_tiling
+from .tiling import RowTiling, chunked_tiling, row_tiling
 
-__all__ = ["norm_tiling", "max_norm_width"]
+__all__ = ["norm_tiling", "max_norm_width", "softmax_tiling", "cross_entropy_tiling", "rope_tiling", "swiglu_tiling"]
 
 _BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -66,3 +66,65 @@ def max_norm_width(dtype: str, weight_dtype: str | None = None, *, bias: bool = 
     while row_tiling(width * 2, vec, arrays=arrays) is not None:
         width *= 2
     return width
+
+
+def softmax_tiling(width: int, dtype: str, *, backward: bool = False, out_dtype: str | None = None,
+                   vec: int | None = None) -> tuple[RowTiling, bool]:
+    """(tiling, streaming) of softmax over rows of `width`: the register-resident tiling when the
+    row fits (x as fp32 plus its raw copy; y and dy raw for the backward), else the streaming
+    tile (one row a CTA of 256 threads, 32 values a thread a chunk)."""
+    vec = _vec(width, (dtype, out_dtype), vec)
+    x, y = _BYTES[dtype] / 4, _BYTES[out_dtype or dtype] / 4
+    arrays = (1.0 + x) if not backward else (x + y + 1.0)
+    tiling = row_tiling(width, vec, arrays=arrays)
+    if tiling is not None:
+        return tiling, False
+    return chunked_tiling(vec, threads=256, values=32), True
+
+
+def cross_entropy_tiling(width: int, dtype: str, *, vec: int | None = None) -> RowTiling:
+    """The cross-entropy tile: a whole row in one chunk for vocabularies up to 8192 (several rows
+    a CTA when narrow), else one row a CTA of 256 threads walking 32 values a thread a chunk."""
+    vec = _vec(width, (dtype,), vec)
+    if width <= 8192:
+        tiling = row_tiling(width, vec, arrays=1.0 + _BYTES[dtype] / 4)
+        if tiling is not None:
+            return tiling
+    return chunked_tiling(vec, threads=256, values=32)
+
+
+def _widest_vec(width: int, element_bytes: int, max_bytes: int = 16) -> int:
+    vec = max(1, max_bytes // element_bytes)
+    while vec > 1 and width % vec:
+        vec //= 2
+    return vec
+
+
+def rope_tiling(rotary_dim: int, dtype: str, table_dtype: str = "float32", *, interleaved: bool = False,
+                vec: int | None = None) -> RowTiling:
+    """RoPE's tiling over the R/2 pairs of a head, tokens as rows: vec pairs a vector, 16 bytes of
+    each half in the half-split form (two 16-byte accesses of interleaved pairs otherwise)."""
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    half = rotary_dim // 2
+    if vec is None:
+        vec = _widest_vec(half, _BYTES[dtype])
+    return row_tiling(half, vec)
+
+
+def swiglu_tiling(width: int, dtype: str, *, interleaved: bool = False, backward: bool = False,
+                  vec: int | None = None) -> RowTiling:
+    """SwiGLU's tile over (rows, I): 16-byte vectors of gate (interleaved: two 16-byte accesses
+    of gate/up pairs), 32 values a thread forward and 16 backward (which holds five arrays), up
+    to 128 threads across the columns and 256 threads a CTA."""
+    if vec is None:
+        vec = _widest_vec(width, _BYTES[dtype])
+    nvec = -(-width // vec)
+    most = max(1, (16 if backward else 32) // vec)
+    tpr = min(128, _next_pow2(-(-nvec // most)))
+    vpt = min(most, _next_pow2(-(-nvec // tpr)))
+    return RowTiling(vec, tpr, max(1, 256 // tpr), vpt).validate()
+
+
+def _next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()

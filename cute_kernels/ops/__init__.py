@@ -13,6 +13,8 @@ the first call):
 - `sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=None,
   scale=None, window_left=-1, window_right=-1, rung="auto", fallback="none")` -> (out, lse),
   differentiable through `sdpa_varlen_backward(...)` -> (dq, dk, dv); `paged_decode(...)` -> out.
+- the fused memory-bound ops (`FUSED_OPS`, module `fused`; they take no `rung`): `norm`, `softmax`,
+  `cross_entropy`, `rotary` / `rotary_`, `swiglu`, `linear_cross_entropy` and their backwards.
 
 `rung` names a rung of the ladder (`cute_kernels.gemm.KERNELS`, `cute_kernels.attention.KERNELS`)
 or "auto"; it is the kernel layer's `kernel=` argument under another name (see
@@ -26,7 +28,12 @@ from __future__ import annotations
 from .attention import CAUSAL, paged_decode, sdpa, sdpa_backward, sdpa_varlen, sdpa_varlen_backward
 from .fallback import FALLBACK_COUNTS, FALLBACKS, FallbackWarning
 from .gemm import ACTIVATIONS, linear, matmul, scaled_mm
+from . import fused
+from .fused import (cross_entropy, cross_entropy_backward, linear_cross_entropy, linear_cross_entropy_backward, norm,
+                    norm_backward, rotary, rotary_, softmax, softmax_backward, swiglu, swiglu_backward)
 
+FUSED_OPS = ("norm", "norm_backward", "softmax", "softmax_backward", "cross_entropy", "cross_entropy_backward", "rotary",
+             "rotary_", "swiglu", "swiglu_backward", "linear_cross_entropy", "linear_cross_entropy_backward")
 OPS = ("matmul", "linear", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode")
 
 # Names no schema argument of ours may take. Inductor lowers an op it has no lowering for through
@@ -38,5 +45,6 @@ RESERVED_ARGUMENT_NAMES = frozenset({"kernel", "cls", "self", "name", "layout", 
 
 __all__ = [
     "matmul", "linear", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
+    "fused", "FUSED_OPS", *FUSED_OPS,
     "ACTIVATIONS", "CAUSAL", "FALLBACKS", "FALLBACK_COUNTS", "FallbackWarning", "OPS", "RESERVED_ARGUMENT_NAMES",
 ]
