@@ -230,8 +230,7 @@ def _register() -> None:
     configs = {
         "fwd_128256_bf16": {},
         "fused_128256_bf16_all_options": {"grad": True, "smoothing": True, "z_loss": True},
-        "bwd_32000_fp32": {"width": 32000, "dtype": "float32", "forward": False, "grad": True},
-        "fwd_1000_fp16_resident": {"width": 1000, "dtype": "float16"},
+        "bwd_1000_fp16_one_chunk": {"width": 1000, "dtype": "float16", "forward": False, "grad": True},
     }
     register_variant("fused.cross_entropy", build_variant, configs=configs, requires={"LDG.E.128", "MUFU.EX2"})
 

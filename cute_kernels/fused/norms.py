@@ -385,21 +385,17 @@ def build_variant(kind: str = "rms", width: int = 4096, dtype: str = "bfloat16",
 def _register() -> None:
     from cute_kernels.runtime import register_variant
 
-    configs = {
-        "rms_4096_bf16": {"kind": "rms", "width": 4096},
-        "rms_8192_bf16_fp32w": {"kind": "rms", "width": 8192, "weight_dtype": "float32"},
-        "rms_16384_bf16": {"kind": "rms", "width": 16384, "residual": False},
-        "layer_4096_fp16": {"kind": "layer", "width": 4096, "dtype": "float16"},
+    # The widest tilings of each form (where spills would show first) and the mixed-dtype paths.
+    fwd = {
+        "rms_4096_bf16_residual": {"kind": "rms", "width": 4096},
+        "rms_8192_bf16_fp32_weight": {"kind": "rms", "width": 8192, "weight_dtype": "float32", "residual": False},
         "layer_8192_fp32": {"kind": "layer", "width": 8192, "dtype": "float32", "residual": False},
     }
-    register_variant("fused.norm_fwd", build_variant, configs=configs, requires={"LDG.E.128", "STG.E.128"})
+    register_variant("fused.norm_fwd", build_variant, configs=fwd, requires={"LDG.E.128", "STG.E.128"})
     bwd = {
-        "rms_4096_bf16": {"kind": "rms", "width": 4096, "backward": True},
-        "rms_8192_bf16": {"kind": "rms", "width": 8192, "backward": True},
-        "layer_4096_bf16": {"kind": "layer", "width": 4096, "backward": True},
+        "rms_8192_bf16_residual": {"kind": "rms", "width": 8192, "backward": True},
         "layer_8192_bf16": {"kind": "layer", "width": 8192, "backward": True, "residual": False},
-        "layer_4096_fp32": {"kind": "layer", "width": 4096, "dtype": "float32", "backward": True},
-        "rms_8192_fp32": {"kind": "rms", "width": 8192, "dtype": "float32", "backward": True, "residual": False},
+        "layer_4096_fp32_residual": {"kind": "layer", "width": 4096, "dtype": "float32", "backward": True},
     }
     register_variant("fused.norm_bwd", build_variant, configs=bwd, requires={"LDG.E.128", "STG.E.128"})
 

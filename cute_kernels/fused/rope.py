@@ -203,8 +203,7 @@ def build_variant(rotary_dim: int = 128, dtype: str = "bfloat16", interleaved: b
 def _register() -> None:
     from cute_kernels.runtime import register_variant
 
-    configs = {"half_128_bf16": {}, "half_64_fp16_ids": {"rotary_dim": 64, "dtype": "float16", "position_dtype": "int64"},
-               "interleaved_128_bf16": {"interleaved": True},
+    configs = {"half_128_bf16": {},
                "interleaved_64_fp32_ids": {"rotary_dim": 64, "dtype": "float32", "interleaved": True,
                                            "position_dtype": "int32"}}
     register_variant("fused.rope", build_variant, configs=configs, requires={"LDG.E.128", "STG.E.128"})

@@ -251,8 +251,7 @@ def build_variant(width: int = 4096, dtype: str = "bfloat16", backward: bool = F
 def _register() -> None:
     from cute_kernels.runtime import register_variant
 
-    fwd = {"4096_bf16": {"width": 4096}, "32768_fp32": {"width": 32768, "dtype": "float32"},
-           "128256_bf16_streaming": {"width": 128256}}
+    fwd = {"4096_bf16": {"width": 4096}, "128256_bf16_streaming": {"width": 128256}}
     register_variant("fused.softmax_fwd", build_variant, configs=fwd, requires={"LDG.E.128", "STG.E.128", "MUFU.EX2"})
     bwd = {"4096_bf16": {"width": 4096, "backward": True},
            "128256_bf16_streaming": {"width": 128256, "backward": True}}

@@ -11,7 +11,8 @@ vector is one 16-byte LDG.E.128 when `vec * element bytes == 16`.
 
 `row_tv_layout(t)` is that placement as a CuTe TV layout: (thread, value) -> index of the
 column-major (rows_per_cta, capacity) tile, thread = (lane in row, row), value = (element in
-vector, vector). The kernels compose it with their global-memory tile (`to_cute` at trace time).
+vector, vector). The kernels compose it with their global-memory tile (`to_cute` at trace time);
+`vector_access_layout(t)` is one instruction's part of it (what `layouts.coalescing` measures).
 
 Widths wider than one tile (softmax and cross-entropy over a large vocabulary) are walked in
 chunks of `capacity` columns by the streaming kernels; `chunked_tiling` picks their tile.
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 from cute_kernels.layouts import Layout
 
-__all__ = ["RowTiling", "row_tv_layout", "row_tiling", "chunked_tiling", "vector_elements",
+__all__ = ["RowTiling", "row_tv_layout", "vector_access_layout", "row_tiling", "chunked_tiling", "vector_elements",
            "value_budget", "min_blocks_per_sm", "SMEM_CARVEOUT_PERCENT",
            "MAX_THREADS"]
 
@@ -114,6 +115,15 @@ def row_tv_layout(t: RowTiling) -> Layout:
     t.validate()
     rows, tpr, vec, vpt = t.rows_per_cta, t.threads_per_row, t.vec, t.vecs_per_thread
     return Layout(((tpr, rows), (vec, vpt)), ((rows * vec, 1), (rows, rows * tpr * vec)))
+
+
+def vector_access_layout(t: RowTiling) -> Layout:
+    """The TV layout of one vector access of every thread (vector j = 0 of `row_tv_layout`; the
+    others are the same access moved by j * threads_per_row * vec columns): what one LDG / STG
+    instruction of the CTA reads, for `layouts.coalescing` and the workbench."""
+    t.validate()
+    rows, tpr, vec = t.rows_per_cta, t.threads_per_row, t.vec
+    return Layout(((tpr, rows), vec), ((rows * vec, 1), rows))
 
 
 def vector_elements(element_bytes: int, *divisors: int) -> int:

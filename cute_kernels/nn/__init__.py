@@ -3,17 +3,24 @@
 - `Linear`: torch.nn.Linear (same constructor and state_dict) plus `activation=`, `kernel=`,
   `fallback=`; `Linear.from_linear(m)` wraps an existing layer's parameters.
 - `functional.linear`, `functional.scaled_dot_product_attention`: the torch.nn.functional forms.
-- `patch(model)` / `route()`: send an existing model's nn.Linear and SDPA calls through them.
+- `RMSNorm`, `LayerNorm` (norms.py), `CrossEntropyLoss`, `LinearCrossEntropyLoss` (losses.py): the
+  fused kernels as drop-in modules; `replacement_for(module)` recognizes torch's, timm's and
+  Hugging Face's norm modules; `fused_functional`: their functional forms.
+- `patch(model)` / `route()`: send an existing model's nn.Linear and SDPA calls (and, norms=True,
+  its norm modules) through them.
 - `parallel`: tensor parallelism on our `linear` (`ColumnParallelLinear`, `RowParallelLinear`,
   `TensorParallelMLP`).
 """
 
 from __future__ import annotations
 
-from . import functional, parallel
+from . import functional, fused_functional, parallel
 from .linear import Linear
+from .losses import CrossEntropyLoss, LinearCrossEntropyLoss
+from .norms import LayerNorm, RMSNorm, replacement_for
 from .parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 from .routing import patch, route
 
-__all__ = ["ColumnParallelLinear", "Linear", "RowParallelLinear", "TensorParallelMLP", "functional", "parallel",
-           "patch", "route"]
+__all__ = ["ColumnParallelLinear", "CrossEntropyLoss", "LayerNorm", "Linear", "LinearCrossEntropyLoss", "RMSNorm",
+           "RowParallelLinear", "TensorParallelMLP", "functional", "fused_functional", "parallel", "patch",
+           "replacement_for", "route"]

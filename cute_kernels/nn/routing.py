@@ -1,9 +1,10 @@
 """Route an existing model's nn.Linear and SDPA calls through cute_kernels.
 
 - `patch(model)`: replaces every `torch.nn.Linear` submodule (exactly that class; subclasses
-  keep their own forward) by a `cute_kernels.nn.Linear` sharing its parameters, and (sdpa=True)
-  runs `model.forward` under `route(linear=False)` so its SDPA calls are routed too. In place;
-  returns the model. The state_dict is unchanged.
+  keep their own forward) by a `cute_kernels.nn.Linear` sharing its parameters, (norms=True) every
+  norm module `cute_kernels.nn.replacement_for` recognizes by ours, and (sdpa=True) runs
+  `model.forward` under `route(linear=False)` so its SDPA calls are routed too. In place; returns
+  the model. The state_dict is unchanged.
 - `route()`: a context manager (a TorchFunctionMode) under which every
   `torch.nn.functional.linear` and `torch.nn.functional.scaled_dot_product_attention` call,
   however the caller imported it, goes to `cute_kernels.nn.functional`. In eager mode every
@@ -19,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import functional as cf
 from .linear import Linear
+from .norms import replacement_for
 
 __all__ = ["patch", "route"]
 
@@ -51,12 +53,18 @@ def _routed_forward(forward, fallback: str, attention_kernel: str, *args, **kwar
         return forward(*args, **kwargs)
 
 
-def patch(model: torch.nn.Module, *, linear: bool = True, sdpa: bool = True, kernel: str = "auto",
-          attention_kernel: str = "auto", fallback: str = "none") -> torch.nn.Module:
-    """Route `model`'s nn.Linear layers (linear=True, GEMM rung `kernel`) and SDPA calls
-    (sdpa=True, attention rung `attention_kernel`) through cute_kernels, in place; returns
-    `model`. Idempotent."""
+def patch(model: torch.nn.Module, *, linear: bool = True, sdpa: bool = True, norms: bool = True,
+          kernel: str = "auto", attention_kernel: str = "auto", fallback: str = "none") -> torch.nn.Module:
+    """Route `model`'s nn.Linear layers (linear=True, GEMM rung `kernel`), norm modules
+    (norms=True: those `replacement_for` recognizes) and SDPA calls (sdpa=True, attention rung
+    `attention_kernel`) through cute_kernels, in place; returns `model`. Idempotent."""
     cf.check_fallback("nn.patch", fallback)
+    if norms:
+        for parent in model.modules():
+            for name, child in list(parent.named_children()):
+                new = replacement_for(child, fallback=fallback)
+                if new is not None:
+                    setattr(parent, name, new)
     if linear:
         for parent in model.modules():
             for name, child in list(parent.named_children()):
