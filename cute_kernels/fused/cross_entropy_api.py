@@ -89,6 +89,8 @@ def cross_entropy_forward(logits, labels, *, ignore_index: int = -100, label_smo
         if plan is not None:
             return plan(logits, labels, dloss, grad_out, label_smoothing, z_loss)
     op = "cute_kernels.fused.cross_entropy"
+    if not (0.0 <= label_smoothing <= 1.0):
+        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
     _check(op, logits, labels, dloss)
     if grad_out is not None:
         if grad_out.shape != logits.shape or grad_out.dtype != logits.dtype:
@@ -96,8 +98,6 @@ def cross_entropy_forward(logits, labels, *, ignore_index: int = -100, label_smo
                              f"{tuple(grad_out.shape)}, {grad_out.dtype}")
         if grad_out.stride(-1) != 1:
             raise ValueError(f"{op}: grad_out's last dimension must be contiguous (stride 1)")
-    if not (0.0 <= label_smoothing <= 1.0):
-        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
     in_place = grad_out is not None and grad_out.data_ptr() == logits.data_ptr()
     if in_place and logits.stride() != grad_out.stride():
         raise ValueError(f"{op}: grad_out overlaps logits with different strides")
