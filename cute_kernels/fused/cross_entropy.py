@@ -106,7 +106,7 @@ class CrossEntropy:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         num_rows, width = mX.shape[0], mX.shape[1]
-        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         partials = storage.partials.get_tensor(to_cute(self.smem_layout))
         head = RowSlice(t, tidx, bidx, num_rows, width)
         r_x = head.fragment(mX.element_type)

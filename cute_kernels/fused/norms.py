@@ -133,7 +133,7 @@ class NormForward:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         num_rows, width = mX.shape[0], mX.shape[1]
-        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         reducer = RowReducer(t, storage.partials.get_tensor(to_cute(self.smem_layout)))
         rs = RowSlice(t, tidx, bidx, num_rows, width)
 
@@ -236,7 +236,7 @@ class NormBackward:
         bidx, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
         num_rows, width = mX.shape[0], mX.shape[1]
-        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         partials = storage.partials.get_tensor(to_cute(self.smem_layout))
         inv_n = Float32(1.0) / Float32(width)
 

@@ -109,7 +109,7 @@ class SoftmaxForward:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         num_rows, width = mX.shape[0], mX.shape[1]
-        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         partials = storage.partials.get_tensor(to_cute(self.smem_layout))
         r_x = RowSlice(t, tidx, bidx, num_rows, width).fragment(mX.element_type)
         x = RowSlice(t, tidx, bidx, num_rows, width).fragment(Float32)
@@ -180,7 +180,7 @@ class SoftmaxBackward:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         num_rows, width = mY.shape[0], mY.shape[1]
-        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         partials = storage.partials.get_tensor(to_cute(self.smem_layout))
         r_y = RowSlice(t, tidx, bidx, num_rows, width).fragment(mY.element_type)
         r_dy = RowSlice(t, tidx, bidx, num_rows, width).fragment(mDY.element_type)
