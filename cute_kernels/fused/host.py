@@ -76,7 +76,7 @@ def tensor_vec(width: int, tensors) -> int:
     while vec > 1 and width % vec:
         vec //= 2
     for t in present:
-        if t.dim() == 2 and t.shape[0] > 1:
+        if t.dim() == 2:  # the compiled kernel assumes the row stride divisible by vec, even for one row
             while vec > 1 and t.stride(0) % vec:
                 vec //= 2
         while vec > 1 and t.data_ptr() % min(16, vec * t.element_size()):

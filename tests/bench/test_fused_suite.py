@@ -44,3 +44,20 @@ def test_eager_runs_every_op_on_cpu():
     assert {r.case for r in result.records} == {c.name for c in TINY}
     bad = [(r.case, r.error) for r in result.records if not r.ok]
     assert not bad, bad
+
+
+def test_the_fusion_page_holds_the_generated_bytes_table_and_its_session_runs():
+    import doctest
+    from pathlib import Path
+
+    from cute_kernels.bench.docs_tables import newest_result
+    from cute_kernels.bench.fusion_bytes import FUSIONS, fill_page
+
+    root = Path(__file__).resolve().parents[2]
+    page = root / "docs" / "fusion.md"
+    results = newest_result(root / "docs" / "results", "fused")
+    assert fill_page(page, results) == page.read_text(), "run: python -m cute_kernels.bench.fusion_bytes docs/fusion.md"
+    for f in FUSIONS:
+        assert f.unfused > f.ours > 0 and f.name in page.read_text()
+    result = doctest.testfile(str(page), module_relative=False, verbose=False)
+    assert result.attempted >= 4 and result.failed == 0

@@ -90,7 +90,7 @@ def test_norm_launches(launches):
 
 def test_softmax_and_cross_entropy_launches(launches):
     fused, calls = launches
-    x = torch.randn(3, 70000).to(torch.bfloat16)  # streaming
+    x = torch.randn(3, 4096).to(torch.bfloat16)  # the resident form (the variants compile the streaming one)
     fused.softmax_forward(x)
     fused.softmax_backward(x, x)
     _check(calls, "fused.softmax_fwd")
