@@ -14,7 +14,7 @@ import torch
 
 from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_signature
 
-from .host import check_same_device, check_tensor, compile_tvm_ffi, dtype_name, tensor_vec
+from .host import check_same_device, check_tensor, compile_tvm_ffi, dtype_name, nograd, tensor_vec
 
 __all__ = ["cross_entropy_forward", "cross_entropy_backward", "check_labels_in_range"]
 
@@ -111,7 +111,7 @@ def cross_entropy_forward(logits, labels, *, ignore_index: int = -100, label_smo
     def plan(logits, labels, dloss, grad_out, label_smoothing, z_loss):
         if do_check:
             check_labels_in_range(op, labels, v, ignore_index)
-        x = logits if logits.stride(-1) == 1 else logits.contiguous()
+        x = nograd(logits if logits.stride(-1) == 1 else logits.contiguous())
         lab = labels if labels.stride(0) == 1 else labels.contiguous()
         loss = torch.empty((m,), dtype=torch.float32, device=device)
         lse = torch.empty((m,), dtype=torch.float32, device=device)
@@ -119,7 +119,7 @@ def cross_entropy_forward(logits, labels, *, ignore_index: int = -100, label_smo
         if grad:
             g = grad_out if grad_out is not None else torch.empty_like(x, memory_format=torch.contiguous_format)
         if m:
-            fn(x, lab, loss, lse, None if dloss is None else dloss.reshape(-1), g, int(ignore_index),
+            fn(x, lab, loss, lse, None if dloss is None else nograd(dloss).reshape(-1), nograd(g), int(ignore_index),
                float(label_smoothing), float(z_loss))
         return loss, lse, g
 
@@ -156,11 +156,11 @@ def cross_entropy_backward(logits, labels, lse, dloss, *, ignore_index: int = -1
     m = logits.shape[0]
 
     def plan(logits, labels, lse, dloss, grad_out, label_smoothing, z_loss):
-        x = logits if logits.stride(-1) == 1 else logits.contiguous()
+        x = nograd(logits if logits.stride(-1) == 1 else logits.contiguous())
         lab = labels if labels.stride(0) == 1 else labels.contiguous()
         g = grad_out if grad_out is not None else torch.empty_like(x, memory_format=torch.contiguous_format)
         if m:
-            fn(x, lab, None, lse if lse.stride(0) == 1 else lse.contiguous(), dloss.reshape(-1), g,
+            fn(x, lab, None, nograd(lse if lse.stride(0) == 1 else lse.contiguous()), nograd(dloss).reshape(-1), nograd(g),
                int(ignore_index), float(label_smoothing), float(z_loss))
         return g
 

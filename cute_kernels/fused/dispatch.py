@@ -7,11 +7,25 @@ when a row is too wide for the kernel's register-resident form.
 
 from __future__ import annotations
 
+import os
+
 from .tiling import RowTiling, chunked_tiling, row_tiling
 
-__all__ = ["norm_tiling", "max_norm_width", "softmax_tiling", "cross_entropy_tiling", "rope_tiling", "swiglu_tiling"]
+__all__ = ["norm_tiling", "max_norm_width", "softmax_tiling", "cross_entropy_tiling", "rope_tiling", "swiglu_tiling",
+           "chunk_values"]
 
 _BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def chunk_values() -> int:
+    """Values a thread loads per chunk in the streaming kernels (softmax past the registers,
+    cross-entropy over large vocabularies): 32 (four 16-byte vectors of a 16-bit dtype), or
+    $CUTE_KERNELS_FUSED_CHUNK_VALUES (16, 32 or 64) for tuning runs; each value is its own
+    compiled kernel."""
+    value = int(os.environ.get("CUTE_KERNELS_FUSED_CHUNK_VALUES", "32"))
+    if value not in (16, 32, 64):
+        raise ValueError(f"CUTE_KERNELS_FUSED_CHUNK_VALUES must be 16, 32 or 64, got {value}")
+    return value
 
 
 def _vec(width: int, dtypes, vec: int | None) -> int:
@@ -72,25 +86,26 @@ def softmax_tiling(width: int, dtype: str, *, backward: bool = False, out_dtype:
                    vec: int | None = None) -> tuple[RowTiling, bool]:
     """(tiling, streaming) of softmax over rows of `width`: the register-resident tiling when the
     row fits (x as fp32 plus its raw copy; y and dy raw for the backward), else the streaming
-    tile (one row a CTA of 256 threads, 32 values a thread a chunk)."""
+    tile (one row a CTA of 256 threads, `chunk_values()` values a thread a chunk)."""
     vec = _vec(width, (dtype, out_dtype), vec)
     x, y = _BYTES[dtype] / 4, _BYTES[out_dtype or dtype] / 4
     arrays = (1.0 + x) if not backward else (x + y + 1.0)
     tiling = row_tiling(width, vec, arrays=arrays)
     if tiling is not None:
         return tiling, False
-    return chunked_tiling(vec, threads=256, values=32), True
+    return chunked_tiling(vec, threads=256, values=chunk_values()), True
 
 
 def cross_entropy_tiling(width: int, dtype: str, *, vec: int | None = None) -> RowTiling:
     """The cross-entropy tile: a whole row in one chunk for vocabularies up to 8192 (several rows
-    a CTA when narrow), else one row a CTA of 256 threads walking 32 values a thread a chunk."""
+    a CTA when narrow), else one row a CTA of 256 threads walking `chunk_values()` values a
+    thread a chunk."""
     vec = _vec(width, (dtype,), vec)
     if width <= 8192:
         tiling = row_tiling(width, vec, arrays=1.0 + _BYTES[dtype] / 4)
         if tiling is not None:
             return tiling
-    return chunked_tiling(vec, threads=256, values=32)
+    return chunked_tiling(vec, threads=256, values=chunk_values())
 
 
 def _widest_vec(width: int, element_bytes: int, max_bytes: int = 16) -> int:

@@ -14,7 +14,7 @@ import functools
 import torch
 
 __all__ = ["DTYPE_NAMES", "dtype_name", "check_tensor", "check_same_device", "rows_view", "tensor_vec",
-           "sm_count", "compile_tvm_ffi", "stats_shape"]
+           "sm_count", "compile_tvm_ffi", "stats_shape", "nograd"]
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -48,10 +48,18 @@ def check_same_device(op: str, tensors: dict) -> None:
             raise ValueError(f"{op}: {name} is on {t.device} but {first_name} is on {first.device}")
 
 
+def nograd(t):
+    """`t` without autograd history (the same storage): the kernels' TVM-FFI calls take tensors
+    through DLPack, which refuses tensors that require grad."""
+    return t.detach() if t is not None and t.requires_grad else t
+
+
 def rows_view(t, width: int):
     """`t` (..., width) as a (rows, width) tensor whose last stride is 1: a view when the leading
     dimensions merge into one stride, else a contiguous copy (documented: non-mergeable or
-    column-strided inputs are copied once)."""
+    column-strided inputs are copied once). Never requires grad (`nograd`)."""
+    if t.requires_grad:
+        t = t.detach()
     if t.dim() == 1:
         t = t.unsqueeze(0)
     if t.stride(-1) != 1 and width > 1:

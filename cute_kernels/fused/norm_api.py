@@ -13,7 +13,7 @@ import torch
 
 from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_signature
 
-from .host import check_same_device, check_tensor, compile_tvm_ffi, dtype_name, rows_view, sm_count, tensor_vec
+from .host import check_same_device, check_tensor, compile_tvm_ffi, dtype_name, nograd, rows_view, sm_count, tensor_vec
 
 __all__ = ["norm_forward", "norm_backward"]
 
@@ -81,6 +81,11 @@ def norm_forward(x, weight=None, bias=None, residual=None, *, kind: str = "rms",
     return plan(x, weight, bias, residual, eps)
 
 
+def _flat(t):
+    """A 1-D parameter with unit stride, without autograd history (a copy only when strided)."""
+    return None if t is None else nograd(t if t.stride(0) == 1 else t.contiguous())
+
+
 def _forward_plan(x, weight, bias, residual, kind, offset, save_stats, out_dtype):
     """The launch for this signature: compiles (or finds) the kernel and returns
     plan(x, weight, bias, residual, eps) -> (y, s, rstd, mean)."""
@@ -92,7 +97,7 @@ def _forward_plan(x, weight, bias, residual, kind, offset, save_stats, out_dtype
     x2 = rows_view(x, n)
     r2 = None if residual is None else rows_view(residual, n)
     probe_y = torch.empty((0,), dtype=y_dtype, device=x.device)  # 16-byte aligned, like every output
-    vec = tensor_vec(n, [x2, r2, weight, bias, probe_y])
+    vec = tensor_vec(n, [x2, r2, _flat(weight), _flat(bias), probe_y])
     wdt = None if weight is None else dtype_name(weight.dtype)
     tiling = norm_tiling(n, dtype_name(x.dtype), wdt, bias=bias is not None, residual=residual is not None, vec=vec)
     config = NormConfig(kind, tiling, dtype_name(x.dtype), weight_dtype=wdt,
@@ -111,7 +116,8 @@ def _forward_plan(x, weight, bias, residual, kind, offset, save_stats, out_dtype
         rstd = torch.empty(stats_shape, dtype=torch.float32, device=device) if save_stats else None
         mean = torch.empty(stats_shape, dtype=torch.float32, device=device) if save_stats and layer else None
         if y.numel():
-            fn(rows_view(x, n), None if residual is None else rows_view(residual, n), weight, bias, y.view(-1, n),
+            fn(rows_view(x, n), None if residual is None else rows_view(residual, n), _flat(weight), _flat(bias),
+               y.view(-1, n),
                None if s is None else s.view(-1, n), None if rstd is None else rstd.view(-1),
                None if mean is None else mean.view(-1), float(eps))
         return y, s, rstd, mean
@@ -183,7 +189,7 @@ def _backward_plan(dy, s, weight, rstd, mean, dsum, kind, offset, has_bias, weig
     dy2, s2 = rows_view(dy, n), rows_view(s, n)
     ds2 = None if dsum is None else rows_view(dsum, n)
     probe = torch.empty((0,), dtype=torch.float32, device=s.device)
-    vec = tensor_vec(n, [dy2, s2, ds2, weight, probe])
+    vec = tensor_vec(n, [dy2, s2, ds2, _flat(weight), probe])
     dt = dtype_name(s.dtype)
     wdt = None if weight is None else dtype_name(weight.dtype)
     fuse_dsum = dsum is not None
@@ -214,8 +220,8 @@ def _backward_plan(dy, s, weight, rstd, mean, dsum, kind, offset, has_bias, weig
         pw = torch.empty((parts, n), dtype=torch.float32, device=device) if want_w else None
         pb = torch.empty((parts, n), dtype=torch.float32, device=device) if want_b else None
         if rows:
-            fn(rows_view(s, n), weight, rows_view(dy, n), rstd.reshape(-1),
-               mean.reshape(-1) if layer else None, rows_view(dsum, n) if fuse_dsum else None,
+            fn(rows_view(s, n), _flat(weight), rows_view(dy, n), nograd(rstd).reshape(-1),
+               nograd(mean).reshape(-1) if layer else None, rows_view(dsum, n) if fuse_dsum else None,
                dx.view(-1, n), pw, pb, grid)
         if dsum is not None and not fuse_dsum:
             dx.add_(dsum)

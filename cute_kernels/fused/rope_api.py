@@ -15,7 +15,7 @@ import torch
 
 from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_signature
 
-from .host import check_same_device, check_tensor, compile_tvm_ffi, dtype_name
+from .host import check_same_device, check_tensor, compile_tvm_ffi, dtype_name, nograd
 
 __all__ = ["apply_rotary_", "rotary", "LAYOUTS", "rotary_tables"]
 
@@ -149,7 +149,8 @@ def rotary(q, k, cos, sin, *, position_ids=None, offset: int = 0, interleaved: b
             pos = pos.contiguous()
         qb, kb = _bshd(q, layout), _bshd(k, layout)
         if qb.numel() and kb.numel():
-            fn(qb, kb, _bshd(qo, layout), _bshd(ko, layout), cos, sin, pos, int(offset))
+            fn(nograd(qb), nograd(kb), nograd(_bshd(qo, layout)), nograd(_bshd(ko, layout)), nograd(cos), nograd(sin),
+               pos, int(offset))
         elif qb.numel() or kb.numel():
             raise ValueError(f"{op}: q or k has no heads; pass both with at least one head")
         return qo, ko
