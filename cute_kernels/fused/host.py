@@ -14,7 +14,7 @@ import functools
 import torch
 
 __all__ = ["DTYPE_NAMES", "dtype_name", "check_tensor", "check_same_device", "rows_view", "tensor_vec",
-           "sm_count", "compile_tvm_ffi", "stats_shape", "nograd"]
+           "sm_count", "compile_tvm_ffi", "nograd"]
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -69,10 +69,6 @@ def rows_view(t, width: int):
         return t.view(rows, width)
     except RuntimeError:
         return t.reshape(rows, width)
-
-
-def stats_shape(x) -> tuple:
-    return tuple(x.shape[:-1])
 
 
 def tensor_vec(width: int, tensors) -> int:

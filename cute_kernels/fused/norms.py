@@ -94,10 +94,9 @@ class NormConfig:
         return self.out_dtype or self.dtype
 
 
-def _slots(config: NormConfig, backward: bool) -> int:
-    # forward: one reduction (RMS) or two (LayerNorm's mean, then variance);
-    # backward: one or two sums through one barrier, double-buffered by loop parity.
-    return 4 if backward else 2
+# Shared-memory slots of the row reductions: the forward's one (RMS) or two (LayerNorm's mean,
+# then variance); the backward's one or two sums through one barrier, doubled by loop parity.
+FORWARD_SLOTS, BACKWARD_SLOTS = 2, 4
 
 
 class NormForward:
@@ -106,7 +105,7 @@ class NormForward:
     def __init__(self, config: NormConfig):
         self.config = config.validate()
         self.tiling = config.tiling
-        self.smem_layout = reduction_slots_layout(self.tiling, _slots(config, False))
+        self.smem_layout = reduction_slots_layout(self.tiling, FORWARD_SLOTS)
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mRes: Optional[cute.Tensor], mW: Optional[cute.Tensor],
@@ -198,7 +197,7 @@ class NormBackward:
     def __init__(self, config: NormConfig):
         self.config = config.validate()
         self.tiling = config.tiling
-        self.smem_layout = reduction_slots_layout(self.tiling, _slots(config, True))
+        self.smem_layout = reduction_slots_layout(self.tiling, BACKWARD_SLOTS)
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: Optional[cute.Tensor], mDY: cute.Tensor, mRstd: cute.Tensor,

@@ -34,8 +34,6 @@ __all__ = ["norm", "norm_backward", "softmax", "softmax_backward", "cross_entrop
 
 
 def _kernels():
-    import cutlass  # noqa: F401  (the DSL: its absence is an ImportError naming it)
-
     import cute_kernels.fused as fused
 
     return fused

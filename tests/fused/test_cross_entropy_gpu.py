@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from cute_kernels.fused import cross_entropy_backward, cross_entropy_forward, reference  # noqa: E402
 
-from ._gpu import TOL, assert_close, f64, poison, randn, rel_err  # noqa: E402
+from ._gpu import assert_close, f64, poison, randn, rel_err  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

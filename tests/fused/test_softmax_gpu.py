@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from cute_kernels.fused import softmax_backward, softmax_forward  # noqa: E402
 
-from ._gpu import TOL, assert_close, f64, poison, randn  # noqa: E402
+from ._gpu import assert_close, f64, poison, randn  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
