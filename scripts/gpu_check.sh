@@ -25,7 +25,7 @@ set -uo pipefail
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 [ $# -ge 1 ] || usage
 OUTDIR=$1; shift
-TAR=0; SKIP=""; SUITES="gemm,attention,attention_bwd,copy,skinny,fp8,ladder,decode,overhead"
+TAR=0; SKIP=""; SUITES="gemm,attention,attention_bwd,copy,skinny,fp8,ladder,decode,fused,overhead"
 while [ $# -gt 0 ]; do
   case "$1" in
     --tar) TAR=1 ;;
@@ -127,7 +127,7 @@ fi
 if ! skipped bench; then
   IFS=, read -r -a SUITE_LIST <<< "$SUITES"
   for suite in "${SUITE_LIST[@]}"; do
-    case $suite in gemm|attention|attention_bwd|decode) cap=110 ;; ladder) cap=90 ;; *) cap=45 ;; esac
+    case $suite in gemm|attention|attention_bwd|decode|fused) cap=110 ;; ladder) cap=90 ;; *) cap=45 ;; esac
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
     step "bench $suite" $cap python3 -m cute_kernels.cli bench "$suite" $BENCH_ARGS --out-dir "$OUTDIR/results"
   done

@@ -55,6 +55,7 @@ class Prepared:
     fn: Callable[[], Any]
     out: Any = None
     canonical: Callable[[Any], Any] | None = None
+    extra: dict | None = None  # measured at prepare (e.g. peak memory): copied into the record
 
     def result(self, returned: Any) -> Any:
         value = self.out if self.out is not None else returned
@@ -443,7 +444,13 @@ def decode_impls() -> dict[str, Impl]:
     }
 
 
+def _fused_impls() -> dict[str, Impl]:
+    # cute_kernels.bench.fused_impls imports this module: loaded when first asked for.
+    return importlib.import_module("cute_kernels.bench.fused_impls").fused_impls()
+
+
 FAMILY_IMPLS: dict[str, Callable[[], dict[str, Impl]]] = {
+    "fused": _fused_impls,
     "gemm": gemm_impls,
     "attention": attention_impls,
     "attention_bwd": attention_bwd_impls,

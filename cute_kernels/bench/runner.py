@@ -150,6 +150,7 @@ def run_case(case: Case, impls: Mapping[str, Impl], *, timer: Timer, settings: R
             continue
         ready[name] = prepared.fn
         records.append(_base_record(case, impl, err, True, None))
+        records[-1].extra.update(prepared.extra or {})
     del reference
     if ready:
         timings = interleaved(ready, timer, settings.rounds)

@@ -11,6 +11,7 @@
 | `fp8` | e4m3 4096³ and 8192³ (bf16 out), per-tensor and row-wise scales (`_rowwise`) | as `gemm` (cublas_fp8 is the peer) |
 | `ladder` | fp32, fp16 and bf16 at 4096³ and 8192³ | every rung, cublas (fp32 without TF32) and triton_ampere (Triton held to mma.sync) |
 | `decode` | bf16 paged decode B=64, Hkv=8, D=128, ctx 8192; Hq 8/32/64 × page 16/256 | decode, fa4_paged, sdpa_gathered |
+| `fused` | bf16 norms, softmax, cross-entropy, RoPE, SwiGLU, linear + CE (`FUSED_CASES`) | cute_kernels (+ cute_kernels_gemm), eager, torch_compile, quack, liger |
 
 `--impl` takes a comma list of names and these keywords: `default`, `all`, `ours`, `peers`.
 """
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cute_kernels.bench.cases import AttentionBwdCase, AttentionCase, Case, CopyCase, DecodeCase, GemmCase
+from cute_kernels.bench.fused_cases import FusedCase
 from cute_kernels.bench.impls import FAMILY_IMPLS, Impl
 from cute_kernels.bench.model_shapes import gemm_shape_cases
 
@@ -34,12 +36,23 @@ ATTENTION_SHAPES = ((4, 32, 2048, 128), (2, 16, 8192, 128), (8, 16, 2048, 64), (
 COPY_MIB = (16, 64, 256, 1024)
 # Paged decode (B, Hq, Hkv, D, ctx, page): 1 GiB each of K and V cache in bf16 per case.
 DECODE_SHAPES = tuple((64, hq, 8, 128, 8192, page) for hq in (8, 32, 64) for page in (16, 256))
+# The fused suite: the issue's 16384x4096 norms / softmax and 8192 x 128256 cross-entropy, a
+# vocabulary softmax past the registers, Llama-8B-sized RoPE and SwiGLU, the linear + CE.
+FUSED_CASES = (
+    FusedCase("rmsnorm_fwd", 16384, 4096), FusedCase("rmsnorm_residual_fwd", 16384, 4096),
+    FusedCase("rmsnorm_bwd", 16384, 4096), FusedCase("layernorm_fwd", 16384, 4096),
+    FusedCase("softmax_fwd", 16384, 4096), FusedCase("softmax_bwd", 16384, 4096),
+    FusedCase("softmax_fwd", 2048, 128256), FusedCase("cross_entropy_fwd", 8192, 128256),
+    FusedCase("cross_entropy_fwd_bwd", 8192, 128256), FusedCase.rope(8, 4096, 32, 8, 128),
+    FusedCase("swiglu_fwd", 16384, 14336), FusedCase("swiglu_bwd", 8192, 14336),
+    FusedCase.linear_cross_entropy(8192, 4096, 128256),
+)
 
 
 @dataclass(frozen=True)
 class Suite:
     name: str
-    family: str  # "gemm" | "attention" | "attention_bwd" | "copy" | "decode"
+    family: str  # "gemm" | "attention" | "attention_bwd" | "copy" | "decode" | "fused"
     cases: tuple[Case, ...]
     description: str
     default: Callable[[Impl], bool]  # which discovered impls run without --impl
@@ -52,7 +65,7 @@ class Suite:
         """Cases from a comma list of case names, each optionally suffixed `:dtype`
         (e.g. `1024x1024x1024:fp32`); without a suffix, the suite's first case's dtype."""
         kind = {"gemm": GemmCase, "attention": AttentionCase, "attention_bwd": AttentionBwdCase, "copy": CopyCase,
-                "decode": DecodeCase}[self.family]
+                "decode": DecodeCase, "fused": FusedCase}[self.family]
         default_dtype = self.cases[0].dtype if self.cases else "bf16"
         names = [s.strip() for s in spec.split(",") if s.strip()]
         if not names:
@@ -142,4 +155,7 @@ SUITES: dict[str, Suite] = {
                          _public_entry),
     "decode": Suite("decode", "decode", tuple(DecodeCase(*shape, "bf16") for shape in DECODE_SHAPES),
                     "bf16 paged decode (one query token, vLLM cache layout), GB/s and % of HBM", _everything),
+    "fused": Suite("fused", "fused", FUSED_CASES,
+                   "bf16 fused memory-bound ops vs eager, torch.compile, quack, Liger: GB/s and % of the copy "
+                   "bandwidth (linear + CE: TFLOP/s and peak memory)", _everything),
 }

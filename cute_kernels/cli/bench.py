@@ -9,7 +9,7 @@
     cute-kernels bench gemm --list                             # cases and implementations found here
     cute-kernels bench decode --out-dir docs/results           # paged decode: GB/s and % of HBM
 
-Suites: gemm, attention, attention_bwd, copy, skinny, fp8, ladder, decode (see cute_kernels.bench.suites) and overhead
+Suites: gemm, attention, attention_bwd, copy, skinny, fp8, ladder, decode, fused (see cute_kernels.bench.suites) and overhead
 (host time per call, see cute_kernels.bench.overhead); `all` runs each in turn.
 
 Exit status: 0; 1 when one of our implementations failed its correctness check; 3 when
@@ -24,10 +24,12 @@ import sys
 
 from .errors import CliError
 
-SUITE_NAMES = ("gemm", "gemm_shapes", "attention", "attention_bwd", "copy", "skinny", "fp8", "ladder", "decode", "overhead")
+SUITE_NAMES = ("gemm", "gemm_shapes", "attention", "attention_bwd", "copy", "skinny", "fp8", "ladder", "decode", "fused",
+               "overhead")
 # Ceilings each suite's percentages need (the HBM bandwidth is always measured).
-SUITE_CEILING_DTYPES = {"gemm": {"bf16"}, "gemm_shapes": {"bf16"}, "attention": {"bf16"}, "attention_bwd": {"bf16"}, "copy": set(), "skinny": {"bf16"},
-                        "fp8": {"fp8_e4m3"}, "ladder": {"fp32", "fp16", "bf16"}, "decode": set(), "overhead": set()}
+SUITE_CEILING_DTYPES = {"gemm": {"bf16"}, "gemm_shapes": {"bf16"}, "attention": {"bf16"}, "attention_bwd": {"bf16"},
+                        "copy": set(), "skinny": {"bf16"}, "fp8": {"fp8_e4m3"}, "ladder": {"fp32", "fp16", "bf16"},
+                        "decode": set(), "fused": {"bf16"}, "overhead": set()}
 
 
 def add_parser(sub) -> None:

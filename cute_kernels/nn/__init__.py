@@ -3,6 +3,9 @@
 - `Linear`: torch.nn.Linear (same constructor and state_dict) plus `activation=`, `kernel=`,
   `fallback=`; `Linear.from_linear(m)` wraps an existing layer's parameters.
 - `functional.linear`, `functional.scaled_dot_product_attention`: the torch.nn.functional forms.
+- `RMSNorm`, `LayerNorm` (norms.py), `CrossEntropyLoss`, `LinearCrossEntropyLoss` (losses.py): the
+  fused kernels as drop-in modules; `replacement_for(module)` recognizes torch's, timm's and
+  Hugging Face's norm modules; `fused_functional`: their functional forms.
 - `patch(model)`: an existing model's nn.Linear layers, norms and attention on cute_kernels, by
   each library's own mechanism (transformers' attention interface; instance-level rebinding of
   F.scaled_dot_product_attention for timm and other models: `rebind`); `route()`: the generic
@@ -13,10 +16,13 @@
 
 from __future__ import annotations
 
-from . import functional, parallel
+from . import functional, fused_functional, parallel
 from .linear import Linear
+from .losses import CrossEntropyLoss, LinearCrossEntropyLoss
+from .norms import LayerNorm, RMSNorm, replacement_for
 from .parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 from .routing import PatchReport, patch, route
 
-__all__ = ["ColumnParallelLinear", "Linear", "PatchReport", "RowParallelLinear", "TensorParallelMLP", "functional",
-           "parallel", "patch", "route"]
+__all__ = ["ColumnParallelLinear", "CrossEntropyLoss", "LayerNorm", "Linear", "LinearCrossEntropyLoss", "PatchReport",
+           "RMSNorm", "RowParallelLinear", "TensorParallelMLP", "functional", "fused_functional", "parallel", "patch",
+           "replacement_for", "route"]

@@ -16,6 +16,8 @@ the first call):
   The dense and varlen ops end with `softcap=None, sinks=None` (varlen also `seqused_k=None`):
   logit soft-capping and per-head sinks (`cute_kernels.attention.features`), differentiable in
   sinks.
+- the fused memory-bound ops (`FUSED_OPS`, module `fused`; they take no `rung`): `norm`, `softmax`,
+  `cross_entropy`, `rotary` / `rotary_`, `swiglu`, `linear_cross_entropy` and their backwards.
 
 `rung` names a rung of the ladder (`cute_kernels.gemm.KERNELS`, `cute_kernels.attention.KERNELS`)
 or "auto"; it is the kernel layer's `kernel=` argument under another name (see
@@ -34,7 +36,12 @@ from .attention import CAUSAL, paged_decode, sdpa, sdpa_backward, sdpa_varlen, s
 from .attention_masked import sdpa_masked, sdpa_masked_backward
 from .fallback import FALLBACK_COUNTS, FALLBACKS, FallbackWarning
 from .gemm import ACTIVATIONS, linear, matmul, scaled_mm
+from . import fused
+from .fused import (cross_entropy, cross_entropy_backward, linear_cross_entropy, linear_cross_entropy_backward, norm,
+                    norm_backward, rotary, rotary_, softmax, softmax_backward, swiglu, swiglu_backward)
 
+FUSED_OPS = ("norm", "norm_backward", "softmax", "softmax_backward", "cross_entropy", "cross_entropy_backward", "rotary",
+             "rotary_", "swiglu", "swiglu_backward", "linear_cross_entropy", "linear_cross_entropy_backward")
 OPS = ("matmul", "linear", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
        "sdpa_masked", "sdpa_masked_backward")
 
@@ -48,5 +55,6 @@ RESERVED_ARGUMENT_NAMES = frozenset({"kernel", "cls", "self", "name", "layout", 
 __all__ = [
     "matmul", "linear", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
     "sdpa_masked", "sdpa_masked_backward",
+    "fused", "FUSED_OPS", *FUSED_OPS,
     "ACTIVATIONS", "CAUSAL", "FALLBACKS", "FALLBACK_COUNTS", "FallbackWarning", "OPS", "RESERVED_ARGUMENT_NAMES",
 ]

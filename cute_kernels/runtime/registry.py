@@ -21,7 +21,8 @@ from typing import Any, Callable, Mapping
 from .sass_report import SassReport, build_report
 
 # Packages whose modules register variants; imported (with their submodules) on listing.
-KERNEL_PACKAGES = ("cute_kernels.elementwise", "cute_kernels.gemm", "cute_kernels.attention", "cute_kernels.probes")
+KERNEL_PACKAGES = ("cute_kernels.elementwise", "cute_kernels.gemm", "cute_kernels.attention", "cute_kernels.fused",
+                   "cute_kernels.probes")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,145 @@
+"""Which tiling (and so which compiled kernel) each fused kernel uses for a row width and dtypes.
+
+Pure Python: the heuristics that `cute_kernels.fused`'s host code and the workbench share. Every
+function returns a validated `tiling.RowTiling`, or raises NotImplementedError naming the limit
+when a row is too wide for the kernel's register-resident form.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .tiling import RowTiling, chunked_tiling, row_tiling
+
+__all__ = ["norm_tiling", "max_norm_width", "softmax_tiling", "cross_entropy_tiling", "rope_tiling", "swiglu_tiling",
+           "chunk_values"]
+
+_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def chunk_values() -> int:
+    """Values a thread loads per chunk in the streaming kernels (softmax past the registers,
+    cross-entropy over large vocabularies): 32 (four 16-byte vectors of a 16-bit dtype), or
+    $CUTE_KERNELS_FUSED_CHUNK_VALUES (16, 32 or 64) for tuning runs; each value is its own
+    compiled kernel."""
+    value = int(os.environ.get("CUTE_KERNELS_FUSED_CHUNK_VALUES", "32"))
+    if value not in (16, 32, 64):
+        raise ValueError(f"CUTE_KERNELS_FUSED_CHUNK_VALUES must be 16, 32 or 64, got {value}")
+    return value
+
+
+def _vec(width: int, dtypes, vec: int | None) -> int:
+    narrow = min(_BYTES[d] for d in dtypes if d)
+    if vec is None:
+        vec = 16 // narrow
+        while vec > 1 and width % vec:
+            vec //= 2
+    return vec
+
+
+def _norm_arrays(dtype: str, weight_dtype: str | None, bias: bool, backward: bool, residual: bool) -> float:
+    """Row-sized arrays a norm kernel's thread keeps live, in fp32-register units (a 16-bit
+    array is 0.5): the forward holds s in fp32, the raw weight and bias, and x (and residual)
+    while it converts them; the backward holds raw x, dy (and dsum) and weight, the fp32 dw
+    (and db) accumulators across its loop over rows, and fp32 temporaries (calibrated on the
+    compiled kernels: the compile tests check the widest tilings spill nothing)."""
+    x = _BYTES[dtype] / 4
+    w = _BYTES[weight_dtype] / 4 if weight_dtype else 0.0
+    if not backward:
+        return 1.0 + x * (2 if residual else 1) + w * (2 if bias else 1)
+    # LayerNorm's backward keeps two partial sums and db besides: more temporaries.
+    temporaries = (3.0 + (0.5 if residual else 0.0)) if bias else 1.0
+    return x * (3 if residual else 2) + w + (1.0 if weight_dtype else 0.0) + temporaries
+
+
+def norm_tiling(width: int, dtype: str, weight_dtype: str | None = None, *, bias: bool = False,
+                residual: bool = False, backward: bool = False, vec: int | None = None) -> RowTiling:
+    """The row tiling of RMSNorm / LayerNorm over rows of `width` elements of `dtype`.
+
+    vec: the vector width in elements (default: the widest 16-byte vector dividing `width`;
+    the host lowers it for strides and pointers that are less aligned). Raises
+    NotImplementedError when a row does not fit one CTA's registers.
+    """
+    vec = _vec(width, (dtype, weight_dtype), vec)
+    tiling = row_tiling(width, vec, arrays=_norm_arrays(dtype, weight_dtype, bias, backward, residual))
+    if tiling is None:
+        raise NotImplementedError(
+            f"norm {'backward' if backward else 'forward'}: rows of {width} {dtype} elements (vectors of {vec}) "
+            "do not fit one CTA's registers; the widest supported row is "
+            f"{max_norm_width(dtype, weight_dtype, bias=bias, residual=residual, backward=backward, vec=vec)} "
+            "elements")
+    return tiling
+
+
+def max_norm_width(dtype: str, weight_dtype: str | None = None, *, bias: bool = False, residual: bool = False,
+                   backward: bool = False, vec: int | None = None) -> int:
+    """The widest row (a power of two times vec) `norm_tiling` serves."""
+    vec = vec or 16 // min(_BYTES[d] for d in (dtype, weight_dtype) if d)
+    arrays = _norm_arrays(dtype, weight_dtype, bias, backward, residual)
+    width = vec
+    while row_tiling(width * 2, vec, arrays=arrays) is not None:
+        width *= 2
+    return width
+
+
+def softmax_tiling(width: int, dtype: str, *, backward: bool = False, out_dtype: str | None = None,
+                   vec: int | None = None) -> tuple[RowTiling, bool]:
+    """(tiling, streaming) of softmax over rows of `width`: the register-resident tiling when the
+    row fits (x as fp32 plus its raw copy; y and dy raw for the backward), else the streaming
+    tile (one row a CTA of 256 threads, `chunk_values()` values a thread a chunk)."""
+    vec = _vec(width, (dtype, out_dtype), vec)
+    x, y = _BYTES[dtype] / 4, _BYTES[out_dtype or dtype] / 4
+    arrays = (1.0 + x) if not backward else (x + y + 1.0)
+    tiling = row_tiling(width, vec, arrays=arrays)
+    if tiling is not None:
+        return tiling, False
+    return chunked_tiling(vec, threads=256, values=chunk_values()), True
+
+
+def cross_entropy_tiling(width: int, dtype: str, *, vec: int | None = None) -> RowTiling:
+    """The cross-entropy tile: a whole row in one chunk for vocabularies up to 8192 (several rows
+    a CTA when narrow), else one row a CTA of 256 threads walking `chunk_values()` values a
+    thread a chunk."""
+    vec = _vec(width, (dtype,), vec)
+    if width <= 8192:
+        tiling = row_tiling(width, vec, arrays=1.0 + _BYTES[dtype] / 4)
+        if tiling is not None:
+            return tiling
+    return chunked_tiling(vec, threads=256, values=chunk_values())
+
+
+def _widest_vec(width: int, element_bytes: int, max_bytes: int = 16) -> int:
+    vec = max(1, max_bytes // element_bytes)
+    while vec > 1 and width % vec:
+        vec //= 2
+    return vec
+
+
+def rope_tiling(rotary_dim: int, dtype: str, table_dtype: str = "float32", *, interleaved: bool = False,
+                vec: int | None = None) -> RowTiling:
+    """RoPE's tiling over the R/2 pairs of a head, tokens as rows: vec pairs a vector, 16 bytes of
+    each half in the half-split form (two 16-byte accesses of interleaved pairs otherwise)."""
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    half = rotary_dim // 2
+    if vec is None:
+        vec = _widest_vec(half, _BYTES[dtype])
+    return row_tiling(half, vec)
+
+
+def swiglu_tiling(width: int, dtype: str, *, interleaved: bool = False, backward: bool = False,
+                  vec: int | None = None) -> RowTiling:
+    """SwiGLU's tile over (rows, I): 16-byte vectors of gate (interleaved: two 16-byte accesses
+    of gate/up pairs), 32 values a thread forward and 16 backward (which holds five arrays), up
+    to 128 threads across the columns and 256 threads a CTA."""
+    if vec is None:
+        vec = _widest_vec(width, _BYTES[dtype])
+    nvec = -(-width // vec)
+    most = max(1, (16 if backward else 32) // vec)
+    tpr = min(128, _next_pow2(-(-nvec // most)))
+    vpt = min(most, _next_pow2(-(-nvec // tpr)))
+    return RowTiling(vec, tpr, max(1, 256 // tpr), vpt).validate()
+
+
+def _next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()

@@ -1,0 +1,66 @@
+"""Bad input to every fused entry point raises a clear error naming the problem before any
+launch (checked on CPU tensors: the device check comes last, so every other check runs here)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cute_kernels.fused as F  # noqa: E402
+
+BF16 = torch.bfloat16
+
+
+def t(*shape, dtype=BF16):
+    return torch.randn(*shape).to(dtype)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: F.norm_forward(t(4, 8), t(7)), ValueError, "weight has shape"),
+    (lambda: F.norm_forward(t(4, 8), t(8), t(8)), ValueError, "bias is LayerNorm's"),
+    (lambda: F.norm_forward(t(4, 8), t(8), t(8, dtype=torch.float32), kind="layer"), TypeError, "same dtype"),
+    (lambda: F.norm_forward(t(4, 8), residual=t(4, 9)), ValueError, "residual has shape"),
+    (lambda: F.norm_forward(t(4, 8), offset=1.0), ValueError, "needs a weight"),
+    (lambda: F.norm_forward(t(4, 8), kind="batch"), ValueError, "kind must be"),
+    (lambda: F.norm_forward(t(4, 0)), ValueError, "at least 1"),
+    (lambda: F.norm_forward(torch.ones(4, 8, dtype=torch.int64)), TypeError, "dtype torch.int64"),
+    (lambda: F.norm_forward(t(4, 8)), ValueError, "device 'cpu'"),
+    (lambda: F.norm_backward(t(4, 8), t(4, 9), None, t(4, dtype=torch.float32)), ValueError, "dy has shape"),
+    (lambda: F.norm_backward(t(4, 8), t(4, 8), None, t(4)), TypeError, "rstd has dtype"),
+    (lambda: F.norm_backward(t(4, 8), t(4, 8), None, t(4, dtype=torch.float32), kind="layer"), ValueError,
+     "mean"),
+    (lambda: F.softmax_forward(torch.ones(3, dtype=torch.int32)), TypeError, "int32"),
+    (lambda: F.softmax_backward(t(3, 4), t(3, 5)), ValueError, "one shape"),
+    (lambda: F.cross_entropy_forward(t(4, 10), torch.zeros(3, dtype=torch.int64)), ValueError, "3 entries"),
+    (lambda: F.cross_entropy_forward(t(4, 10), torch.zeros(4)), TypeError, "labels has dtype"),
+    (lambda: F.cross_entropy_forward(t(4, 10, 2), torch.zeros(4, dtype=torch.int64)), ValueError, "2-D"),
+    (lambda: F.cross_entropy_forward(t(4, 10), torch.zeros(4, dtype=torch.int64), label_smoothing=1.5), ValueError,
+     "label_smoothing"),
+    (lambda: F.cross_entropy_backward(t(4, 10), torch.zeros(4, dtype=torch.int64), t(4, dtype=torch.float32),
+                                      t(3, dtype=torch.float32)), ValueError, "dloss must be"),
+    (lambda: F.swiglu_forward(t(4, 8), t(4, 9)), ValueError, "must match"),
+    (lambda: F.swiglu_forward(t(4, 7), interleaved=True), ValueError, "even last dimension"),
+    (lambda: F.swiglu_forward(t(4, 8)), ValueError, "up is required"),
+    (lambda: F.swiglu_backward(t(4, 5), t(4, 8), t(4, 8)), ValueError, "dout must have shape"),
+    (lambda: F.rotary(t(2, 3, 4, 8), t(2, 3, 2, 8, dtype=torch.float16), *F.rotary_tables(8, 8)), TypeError,
+     "k has"),
+    (lambda: F.rotary(t(2, 3, 4, 8), t(2, 4, 2, 8), *F.rotary_tables(8, 8)), ValueError, "must share"),
+    (lambda: F.rotary(t(2, 3, 4, 8), t(2, 3, 2, 8), *F.rotary_tables(8, 16)), ValueError, "do not fit head dim"),
+    (lambda: F.rotary(t(2, 3, 4, 8), t(2, 3, 2, 8), *F.rotary_tables(8, 8), layout="sbhd"), ValueError, "layout"),
+    (lambda: F.rotary(t(2, 3, 4, 8), t(2, 3, 2, 8), *F.rotary_tables(8, 8), position_ids=torch.zeros(2, 4,
+                      dtype=torch.int64)), ValueError, "position_ids has shape"),
+    (lambda: F.rotary(t(2, 3, 4, 8), t(2, 3, 2, 8), *F.rotary_tables(8, 8, dtype=torch.float16)), TypeError,
+     "tables must be"),
+    (lambda: F.linear_cross_entropy(t(4, 8), t(10, 7), torch.zeros(4, dtype=torch.int64)), ValueError,
+     "do not compose"),
+    (lambda: F.linear_cross_entropy(t(4, 8), t(10, 8, dtype=torch.float32), torch.zeros(4, dtype=torch.int64)),
+     TypeError, "weight has dtype"),
+    (lambda: F.linear_cross_entropy(t(4, 8), t(10, 8), torch.zeros(4, dtype=torch.int64), reduction="avg"),
+     ValueError, "reduction"),
+    (lambda: F.linear_cross_entropy(t(4, 8), t(10, 8), torch.zeros(4, dtype=torch.int64), gemm="cublas"),
+     ValueError, "gemm"),
+])
+def test_bad_input_is_named(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
