@@ -10,10 +10,16 @@
 
 from __future__ import annotations
 
+from cute_kernels.runtime.eager import transparent_mode
+
 from . import functional, parallel
 from .linear import Linear
 from .parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 from .routing import patch, route
+
+# route() reroutes F.linear and SDPA and passes every other function through, so a warm call
+# made under it (a patched model's Linear layers) keeps the direct path (runtime.eager).
+transparent_mode(route)
 
 __all__ = ["ColumnParallelLinear", "Linear", "RowParallelLinear", "TensorParallelMLP", "functional", "parallel",
            "patch", "route"]

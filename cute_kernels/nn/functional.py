@@ -1,7 +1,7 @@
 """Functional forms, drop-in for their `torch.nn.functional` namesakes.
 
 Both call the `cute_kernels::` operators (so they compile, capture and differentiate as those
-do) and add two keyword options: `kernel` (a rung name, or "auto"; the operators' `rung` argument)
+do; a warm eager call replays its launch directly, `runtime.eager`) and add two keyword options: `kernel` (a rung name, or "auto"; the operators' `rung` argument)
 and `fallback` ("none": input our kernels do not take raises; "torch": PyTorch computes it, with a
 `FallbackWarning`).
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import ops
+from cute_kernels.ops.eager_gemm import linear as linear_entry
 from cute_kernels.ops.fallback import check_fallback, note_fallback
 
 __all__ = ["linear", "scaled_dot_product_attention"]
@@ -19,7 +20,7 @@ __all__ = ["linear", "scaled_dot_product_attention"]
 def linear(input, weight, bias=None, *, activation=None, kernel: str = "auto", fallback: str = "none"):
     """activation(input @ weightᵀ + bias), as torch.nn.functional.linear plus `activation`
     (None, "relu", "gelu_tanh" or "silu")."""
-    return ops.linear(input, weight, bias, activation, rung=kernel, fallback=fallback)
+    return linear_entry(input, weight, bias, activation, kernel, fallback)
 
 
 def _causal(attn_mask, is_causal: bool):
