@@ -1,8 +1,9 @@
 """Functional forms, drop-in for their `torch.nn.functional` namesakes.
 
-Both call the `cute_kernels::` operators (so they compile, capture and differentiate as those
-do; a warm eager call replays its launch directly, `runtime.eager`) and add two keyword options: `kernel` (a rung name, or "auto"; the operators' `rung` argument)
-and `fallback` ("none": input our kernels do not take raises; "torch": PyTorch computes it, with a
+Both compute the `cute_kernels::` operators (so they compile, capture and differentiate as those
+do; in eager mode a warm call replays its launch without entering the op: `runtime.eager`) and
+add two keyword options: `kernel` (a rung name, or "auto"; the operators' `rung` argument) and
+`fallback` ("none": input our kernels do not take raises; "torch": PyTorch computes it, with a
 `FallbackWarning`).
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from cute_kernels import ops
+from cute_kernels.ops.eager_attention import sdpa as sdpa_entry
 from cute_kernels.ops.eager_gemm import linear as linear_entry
 from cute_kernels.ops.fallback import check_fallback, note_fallback
 
@@ -54,6 +55,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     `cute_kernels::sdpa`'s backward.
     """
     check_fallback("scaled_dot_product_attention", fallback)
+    if attn_mask is None and window_size is None and dropout_p == 0.0 and (is_causal is True or is_causal is False):
+        # the common call, with nothing to translate
+        return sdpa_entry(query, key, value, "top_left" if is_causal else None, scale, enable_gqa, -1, -1, kernel,
+                          fallback)[0]
     causal = _causal(attn_mask, is_causal)
     left, right = _window_ints(window_size, None if causal is NotImplemented else causal)
     if causal is NotImplemented or dropout_p != 0.0:
@@ -69,7 +74,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             attn_mask, is_causal = _with_window(query, key, attn_mask, is_causal, causal, window_size), False
         return torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **extra)
-    out, _ = ops.sdpa(query, key, value, causal, scale, enable_gqa, left, right, rung=kernel, fallback=fallback)
+    out, _ = sdpa_entry(query, key, value, causal, scale, enable_gqa, left, right, kernel, fallback)
     return out
 
 

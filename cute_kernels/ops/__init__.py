@@ -26,7 +26,7 @@ from __future__ import annotations
 from .attention import CAUSAL, paged_decode, sdpa, sdpa_backward, sdpa_varlen, sdpa_varlen_backward
 from .fallback import FALLBACK_COUNTS, FALLBACKS, FallbackWarning
 from .gemm import ACTIVATIONS, linear, matmul, scaled_mm
-from . import eager_gemm  # noqa: E402,F401 (registers the autocast rules; the eager entries)
+from . import eager_attention, eager_gemm  # noqa: E402,F401 (the eager entries; they register the autocast rules)
 
 OPS = ("matmul", "linear", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode")
 
