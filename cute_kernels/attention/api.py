@@ -33,7 +33,7 @@ from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_sig
 from .mask_rule import canonical_window
 
 __all__ = ["AttentionProblem", "scaled_dot_product_attention", "attention_forward", "attention_backward",
-           "check_inputs", "plan_for"]
+           "check_inputs", "plan_for", "backward_plan_for"]
 
 _CAUSAL = (None, "top_left", "bottom_right")
 
@@ -399,6 +399,22 @@ def _backward_signature(dout, q, k, v, out, lse, causal, scale, enable_gqa, kern
                 tensor_signature(out), tensor_signature(lse), causal, scale.__class__, scale, enable_gqa, kernel,
                 window_size, bool(deterministic))
     except (TypeError, RuntimeError):
+        return None
+
+
+def backward_plan_for(dout, q, k, v, out, lse, *, causal=None, scale=None, enable_gqa: bool = False,
+                      window_size=None, kernel: str = "auto", deterministic: bool | None = None):
+    """The stored plan of an `attention_backward` call with these arguments, or None:
+    `replay(dout, q, k, v, out, lse) -> (dq, dk, dv)` for tensors with the recorded call's
+    signature (`deterministic` None: as `torch.are_deterministic_algorithms_enabled()` is now)."""
+    if deterministic is None:
+        import torch
+
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    sig = _backward_signature(dout, q, k, v, out, lse, causal, scale, enable_gqa, kernel, window_size, deterministic)
+    try:
+        return None if sig is None else _BACKWARD_PLANS.get(sig)
+    except TypeError:
         return None
 
 

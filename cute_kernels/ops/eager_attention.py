@@ -8,8 +8,9 @@ computes `cute_kernels::sdpa` with the same arguments. A warm eager call replays
   launch with its scalars bound, out and lse allocated) on the caller's q, k, v (detached);
 - backward (inside `runtime.eager.EagerFunction`): what the op's autograd formula does
   (`_sdpa_setup` saves the same tensors and options), with `cute_kernels::sdpa_backward`'s
-  body in place of the op, whose kernel entry replays its own plan
-  (`attention.api.attention_backward`).
+  body in place of the op; a warm backward (the same output-gradient layout, the same
+  determinism setting) calls the plan that body's entry kept (`attention.api.
+  backward_plan_for`: the chosen rung's backward on the recorded problem) directly.
 A key with arguments this module does not know (a schema grown by options it cannot hand down)
 keeps the op.
 """
@@ -35,10 +36,11 @@ class SdpaPlan(Plan):
     """The warm call of one `sdpa` key: `launch(q, k, v) -> (out, lse)`, the attention
     layer's plan; `detach`: whether q, k or v requires grad (the key fixes it)."""
 
-    __slots__ = ("launch", "detach")
+    __slots__ = ("launch", "detach", "grads")
 
     def __init__(self, launch, detach: bool):
         self.launch, self.detach = launch, detach
+        self.grads: dict = {}  # (output-gradient layout, deterministic) -> backward plan or None
 
     def run(self, q, k, v, *options):
         if self.detach:
@@ -54,8 +56,17 @@ class SdpaPlan(Plan):
     def backward(self, ctx, grad_out, grad_lse):
         if grad_out is None:
             return (None,) * _ARGS
+        key = (grad_out.shape, grad_out.stride(), grad_out.dtype, grad_out.data_ptr() & 15, _deterministic())
+        replay = self.grads.get(key, _UNSEEN)
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _SDPA_BACKWARD(grad_out, q, k, v, out, lse, **ctx.options)
+        if replay is _UNSEEN:
+            dq, dk, dv = _SDPA_BACKWARD(grad_out, q, k, v, out, lse, **ctx.options)
+            self.grads[key] = _backward_plan(ctx, grad_out)
+        elif replay is None:
+            dq, dk, dv = _SDPA_BACKWARD(grad_out, q, k, v, out, lse, **ctx.options)
+        else:
+            dq, dk, dv = replay(grad_out.detach(), q.detach(), k.detach(), v.detach(), out.detach(), lse)
+            dq, dk, dv = dq.contiguous(), dk.contiguous(), dv.contiguous()  # as the op's body returns them
         return (dq, dk, dv) + (None,) * (_ARGS - 3)
 
     def backward_op(self, ctx, grad_out, grad_lse):
@@ -64,7 +75,25 @@ class SdpaPlan(Plan):
         return attention_ops._sdpa_grad(ctx, grad_out, grad_lse)
 
 
-def _build_sdpa(*args):
+_UNSEEN = object()
+_deterministic = torch.are_deterministic_algorithms_enabled
+
+
+def _backward_plan(ctx, grad_out):
+    """The plan `attention_backward` kept for the call `sdpa_backward`'s body just made with the
+    saved tensors and options (the body's window and detaching, repeated here), or None."""
+    from cute_kernels.attention import api
+
+    o = ctx.options
+    if o["fallback"] == "torch" and not all(t.is_cuda for t in ctx.saved_tensors):
+        return None
+    window = None if (o["window_left"], o["window_right"]) == (-1, -1) else (o["window_left"], o["window_right"])
+    q, k, v, out, lse = (t.detach() for t in ctx.saved_tensors)
+    return api.backward_plan_for(grad_out.detach(), q, k, v, out, lse, causal=o["causal"], scale=o["scale"],
+                                 enable_gqa=o["enable_gqa"], window_size=window, kernel=o["rung"])
+
+
+def _build_sdpa(result, *args):
     """The plan of an `sdpa` call the op just completed, or None: the forward kept no plan (no
     TVM-FFI, the torch fallback, an empty problem), the inputs are on another device than the
     current one, or the call has arguments beyond the ones this module knows."""

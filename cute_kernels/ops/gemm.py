@@ -168,20 +168,29 @@ def _fused_linear(x2: Tensor, w_t: Tensor, bias, activation, rung: str):
     return epilogue_api.matmul_epilogue(x2, w_t, bias=bias, bias_dim="n", activation=activation, kernel=kernel)
 
 
-def linear_kernel_plan(x2: Tensor, w_t: Tensor, bias, activation, rung: str):
-    """(fused, launch): the kernel layer's stored plan (`runtime.plan_cache`) of the GEMM that
+def linear_kernel_plan(x2: Tensor, w_t: Tensor, bias, activation, rung: str, callers=None):
+    """(kind, launch): the kernel layer's stored plan (`runtime.plan_cache`) of the GEMM that
     `linear`'s body launched for these operands (the 2-D input and transposed weight it hands
     down), or launch None where that call kept none. The eager path (`eager_gemm`) replays it.
-    fused: a rung fused bias and activation (`_fused_linear`); launch is then the rung's plan
-    `launch(a, b, out, alpha, beta, c, bias, scale_a, scale_b)`, writing `out`. Else launch is
-    `gemm.matmul`'s plan `plan(a, b, alpha, beta, c) -> (M, N)`."""
+
+    kind "fused": a rung fused bias and activation (`_fused_linear`); launch is the rung's plan
+    `launch(a, b, out, alpha, beta, c, bias, scale_a, scale_b)`, writing `out`. kind "direct":
+    the same launch as a build taking `callers` = (x, weight, out) (and the bias) as they are,
+    `launch(x, weight, out, [bias,] alpha, beta)` (`Sm90Rung.caller_order_launch`), where the
+    rung has one. kind "plain": `gemm.matmul`'s plan `plan(a, b, alpha, beta, c) -> (M, N)`."""
     from cute_kernels.gemm import api, epilogue_api
 
     kernel = epilogue_api.fusing_kernel(x2, rung)
-    if kernel is not None:
-        plan = epilogue_api.plan_for(x2, w_t, bias=bias, bias_dim="n", activation=activation, kernel=kernel)
-        return True, getattr(plan, "launch", None)
-    return False, api.plan_for(x2, w_t, kernel=rung)
+    if kernel is None:
+        return "plain", api.plan_for(x2, w_t, kernel=rung)
+    plan = epilogue_api.plan_for(x2, w_t, bias=bias, bias_dim="n", activation=activation, kernel=kernel)
+    launch = getattr(plan, "launch", None)
+    caller_order = getattr(epilogue_api._rung(kernel), "caller_order_launch", None)
+    if launch is not None and callers is not None and caller_order is not None:
+        direct = caller_order(launch, *callers, bias=bias)
+        if direct is not None:
+            return "direct", direct
+    return "fused", launch
 
 
 @torch.library.custom_op("cute_kernels::linear", mutates_args=())

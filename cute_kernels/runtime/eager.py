@@ -30,8 +30,8 @@ A call takes the direct path when all of these hold, and otherwise calls the op:
 - its key (`call_key`) has a plan other than `USE_OP`.
 Autocast is applied first (`autocast_args`, the rule the op's own autocast kernel applies), so
 both paths see the same dtypes. A key seen for the first time calls the op, whose checked path
-raises what it raises and leaves the kernel layer's own plans behind, then asks `build(*args)`
-for a plan of the same call (None: `USE_OP`). With grad mode on and a tensor argument requiring
+raises what it raises and leaves the kernel layer's own plans behind, then asks
+`build(result, *args)` for a plan of the same call (None: `USE_OP`). With grad mode on and a tensor argument requiring
 grad the plan runs inside `EagerFunction` (the key says which), whose backward is the plan's.
 
 Post-condition (the rule of `plan_cache`, one level up): a plan runs only for a key whose
@@ -193,10 +193,10 @@ class EagerOp:
     """`entry(*args)`: `op(*args)`, through a plan when the call admits one (module docstring).
 
     name: names the plan cache (`eager.<name>`) and the autograd node; op: the torch.library
-    op (a callable taking the same positional arguments); build(*args) -> Plan | None: called
-    after the op completed a call, it returns the replay of that call (from the kernel layer's
-    stored plans), or None; autocast: apply `autocast_args` first (operators torch's autocast
-    would cast, as F.linear)."""
+    op (a callable taking the same positional arguments); build(result, *args) -> Plan | None:
+    called after the op completed a call (returning `result`), it returns the replay of that
+    call (from the kernel layer's stored plans), or None; autocast: apply `autocast_args` first
+    (operators torch's autocast would cast, as F.linear)."""
 
     def __init__(self, name: str, op, build, *, autocast: bool = True, max_plans: int = 1024):
         self.name, self.op, self.build, self.autocast = name, op, build, autocast
@@ -233,7 +233,7 @@ class EagerOp:
 
     def _first(self, key, args: tuple):
         result = self.op(*args)
-        plan = self.build(*args)
+        plan = self.build(result, *args)
         self.plans.put(key, USE_OP if plan is None else plan)
         return result
 

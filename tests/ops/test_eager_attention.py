@@ -52,7 +52,7 @@ def cpu_plans(monkeypatch):
 def entries(cpu_plans, monkeypatch):
     """The attention layer on CPU: the op body's entries and the plan the eager path replays;
     returns the record of what ran."""
-    seen = {"op": 0, "forward": [], "backward": [], "plan": []}
+    seen = {"op": 0, "forward": [], "backward": [], "plan": [], "replay": []}
 
     def forward(q, k, v, *, causal, scale, enable_gqa, window_size, kernel):
         _detached(q, k, v)
@@ -71,8 +71,16 @@ def entries(cpu_plans, monkeypatch):
             return reference.forward(q, k, v, causal, scale, enable_gqa, window_size)
         return plan
 
+    def backward_plan_for(dout, q, k, v, out, lse, *, causal, scale, enable_gqa, window_size, kernel):
+        def replay(*tensors):
+            _detached(*tensors)
+            seen["replay"].append((kernel, causal, window_size))
+            return reference.backward(tensors[0], *tensors[1:4], causal, scale, enable_gqa, window_size)
+        return replay
+
     monkeypatch.setattr(attention_ops, "_found", {"sdpa": forward, "sdpa_backward": backward})
     monkeypatch.setattr(attention_api, "plan_for", plan_for)
+    monkeypatch.setattr(attention_api, "backward_plan_for", backward_plan_for)
     op = eager_attention.sdpa.op
 
     def counted(*args, **kwargs):
@@ -104,7 +112,9 @@ def test_warm_sdpa_skips_the_op_and_matches_torch(entries, is_causal, gqa):
             assert _rel(a, r) < 1e-12
     assert entries["op"] == 1 and entries["plan"] == ["sm90_flash"] * 2
     causal = "top_left" if is_causal else None
-    assert entries["backward"] == [("sm90_flash", causal, None)] * 3
+    # the op's backward (call 0), the op's body (call 1: keeps the plan), the plan (call 2)
+    assert entries["backward"] == [("sm90_flash", causal, None)] * 2
+    assert entries["replay"] == [("sm90_flash", causal, None)]
     assert type(out.grad_fn).__name__ == "CuteKernelsSdpaBackward"
     with torch.no_grad():
         sdpa(q, k, v, **kw, kernel="sm90_flash")
@@ -125,6 +135,9 @@ def test_masks_and_windows_take_the_entry_too(entries):
         out.sum().backward()
     assert entries["op"] == 2 and len(entries["plan"]) == 2
     assert entries["backward"][-1] == ("auto", None, (2, 1))
+    out = sdpa(q, k, v, window_size=(2, 1))
+    out.sum().backward()
+    assert entries["replay"] == [("auto", None, (2, 1))]
 
 
 def test_unknown_arguments_keep_the_op(entries):
@@ -133,7 +146,7 @@ def test_unknown_arguments_keep_the_op(entries):
     from cute_kernels.runtime.eager import USE_OP
 
     q, k, v = _qkv(grad=False)
-    assert eager_attention._build_sdpa(q, k, v, None, None, False, -1, -1, "auto", "none", 30.0) is None
+    assert eager_attention._build_sdpa(None, q, k, v, None, None, False, -1, -1, "auto", "none", 30.0) is None
     eager_attention.sdpa(q, k, v, None, None, False, -1, -1, "auto", "none")
     assert [p for p in eager_attention.sdpa.plans.values() if p is not USE_OP]
 

@@ -4,7 +4,7 @@
    epilogue or not), a warm `cute_kernels.nn.Linear` / `nn.functional.linear` call skips the op
    and computes F.linear's forward and gradients (every activation, with and without bias,
    2-D and 3-D inputs), its output takes in-place ops, and the backward's GEMMs go to the
-   kernel layer with the right `kernel=`.
+   kernel layer with the right `kernel=` (through their plans on a warm backward).
 2. Structure: with the real sm90 rungs (compiler replaced by a recorder, CUDA checks stubbed),
    a warm call launches exactly the operands the checked call launched, enters no
    torch.library op and allocates nothing but its output (a `sys.setprofile` count).
@@ -55,14 +55,14 @@ class StandIns:
 
     def __init__(self, fused: bool):
         self.fused = fused
-        self.gemms, self.launches, self.op_calls = [], [], 0
+        self.gemms, self.launches, self.replayed, self.op_calls = [], [], [], 0
 
     def gemm(self, a, b, *, kernel="auto", out_dtype=None):
         _detached(a, b)
         self.gemms.append(kernel)
         return torch.matmul(a, b)
 
-    def kernel_plan(self, x2, w_t, bias, activation, rung):
+    def kernel_plan(self, x2, w_t, bias, activation, rung, callers=None):
         def fused_launch(a, b, out, alpha, beta, c, bias_, sa, sb):
             _detached(a, b, out, bias_)
             assert (alpha, beta, c, sa, sb) == (1.0, 0.0, None, None, None)
@@ -76,7 +76,17 @@ class StandIns:
             self.launches.append(("plain", rung, tuple(a.shape)))
             return a @ b
 
-        return (True, fused_launch) if self.fused else (False, plan)
+        return ("fused", fused_launch) if self.fused else ("plain", plan)
+
+    def gemm_plan_for(self, a0, b0, *, kernel="auto"):
+        """`gemm.api.plan_for`: the backward's GEMMs have plans too (after one checked call)."""
+        def plan(a, b, alpha, beta, c):
+            _detached(a, b)
+            assert (a.shape, a.stride(), b.shape, b.stride()) == (a0.shape, a0.stride(), b0.shape, b0.stride())
+            self.replayed.append(kernel)
+            return a @ b
+
+        return plan
 
 
 @pytest.fixture(params=[True, False], ids=["fused", "unfused"])
@@ -84,6 +94,9 @@ def kernels(request, cpu_plans, monkeypatch):
     s = StandIns(request.param)
     monkeypatch.setattr(gemm_ops, "_gemm", lambda: s.gemm)
     monkeypatch.setattr(gemm_ops, "linear_kernel_plan", s.kernel_plan)
+    from cute_kernels.gemm import api
+
+    monkeypatch.setattr(api, "plan_for", s.gemm_plan_for)
     op = eager_gemm.linear.op
 
     def counted(*args, **kwargs):
@@ -107,12 +120,16 @@ def test_warm_linear_skips_the_op_and_matches_torch(kernels, activation, with_bi
     for call in range(3):
         out = layer(x)
         assert out.shape == ref.shape and out.is_contiguous() and _rel(out, ref) < 1e-12
-        kernels.gemms.clear()
+        kernels.gemms.clear(), kernels.replayed.clear()
         got = torch.autograd.grad(out, params, g)
         for a, r in zip(got, want):
             assert _rel(a, r) < 1e-12
         recompute = activation in ("silu", "gelu_tanh")
-        assert kernels.gemms == ["sm90_persistent"] * (2 + recompute)  # dX, dW (and the pre-activation)
+        # dX, dW (and the pre-activation) through the op (call 0) or the op's body (call 1); without
+        # an activation, a warm backward of the plan (call 2) replays the GEMMs' plans
+        replayed = activation is None and call > 1
+        assert kernels.gemms == ([] if replayed else ["sm90_persistent"] * (2 + recompute))
+        assert kernels.replayed == (["sm90_persistent"] * 2 if replayed else [])
     assert kernels.op_calls == 1  # only the first call entered the op
     assert len(kernels.launches) == 2 and all(l[1] == "sm90_persistent" for l in kernels.launches)
     assert type(out.grad_fn).__name__ == "CuteKernelsLinearBackward"
@@ -120,6 +137,23 @@ def test_warm_linear_skips_the_op_and_matches_torch(kernels, activation, with_bi
         layer(x)
         assert _rel(layer(x), ref) < 1e-12 and layer(x).grad_fn is None
     assert kernels.op_calls == 2
+
+
+@pytest.mark.parametrize("wants", ["x", "w", "wb"])
+def test_warm_backward_computes_only_the_gradients_needed(kernels, wants):
+    """A first layer (the input needs no gradient), frozen weights (LoRA's base layer): the
+    replayed backward runs the GEMMs asked for, and nothing else."""
+    x = torch.randn(3, 4, 8, dtype=F64, requires_grad="x" in wants)
+    w = torch.randn(5, 8, dtype=F64, requires_grad="w" in wants)
+    b = torch.randn(5, dtype=F64, requires_grad="b" in wants)
+    wrt = [t for t in (x, w, b) if t.requires_grad]
+    g = torch.randn(3, 4, 5, dtype=F64)
+    want = torch.autograd.grad(F.linear(x, w, b), wrt, g)
+    for _ in range(3):
+        kernels.replayed.clear()
+        got = torch.autograd.grad(cnn.functional.linear(x, w, b), wrt, g)
+        assert all(_rel(a, r) < 1e-12 for a, r in zip(got, want))
+    assert kernels.replayed == ["auto"] * (("x" in wants) + ("w" in wants))
 
 
 def test_warm_functional_linear_output_takes_in_place_ops(kernels):
@@ -191,10 +225,11 @@ def test_the_op_path_casts_under_autocast_too(monkeypatch):
 
 class Compiler:
     def __init__(self):
-        self.builds, self.launches = [], []
+        self.builds, self.launches, self.jit_fns = [], [], []
 
     def __call__(self, jit_fn, *args, key, options=None):
         self.builds.append(key)
+        self.jit_fns.append(jit_fn)
         return lambda *launch_args: self.launches.append(launch_args)
 
 
@@ -243,34 +278,72 @@ def _profile(fn):
     return py, c
 
 
-@pytest.mark.parametrize("with_bias", [True, False])
-def test_warm_linear_replays_the_checked_launch_without_the_op(sm90, with_bias):
-    layer = cnn.Linear(384, 512, bias=with_bias, dtype=torch.bfloat16)
-    x = torch.randn(2, 128, 384).to(torch.bfloat16)
+SM90_CASES = {  # input shape, out_features, bias
+    "3-D input, bias": ((2, 128, 384), 512, True),
+    "3-D input, no bias": ((2, 128, 384), 512, False),
+    "2-D input, bias": ((256, 384), 512, True),
+    "decode (swap-AB), bias": ((2, 4, 384), 512, True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SM90_CASES))
+def test_warm_linear_hands_the_callers_tensors_to_one_build(sm90, case):
+    """The warm call launches a caller-order build (`Sm90Rung.caller_order_launch`) with the
+    caller's x, weight, a fresh output and the bias as they are: the views that build forms are
+    the kernel operands the checked call launched, and the call makes no torch view, enters no
+    torch.library op, runs no check and allocates nothing but the output."""
+    from cute_kernels.gemm.sm90_rung import CallerOrderBiasLaunch, CallerOrderLaunch
+
+    shape, n, with_bias = SM90_CASES[case]
+    layer = cnn.Linear(shape[-1], n, bias=with_bias, dtype=torch.bfloat16)
+    x = torch.randn(*shape).to(torch.bfloat16)
     first = layer(x)
     assert len(sm90.launches) == 1 and len(eager_gemm.linear.plans) == 1
-    out = {}
-    py, c = _profile(lambda: out.setdefault("y", layer(x)))
-    again = out["y"]
+    (plan,) = eager_gemm.linear.plans.values()
+    assert plan.kind == "direct"
+    got = {}
+    py, c = _profile(lambda: got.setdefault("y", layer(x)))
+    again = got["y"]
     assert (again.shape, again.stride(), again.dtype) == (first.shape, first.stride(), first.dtype)
     l0, l1 = sm90.launches
-    assert [_desc(t) for i, t in enumerate(l0) if i not in (2, 3)] == [_desc(t) for i, t in enumerate(l1) if i not in (2, 3)]
-    assert _desc(l1[2])[:4] == _desc(l0[2])[:4] and l1[2].data_ptr() == again.data_ptr()
-    # the parameters arrive detached (C is the output, which autograd marks after the launch)
-    assert not any(t.requires_grad for i, t in enumerate(l1) if isinstance(t, torch.Tensor) and i not in (2, 3))
-    # no torch.library op, no dispatch, no checks: the entry, the plan and the rung's plan
-    assert not [f for f in py if f.startswith(("torch._ops", "torch._library", "cute_kernels.gemm.api",
+    entry = sm90.jit_fns[-1]
+    assert isinstance(entry, CallerOrderBiasLaunch if with_bias else CallerOrderLaunch)
+    assert l1[0] is x and l1[2] is again and not l1[1].requires_grad and l1[1].data_ptr() == layer.weight.data_ptr()
+    if with_bias:
+        assert l1[3].data_ptr() == layer.bias.data_ptr() and not l1[3].requires_grad and l1[4:] == (1.0, 0.0)
+        assert l0[4].data_ptr() == layer.bias.data_ptr()  # the checked launch read the same bias
+    else:
+        assert l1[3:] == (1.0, 0.0)
+    for view, operand in zip(entry.views(*l1[:3]), l0[:3]):
+        assert view.shape == operand.shape and view.stride()[:2] == operand.stride()[:2]
+        assert view.shape[2] == 1 or view.stride(2) == operand.stride(2)
+    assert [v.data_ptr() for v in entry.views(*l1[:3])[:2]] == [t.data_ptr() for t in l0[:2]]
+    assert not [f for f in py if f.startswith(("torch._ops", "torch._library", "cute_kernels.gemm.",
                                                   "cute_kernels.ops.gemm.linear"))], py
     ours = [f for f in py if f.startswith("cute_kernels")]
     assert not [f for f in ours if "check" in f or "supports" in f or "resolve" in f], py
     # Linear.forward, the entry (__call__, _untraced_state, _direct, call_key), EagerFunction.forward,
-    # the plan (forward, run, the op's _linear_setup) and the rung's plan
-    assert len(ours) <= 10, ours
+    # the plan (forward, run) and the op's _linear_setup
+    assert len(ours) <= 9, ours
     assert py.count("torch.compiler.is_compiling") == 1, py
-    creating = [f.rsplit(".", 1)[-1] for f in c]
-    creating = [f for f in creating if f in ("empty", "empty_like", "zeros", "ones", "full", "clone", "contiguous", "to",
-                                      "copy_", "new_empty", "reshape")]
+    names = [f.rsplit(".", 1)[-1] for f in c]
+    assert [f for f in names if f in ("as_strided", "view", "reshape", "t", "permute", "unsqueeze")] == [], c
+    creating = [f for f in names if f in ("empty", "empty_like", "zeros", "ones", "full", "clone", "contiguous",
+                                          "to", "copy_", "new_empty")]
     assert creating == ["empty"], c  # the output is the only new tensor
+
+
+def test_a_rung_without_caller_order_replays_its_plan(sm90, monkeypatch):
+    from cute_kernels.gemm import sm90_rung
+
+    monkeypatch.setattr(sm90_rung.Sm90Rung, "caller_order_launch", lambda self, *a, **kw: None)
+    layer = cnn.Linear(384, 512, dtype=torch.bfloat16)
+    x = torch.randn(2, 128, 384).to(torch.bfloat16)
+    layer(x), layer(x)
+    (plan,) = eager_gemm.linear.plans.values()
+    l0, l1 = sm90.launches
+    assert plan.kind == "fused" and [_desc(t) for t in l0[:2]] == [_desc(t) for t in l1[:2]]
+    assert _desc(l1[2])[:4] == _desc(l0[2])[:4] and [_desc(t) for t in l0[4:]] == [_desc(t) for t in l1[4:]]
 
 
 @pytest.mark.parametrize("grad", [False, True])
