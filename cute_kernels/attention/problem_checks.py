@@ -1,12 +1,13 @@
 """The problem limits every dense attention rung shares, checked before its own (alignment,
-TMA, features) in `supports`, and the scalars every dense kernel launch takes."""
+TMA, features) in `supports`, the scalars every dense kernel launch takes, and how a rung's
+config follows from a problem (`config_of`, cached)."""
 
 from __future__ import annotations
 
 import math
 
 __all__ = ["MAX_GRID_YZ", "common_reason", "launch_scalars", "mask_flags", "window_scalars", "varlen_window_scalars",
-           "bottom_right_flag"]
+           "bottom_right_flag", "config_of"]
 
 # The launch grid puts heads and batch on y and z.
 MAX_GRID_YZ = 65535
@@ -77,3 +78,15 @@ def bottom_right_flag(problem) -> int:
     """1 when the diagonal is aligned bottom-right (varlen kernels then take each sequence's
     seqlen_k - seqlen_q as its base offset), else 0."""
     return 1 if problem.causal == "bottom_right" or (problem.causal is None and _windowed(problem)) else 0
+
+
+def config_of(cache, problem, config_for):
+    """`config_for(head_dim, dtype name, upper, local)` for the problem's head dim, dtype and
+    mask flags (`mask_flags`: the upper diagonal for causality or a right window bound, the lower
+    one for a left bound), made once per combination in `cache` (a `runtime.plan_cache` cache):
+    how every flash rung picks its forward and backward configs."""
+    from cute_kernels.runtime.plan_cache import memo
+
+    upper, local = mask_flags(problem)
+    return memo(cache, (problem.head_dim, problem.dtype, upper, local), config_for, problem.head_dim,
+                str(problem.dtype).removeprefix("torch."), upper, local)

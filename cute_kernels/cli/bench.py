@@ -150,7 +150,8 @@ def _run_one(name: str, args, timer, ceilings: dict):
 
             checks = compile_checks(args.device)
             for rec in checks:
-                _log(f"  compile/block {rec.impl}: {'one graph, no recompile' if rec.ok else 'FAILED: ' + str(rec.error)}")
+                verdict = "one graph, no recompile" if rec.ok else f"FAILED: {rec.error}"
+                _log(f"  compile/block {rec.impl}: {verdict}")
             records += checks
         now = dt.datetime.now(dt.timezone.utc)
         return BenchResult(date=now.strftime("%Y-%m-%d"), timestamp=now.strftime("%Y-%m-%dT%H:%M:%SZ"),

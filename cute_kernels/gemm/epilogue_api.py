@@ -21,7 +21,7 @@ import numbers
 import torch
 
 from cute_kernels.hopper.epilogue import ACTIVATIONS
-from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_signature
+from cute_kernels.runtime.plan_cache import PlanCache, WarmCache, plain_tensors, tensor_signature
 
 __all__ = ["matmul_epilogue", "scaled_mm", "fusing_kernel", "plan_for", "ACTIVATIONS", "FUSING_KERNELS"]
 
@@ -29,7 +29,7 @@ FUSING_KERNELS = ("sm90_persistent", "sm90_warp_specialized", "sm90_tma_wgmma")
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-_rungs: dict = {}
+_rungs = WarmCache("gemm.epilogue_api.rungs")  # runtime.plan_cache
 
 
 def _rung(kernel: str):
@@ -45,7 +45,7 @@ def _rung(kernel: str):
 
 
 _EPILOGUE_DTYPES = (torch.bfloat16, torch.float16)  # fp8 takes scales: `scaled_mm`
-_HOPPER: dict = {}  # device index -> whether it is sm_90 or newer (asked once per device)
+_HOPPER = WarmCache("gemm.epilogue_api.hopper")  # device index -> sm_90 or newer (asked once per device)
 
 
 def fusing_kernel(a: torch.Tensor, kernel: str = "auto") -> str | None:

@@ -30,16 +30,17 @@ from cute_kernels.gemm import autotune as _autotune
 from cute_kernels.gemm.sm90_config import Sm90GemmConfig, pick_config
 from cute_kernels.hopper.epilogue import ACTIVATIONS, EpilogueSpec
 from cute_kernels.runtime import compile_kernel, tvm_ffi_available
-from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_signature
+from cute_kernels.runtime.plan_cache import PlanCache, WarmCache, plain_tensors, tensor_signature
 
 _IN_DTYPES = (torch.bfloat16, torch.float16)
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_compiled: dict = {}
-_max_clusters: dict = {}
-# per device: why it cannot run sm_90a code, or None (the capability query is not per call)
-_device_reasons: dict = {}
-# signature -> the replay of a checked direct launch (Sm90Rung._keep_plan; runtime.plan_cache)
+# The warm path's caches (`runtime.plan_cache`): the compiled function per build key, the
+# occupancy per cluster size, per device why it cannot run sm_90a code (or None: the capability
+# query is not per call), and per signature the replay of a checked direct launch (_keep_plan).
+_compiled = WarmCache("gemm.sm90.builds")
+_max_clusters = WarmCache("gemm.sm90.max_active_clusters")
+_device_reasons = WarmCache("gemm.sm90.device_reasons")
 _PLANS = PlanCache("gemm.sm90")
 _PLAN_SCALARS = (float, int)
 
@@ -93,7 +94,7 @@ def _to_cute(t: torch.Tensor, lead: int, align: int = 16):
         return from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=lead)
 
 
-_dummies: dict = {}
+_dummies = WarmCache("gemm.sm90.dummy_operands")
 
 
 def _dummy_bias(device) -> torch.Tensor:

@@ -13,8 +13,9 @@ __all__ = ["Linear"]
 
 class Linear(torch.nn.Linear):
     """torch.nn.Linear (same constructor, parameters and state_dict) whose forward is
-    `cute_kernels::linear` (in eager mode a warm call skips the op: `ops.eager_gemm`), plus keyword options: `activation` (None, "relu", "gelu_tanh",
-    "silu") applied to the output, `kernel` (GEMM rung or "auto") and `fallback`."""
+    `cute_kernels::linear` (in eager mode a warm call skips the op: `ops.eager_gemm`), plus
+    keyword options: `activation` (None, "relu", "gelu_tanh", "silu") applied to the output,
+    `kernel` (GEMM rung or "auto") and `fallback`."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
                  activation=None, kernel: str = "auto", fallback: str = "none"):

@@ -198,10 +198,12 @@ def test_warm_sdpa_replays_the_checked_launch_without_the_op(cpu_plans, monkeypa
     again = got["out"]
     assert (again.shape, again.stride(), again.dtype) == (first.shape, first.stride(), first.dtype)
     l0, l1 = compiler.launches
-    assert [(t.shape, t.stride(), t.data_ptr()) for t in l0[:3]] == [(t.shape, t.stride(), t.data_ptr()) for t in l1[:3]]
+    geometry = lambda ts: [(t.shape, t.stride(), t.data_ptr()) for t in ts]  # noqa: E731
+    assert geometry(l0[:3]) == geometry(l1[:3])
     assert l0[5:] == l1[5:] and l1[3].data_ptr() == again.data_ptr()
     assert not any(t.requires_grad for t in l1[:3])
     assert not [f for f in py if f.startswith(("torch._ops", "torch._library", "cute_kernels.ops.attention.sdpa",
-                                                  "cute_kernels.attention.api.check", "cute_kernels.attention.dispatch"))]
+                                                  "cute_kernels.attention.api.check",
+                                                  "cute_kernels.attention.dispatch"))]
     assert [f for f in c if f in ("empty", "empty_like", "zeros", "clone", "contiguous", "to")] == ["empty", "empty"]
     assert ("cute_kernels.runtime.eager.EagerFunction.forward" in py) == grad
