@@ -37,6 +37,32 @@ grad the plan runs inside `EagerFunction` (the key says which), whose backward i
 Post-condition (the rule of `plan_cache`, one level up): a plan runs only for a key whose
 checked call succeeded, and the key holds everything the op's path decides on, so a plan
 computes what the op computes. `plan_cache.invalidate()` forgets eager plans too.
+
+Adopting it, for an operator `ops.fused_op(x, weight, eps, rung, fallback)` whose body calls
+a kernel-layer entry that keeps plans (`plan_cache.PlanCache`, looked up by a `plan_for` with
+the entry's own arguments), with the op's autograd formula `_setup` / `_backward`:
+
+    class FusedPlan(Plan):
+        def __init__(self, launch): self.launch = launch     # the kernel layer's plan; no tensors
+        def run(self, x, weight, eps, rung, fallback):
+            return self.launch(x.detach(), weight.detach(), eps)
+        def forward(self, ctx, *args):
+            out = self.run(*args); _setup(ctx, args, out); return out   # save as the op does
+        def backward(self, ctx, grad):                        # the op's formula, bodies not ops
+            return _grads(ctx, grad, op_body(fused_op_backward))
+        def backward_op(self, ctx, grad):
+            return _backward(ctx, grad)                       # the op's registered backward
+
+    def _build(result, x, weight, eps, rung, fallback):
+        launch = fused_api.plan_for(x.detach(), weight.detach(), eps=eps, kernel=rung)
+        return None if launch is None else FusedPlan(launch)
+
+    fused = EagerOp("fused_op", ops.fused_op, _build)         # nn calls fused(x, w, eps, rung, fb)
+    register_autocast(ops.fused_op)                           # where torch would autocast it
+
+The kernel layer's own warm path uses the same caches: `plan_cache.WarmCache` and `memo` for
+what a key determines (configs, kernel objects, compiled functions), `PlanCache` for launch
+plans; a family's ladder is a `kernel_registry.LadderRegistry`.
 """
 
 from __future__ import annotations
@@ -102,24 +128,27 @@ def _untraced_state() -> int:
 def call_key(args: tuple):
     """The key of a call with positional `args`, or None when it cannot have a plan.
 
-    A tensor contributes (shape, strides, dtype, device, data pointer mod 16, requires_grad),
-    any other argument (type, value); the key ends with the current CUDA device (when a tensor
+    A tensor contributes (shape, strides, dtype, device index, data pointer mod 16,
+    requires_grad), any other argument (type, value); the key ends with the current CUDA device (when a tensor
     is on CUDA) and whether the call records autograd (grad mode on and a tensor requiring
     grad), which is `key[-1]`."""
     key = []
     grad = cuda = False
     devices = plan_cache.PLAN_DEVICES
+    cuda_ok, cpu_ok = "cuda" in devices, "cpu" in devices  # the device types plans exist for
     try:
         for a in args:
             c = a.__class__
             if c is _Tensor or c is _Parameter:
-                device = a.device
-                if device.type not in devices:
+                if a.is_cuda:  # (device.type would build a string per tensor)
+                    if not cuda_ok:
+                        return None
+                    cuda = True
+                elif not (cpu_ok and a.is_cpu):
                     return None
                 r = a.requires_grad
                 grad = grad or r
-                cuda = cuda or device.type == "cuda"
-                key += (a.shape, a.stride(), a.dtype, device, a.data_ptr() & 15, r)
+                key += (a.shape, a.stride(), a.dtype, a.get_device(), a.data_ptr() & 15, r)
             elif c in _SCALARS:
                 key += (c, a)
             else:
