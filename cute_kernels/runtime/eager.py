@@ -129,9 +129,9 @@ def call_key(args: tuple):
     """The key of a call with positional `args`, or None when it cannot have a plan.
 
     A tensor contributes (shape, strides, dtype, device index, data pointer mod 16,
-    requires_grad), any other argument (type, value); the key ends with the current CUDA device (when a tensor
-    is on CUDA) and whether the call records autograd (grad mode on and a tensor requiring
-    grad), which is `key[-1]`."""
+    requires_grad), any other argument (type, value); the key ends with the current CUDA
+    device (when a tensor is on CUDA) and whether the call records autograd (grad mode on and
+    a tensor requiring grad), which is `key[-1]`."""
     key = []
     grad = cuda = False
     devices = plan_cache.PLAN_DEVICES
