@@ -40,7 +40,7 @@ from .features import check_sinks, check_softcap, sinks_gradient
 from .mask_rule import canonical_window
 
 __all__ = ["AttentionProblem", "scaled_dot_product_attention", "attention_forward", "attention_backward",
-           "check_inputs"]
+           "check_inputs", "plan_for", "backward_plan_for"]
 
 _CAUSAL = (None, "top_left", "bottom_right")
 
@@ -301,6 +301,17 @@ def _plan_signature(q, k, v, causal, scale, enable_gqa, kernel, window_size=None
         return None
 
 
+def plan_for(q, k, v, *, causal=None, scale=None, enable_gqa: bool = False, kernel: str = "auto", window_size=None):
+    """The stored plan of an `attention_forward` call with these arguments (no out/lse, no
+    softcap or sinks), or None: `plan(q, k, v) -> (out, lse)` for tensors with the recorded
+    call's signature (the eager path, `ops.eager_attention`, replays it)."""
+    sig = _plan_signature(q, k, v, causal, scale, enable_gqa, kernel, window_size)
+    try:
+        return None if sig is None else _PLANS.get(sig)
+    except TypeError:
+        return None
+
+
 def _keep_plan(sig, q, k, v, rung, problem, sinks=None) -> None:
     """Store under `sig` the replay of the checked forward just made: allocate out and lse as it
     did and call the rung's `launch_plan(problem)` (when it has one: TVM-FFI builds) on the
@@ -382,11 +393,24 @@ def attention_backward(dout, q, k, v, out, lse, *, causal: str | None = None, sc
 
     deterministic: True asks for bitwise-reproducible gradients (dQ through its own pass, not
     fp32 atomics: `sm90_flash` then hands the pass to `sm80_flash`'s kernels); None follows
-    `torch.are_deterministic_algorithms_enabled()`."""
+    `torch.are_deterministic_algorithms_enabled()`.
+    A call whose signature (`runtime.plan_cache`: the six tensors', every option, the resolved
+    `deterministic`) was checked before skips the checks and the rung choice: it calls the
+    chosen rung's `backward` with the recorded problem."""
     import torch
 
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
+    # plans for the plain problem only: softcap and sinks take the checked path every time
+    sig = None if softcap is not None or sinks is not None else \
+        _backward_signature(dout, q, k, v, out, lse, causal, scale, enable_gqa, kernel, window_size, deterministic)
+    if sig is not None:
+        try:
+            replay = _BACKWARD_PLANS.get(sig)
+        except TypeError:  # an unhashable option: the checks report it
+            replay = sig = None
+        if replay is not None:
+            return replay(dout, q, k, v, out, lse)
     problem = check_inputs(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, window_size=window_size,
                            softcap=softcap, sinks=sinks)
     unbatched = q.dim() == 3
@@ -404,10 +428,59 @@ def attention_backward(dout, q, k, v, out, lse, *, causal: str | None = None, sc
         # Rungs without the option are deterministic already (sm80_flash: a separate dQ pass).
         options = {"deterministic": True} if deterministic and _takes_deterministic(rung) else {}
         grads = rung.backward(do4, q4, k4, v4, out4, lse4, problem, **options)
+        if sig is not None and plain_tensors(dout, q, k, v, out, lse):
+            _BACKWARD_PLANS.put(sig, _backward_replay(rung, problem, options, unbatched))
     grads = tuple(g[0] for g in grads) if unbatched else tuple(grads)
     if sinks is not None:
         grads = (*grads, sinks_gradient(do4, out4, lse4, sinks))
     return grads
+
+
+_BACKWARD_PLANS = PlanCache("attention.backward")
+
+
+def _backward_signature(dout, q, k, v, out, lse, causal, scale, enable_gqa, kernel, window_size, deterministic):
+    """The plan key of an `attention_backward` call, or None (as `_plan_signature`)."""
+    if scale.__class__ not in _SCALE_TYPES:
+        return None
+    try:
+        return (tensor_signature(dout), tensor_signature(q), tensor_signature(k), tensor_signature(v),
+                tensor_signature(out), tensor_signature(lse), causal, scale.__class__, scale, enable_gqa, kernel,
+                window_size, bool(deterministic))
+    except (TypeError, RuntimeError):
+        return None
+
+
+def backward_plan_for(dout, q, k, v, out, lse, *, causal=None, scale=None, enable_gqa: bool = False,
+                      window_size=None, kernel: str = "auto", deterministic: bool | None = None):
+    """The stored plan of an `attention_backward` call with these arguments, or None:
+    `replay(dout, q, k, v, out, lse) -> (dq, dk, dv)` for tensors with the recorded call's
+    signature (`deterministic` None: as `torch.are_deterministic_algorithms_enabled()` is now)."""
+    if deterministic is None:
+        import torch
+
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    sig = _backward_signature(dout, q, k, v, out, lse, causal, scale, enable_gqa, kernel, window_size, deterministic)
+    try:
+        return None if sig is None else _BACKWARD_PLANS.get(sig)
+    except TypeError:
+        return None
+
+
+def _backward_replay(rung, problem, options: dict, unbatched: bool):
+    """What a warm `attention_backward` call runs: the chosen rung's backward on the recorded
+    problem (the rung's own warm path does the rest)."""
+    backward = rung.backward
+
+    if unbatched:
+        def replay(dout, q, k, v, out, lse):
+            grads = backward(dout.unsqueeze(0), q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out.unsqueeze(0),
+                             lse.unsqueeze(0), problem, **options)
+            return tuple(g[0] for g in grads)
+    else:
+        def replay(dout, q, k, v, out, lse):
+            return tuple(backward(dout, q, k, v, out, lse, problem, **options))
+    return replay
 
 
 def _takes_deterministic(rung) -> bool:

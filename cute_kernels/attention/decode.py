@@ -48,6 +48,7 @@ import cutlass.cute as cute
 
 from cute_kernels.layouts import Layout
 from cute_kernels.runtime import to_cute
+from cute_kernels.runtime.plan_cache import WarmCache, memo
 
 from .decode_checks import checked_length, checked_page
 from .sm80_blocks import assume_aligned_rows
@@ -517,9 +518,6 @@ class DecodeRung:
 
         return (torch.float16, torch.bfloat16)
 
-    def supports(self, q, k, v, problem) -> str | None:
-        return "the decode rung runs paged_decode (a paged KV cache), not dense attention"
-
     def supports_paged(self, problem) -> str | None:
         """None when the split kernel can run this `paged.PagedProblem`, else the reason."""
         if problem.dtype not in self.dtypes:
@@ -619,9 +617,11 @@ class DecodeRung:
         return out
 
 
-_SPLIT: dict = {}
-_COMBINE: dict = {}
-_SM_COUNTS: dict = {}
+# The warm path's caches (`runtime.plan_cache`): one kernel object per config; the device's SM
+# count once per device.
+_SPLIT = WarmCache("attention.decode.split_kernels")
+_COMBINE = WarmCache("attention.decode.combine_kernels")
+_SM_COUNTS = WarmCache("attention.decode.sm_counts")
 
 
 def sm_count(device) -> int:
@@ -636,16 +636,18 @@ def sm_count(device) -> int:
 
 def _split_kernel(config):
     """The split kernel for a `DecodeConfig` (SIMT) or a `decode_mma.DecodeMmaConfig`."""
-    if config not in _SPLIT:
-        if isinstance(config, DecodeConfig):
-            kernel, key = PagedDecodeSplit(config), "attention.decode.split"
-        else:
-            from .decode_mma import PagedDecodeMma
+    return memo(_SPLIT, config, _make_split, config)
 
-            kernel, key = PagedDecodeMma(config), "attention.decode.mma_split"
-        kernel.key = key
-        _SPLIT[config] = kernel
-    return _SPLIT[config]
+
+def _make_split(config):
+    if isinstance(config, DecodeConfig):
+        kernel, key = PagedDecodeSplit(config), "attention.decode.split"
+    else:
+        from .decode_mma import PagedDecodeMma
+
+        kernel, key = PagedDecodeMma(config), "attention.decode.mma_split"
+    kernel.key = key
+    return kernel
 
 
 def use_mma(head_dim: int, page_size: int, qhead_per_kvhead: int) -> int | None:
@@ -668,9 +670,7 @@ def use_mma(head_dim: int, page_size: int, qhead_per_kvhead: int) -> int | None:
 
 
 def _combine_kernel(head_dim: int, dtype: str) -> PagedDecodeCombine:
-    if (head_dim, dtype) not in _COMBINE:
-        _COMBINE[head_dim, dtype] = PagedDecodeCombine(head_dim, dtype)
-    return _COMBINE[head_dim, dtype]
+    return memo(_COMBINE, (head_dim, dtype), PagedDecodeCombine, head_dim, dtype)
 
 
 RUNG = DecodeRung()

@@ -1,12 +1,13 @@
 """The problem limits every dense attention rung shares, checked before its own (alignment,
-TMA, features) in `supports`, and the scalars every dense kernel launch takes."""
+TMA, features) in `supports`, the scalars every dense kernel launch takes, and how a rung's
+config follows from a problem (`config_of`, cached)."""
 
 from __future__ import annotations
 
 import math
 
 __all__ = ["MAX_GRID_YZ", "common_reason", "launch_scalars", "mask_flags", "window_scalars", "varlen_window_scalars",
-           "bottom_right_flag", "softcap_scalars"]
+           "bottom_right_flag", "softcap_scalars", "config_of"]
 
 # The launch grid puts heads and batch on y and z.
 MAX_GRID_YZ = 65535
@@ -88,3 +89,21 @@ def softcap_scalars(problem) -> tuple[float, float]:
     if softcap is None:
         return problem.scale, 1.0
     return softcap, problem.scale / softcap
+
+
+def config_of(cache, problem, config_for, **features):
+    """`config_for(head_dim, dtype name, upper, local, **features)` for the problem's head dim,
+    dtype and mask flags (`mask_flags`: the upper diagonal for causality or a right window
+    bound, the lower one for a left bound) and the score features the rung's configs depend on
+    (soft cap, sinks, seqused_k, varlen: booleans), made once per combination in `cache` (a
+    `runtime.plan_cache` cache): how every flash rung picks its forward and backward configs."""
+    from cute_kernels.runtime.plan_cache import memo
+
+    upper, local = mask_flags(problem)
+    key = (problem.head_dim, problem.dtype, upper, local, *features.items())
+    return memo(cache, key, _call_config_for, config_for, problem.head_dim, str(problem.dtype).removeprefix("torch."),
+                upper, local, features)
+
+
+def _call_config_for(config_for, head_dim, dtype, upper, local, features):
+    return config_for(head_dim, dtype, upper, local, **features)

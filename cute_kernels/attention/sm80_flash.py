@@ -42,10 +42,12 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 from cute_kernels.layouts import Layout
 from cute_kernels.runtime import compile_kernel, to_cute, tvm_ffi_available
+from cute_kernels.runtime.plan_cache import WarmCache, memo
 
 from . import block_info, seqlen_info
 from .features import feature_reason
-from .problem_checks import (bottom_right_flag, common_reason, launch_scalars, mask_flags, softcap_scalars,
+from .forward_host import compile_tvm_ffi
+from .problem_checks import (bottom_right_flag, common_reason, config_of, launch_scalars, softcap_scalars,
                              varlen_window_scalars, window_scalars)
 from .sm80_blocks import (assume_aligned_rows, copy_layouts, gemm_rs, gemm_ss, load_rows, smem_atom_width,
                           smem_operand, smem_tile_layout, store_tile, transposed)
@@ -639,33 +641,23 @@ class Sm80FlashRung:
         return out, lse
 
 
-# Per-process caches of the warm path: building a kernel object derives every layout (~1 ms),
-# so each exists once per config; the config itself once per (head dim, dtype, causal).
-_KERNELS: dict = {}
-_CONFIGS: dict = {}
-# config -> TVM-FFI function (torch tensors in, torch's current stream).
-_COMPILED: dict = {}
+# The warm path's caches (`runtime.plan_cache`): building a kernel object derives every layout
+# (~1 ms), so each exists once per config; the config once per (head dim, dtype, mask flags);
+# the TVM-FFI function (torch tensors in, torch's current stream) once per config.
+_KERNELS = WarmCache("attention.sm80_flash.kernels")
+_CONFIGS = WarmCache("attention.sm80_flash.configs")
+_COMPILED = WarmCache("attention.sm80_flash.tvm_ffi")
 
 
-def _kernel_for(config: FlashSm80Config) -> FlashAttentionSm80:
-    kernel = _KERNELS.get(config)
-    if kernel is None:
-        kernel = _KERNELS[config] = FlashAttentionSm80(config)
-    return kernel
+def _kernel_for(config) -> FlashAttentionSm80:
+    return memo(_KERNELS, config, FlashAttentionSm80, config)
 
 
 def _config_for_problem(problem) -> FlashSm80Config:
-    """`config_for` the problem's head dim, dtype, mask flags (`mask_flags`: the upper diagonal
-    for causality or a right window bound, the lower one for a left bound) and score features,
-    built once each."""
-    upper, local = mask_flags(problem)
-    features = (problem.softcap is not None, problem.sinks, problem.seqused_k)
-    key = (problem.head_dim, problem.dtype, upper, local, features)
-    config = _CONFIGS.get(key)
-    if config is None:
-        config = _CONFIGS[key] = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), upper, local,
-                                            **dict(zip(("softcap", "sinks", "seqused_k"), features)))
-    return config
+    """`config_for` the problem's head dim, dtype, mask flags and score features, built once
+    each (`problem_checks.config_of`)."""
+    return config_of(_CONFIGS, problem, config_for, softcap=problem.softcap is not None, sinks=problem.sinks,
+                     seqused_k=problem.seqused_k)
 
 
 def _sinks_fp32(sinks, problem):
@@ -688,21 +680,10 @@ def _feature_args(problem, score_scale: float, sinks, seqused_k) -> tuple:
 
 
 def _compile_tvm_ffi(config: FlashSm80Config):
-    """Compile (or load) the TVM-FFI forward for `config` from fake tensors; cache it in `_COMPILED`.
-
-    The fake tensors fix what `from_torch` would: dtype, rank, the unit-stride mode (head dim;
-    lse's last mode) and the assumed alignment; sizes and other strides are runtime values,
-    which the compiled function reads from the torch tensors (and checks against the build).
-    So the config (dtype, head dim, causal, local, tile) is the whole compile key."""
-    from cute_kernels.runtime import TVM_FFI_OPTION, fake_stream, fake_tensor
-
-    t = _CUTLASS[config.dtype]
-    qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(4)]
-    lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
-    fn = compile_kernel(_kernel_for(config), *qkvo, lse, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0),
-                        cutlass.Int32(1), fake_stream(tvm_ffi_env_stream=True), None, None, None, None, None,
-                        *_fake_features(config), key=("attention.sm80_flash", "tvm_ffi", config),
-                        options=TVM_FFI_OPTION)
+    """The TVM-FFI forward of `config` (`forward_host.compile_tvm_ffi`, with the varlen and
+    feature arguments after the stream, absent in a dense build), kept in `_COMPILED`."""
+    fn = compile_tvm_ffi(compile_kernel, _kernel_for(config), config.dtype, ("attention.sm80_flash", "tvm_ffi", config),
+                         tail=(None, None, None, None, None, *_fake_features(config)))
     _COMPILED[config] = fn
     return fn
 

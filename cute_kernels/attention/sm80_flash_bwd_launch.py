@@ -12,8 +12,10 @@ import math
 
 import cutlass
 
+from cute_kernels.runtime.plan_cache import WarmCache, memo
+
 from .features import feature_reason
-from .problem_checks import (bottom_right_flag, launch_scalars, mask_flags, varlen_window_scalars,
+from .problem_checks import (bottom_right_flag, config_of, launch_scalars, varlen_window_scalars,
                              window_scalars)
 from .sm80_flash_bwd import (_CUTLASS, FlashAttentionSm80BwdDKDV, FlashAttentionSm80BwdDQ, FlashSm80BwdConfig,
                              bwd_config_for)
@@ -44,21 +46,17 @@ def supports_backward(problem) -> str | None:
     return feature_reason(problem, BACKWARD_FEATURES)
 
 
-_CONFIGS: dict = {}
-_KERNELS: dict = {}
+# The warm path's caches (`runtime.plan_cache`): a config per (head dim, dtype, mask flags), a
+# kernel object per (pass, config).
+_CONFIGS = WarmCache("attention.sm80_flash_bwd.configs")
+_KERNELS = WarmCache("attention.sm80_flash_bwd.kernels")
 
 
 def config_for_problem(problem) -> FlashSm80BwdConfig:
     """`bwd_config_for` the problem's head dim, dtype, mask flags (`mask_flags`) and features
-    (soft cap, seqused_k), built once each."""
-    upper, local = mask_flags(problem)
-    softcap, used = problem.softcap is not None, problem.seqused_k
-    key = (problem.head_dim, problem.dtype, upper, local, softcap, used)
-    config = _CONFIGS.get(key)
-    if config is None:
-        config = _CONFIGS[key] = bwd_config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."),
-                                                upper, local, softcap, used)
-    return config
+    (soft cap, seqused_k), built once each (`problem_checks.config_of`)."""
+    return config_of(_CONFIGS, problem, bwd_config_for, softcap=problem.softcap is not None,
+                     seqused_k=problem.seqused_k)
 
 
 def _softcap_arg(problem):
@@ -67,10 +65,7 @@ def _softcap_arg(problem):
 
 
 def _kernel(cls, config):
-    key = (cls, config)
-    if key not in _KERNELS:
-        _KERNELS[key] = cls(config)
-    return _KERNELS[key]
+    return memo(_KERNELS, (cls, config), cls, config)
 
 
 def _rows_aligned(t):

@@ -25,6 +25,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
+from cute_kernels.runtime.plan_cache import WarmCache, memo
+
 from .softmax import LOG2_E
 
 __all__ = ["BwdPrep", "THREADS", "preprocess", "preprocess_flat"]
@@ -99,18 +101,15 @@ class BwdPrep:
             mLSE2[prow] = lse2
 
 
-# Per-process caches of the warm path: kernel objects and TVM-FFI functions per (head dim, dtype).
-_KERNELS: dict = {}
-_COMPILED: dict = {}
+# The warm path's caches (`runtime.plan_cache`): kernel objects and TVM-FFI functions per (head
+# dim, dtype).
+_KERNELS = WarmCache("attention.sm90_bwd_prep.kernels")
+_COMPILED = WarmCache("attention.sm90_bwd_prep.tvm_ffi")
 _CUTLASS = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 
 
 def _kernel_for(head_dim: int, dtype: str) -> BwdPrep:
-    key = (head_dim, dtype)
-    kernel = _KERNELS.get(key)
-    if kernel is None:
-        kernel = _KERNELS[key] = BwdPrep(head_dim, _CUTLASS[dtype])
-    return kernel
+    return memo(_KERNELS, (head_dim, dtype), BwdPrep, head_dim, _CUTLASS[dtype])
 
 
 def _compile_tvm_ffi(head_dim: int, dtype: str):

@@ -79,12 +79,14 @@ from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from cute_kernels.hopper import smem_layouts, tma, wgmma
 from cute_kernels.runtime import compile_kernel, tvm_ffi_available
+from cute_kernels.runtime.plan_cache import WarmCache, memo
 from cute_kernels.hopper import pipeline as hpipe
 from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP, WarpRoles
 
 from . import block_info
 from .features import feature_reason
-from .problem_checks import common_reason, launch_scalars, mask_flags, softcap_scalars, window_scalars
+from .forward_host import compile_tvm_ffi
+from .problem_checks import common_reason, config_of, launch_scalars, softcap_scalars, window_scalars
 from .softmax import LOG2_E, apply_softcap
 from .sm90_layouts import FlashSm90Config, config_for
 from .sm90_softmax import Sm90Softmax, acc_as_a, acc_mn_view, mask_scores, to_16bit
@@ -797,32 +799,23 @@ def _varlen(rung, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, out, l
     return out, lse
 
 
-# Per-process caches of the warm path: a kernel object and a config once per combination.
-_KERNELS: dict = {}
-_CONFIGS: dict = {}
-# config -> TVM-FFI function (torch tensors in, torch's current stream).
-_COMPILED: dict = {}
+# The warm path's caches (`runtime.plan_cache`): building a kernel object derives every layout
+# (~1 ms), so each exists once per config; the config once per (head dim, dtype, mask flags);
+# the TVM-FFI function (torch tensors in, torch's current stream) once per config.
+_KERNELS = WarmCache("attention.sm90_flash.kernels")
+_CONFIGS = WarmCache("attention.sm90_flash.configs")
+_COMPILED = WarmCache("attention.sm90_flash.tvm_ffi")
 
 
-def _kernel_for(config: FlashSm90Config) -> FlashAttentionSm90:
-    kernel = _KERNELS.get(config)
-    if kernel is None:
-        kernel = _KERNELS[config] = FlashAttentionSm90(config)
-    return kernel
+def _kernel_for(config) -> FlashAttentionSm90:
+    return memo(_KERNELS, config, FlashAttentionSm90, config)
 
 
 def _config_for_problem(problem, varlen: bool = False) -> FlashSm90Config:
-    """`config_for` the problem's head dim, dtype, mask bounds (`mask_flags`: the upper
-    diagonal, the window's lower one), score features and launch (dense or varlen), built once
-    per combination."""
-    upper, local = mask_flags(problem)
-    softcap, sinks = problem.softcap is not None, problem.sinks
-    key = (problem.head_dim, problem.dtype, upper, local, softcap, sinks, varlen)
-    config = _CONFIGS.get(key)
-    if config is None:
-        config = _CONFIGS[key] = config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), upper, local,
-                                            softcap, sinks, varlen)
-    return config
+    """`config_for` the problem's head dim, dtype, mask bounds, score features and launch (dense
+    or varlen), built once per combination (`problem_checks.config_of`)."""
+    return config_of(_CONFIGS, problem, config_for, softcap=problem.softcap is not None, sinks=problem.sinks,
+                     varlen=varlen)
 
 
 def launch_order(cu_seqlens_q, cu_seqlens_k, seqused_k=None):
@@ -848,19 +841,10 @@ def _sinks_fp32(sinks, problem):
 
 
 def _compile_tvm_ffi(config: FlashSm90Config):
-    """Compile (or load) the TVM-FFI forward for `config` from fake tensors; cache it in `_COMPILED`.
-
-    The fake tensors fix what `from_torch` would (dtype, rank, unit-stride mode, alignment);
-    sizes and other strides are runtime values, so the config is the whole compile key."""
-    from cute_kernels.runtime import TVM_FFI_OPTION, fake_stream, fake_tensor
-
-    t = _CUTLASS[config.dtype]
-    qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(4)]
-    lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
-    fn = compile_kernel(_kernel_for(config), *qkvo, lse, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0),
-                        cutlass.Int32(1),
-                        fake_stream(tvm_ffi_env_stream=True), cutlass.Float32(1.0), _fake_sinks(config),
-                        key=("attention.sm90_flash", "tvm_ffi", config), options=TVM_FFI_OPTION)
+    """The TVM-FFI forward of `config` (`forward_host.compile_tvm_ffi`, with the soft cap's score
+    scale and the sinks after the stream), kept in `_COMPILED`."""
+    fn = compile_tvm_ffi(compile_kernel, _kernel_for(config), config.dtype, ("attention.sm90_flash", "tvm_ffi", config),
+                         tail=(cutlass.Float32(1.0), _fake_sinks(config)))
     _COMPILED[config] = fn
     return fn
 

@@ -94,6 +94,7 @@ import cutlass
 
 from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP
 from cute_kernels.runtime import compile_kernel, tvm_ffi_available
+from cute_kernels.runtime.plan_cache import WarmCache, memo
 
 from . import sm90_bwd_prep as _prep
 from .features import feature_reason
@@ -294,20 +295,18 @@ def supports_backward(problem) -> str | None:
     return feature_reason(problem, BACKWARD_FEATURES)
 
 
-# Per-process caches of the warm path (see `backward`): kernel objects and TVM-FFI functions per
-# compiled config, the support verdict per (dtype, head dims, scale), and a `_Launch` per problem.
-_KERNELS: dict = {}
-_COMPILED: dict = {}
-_SUPPORTED: dict = {}
-_LAUNCHES: dict = {}
+# The warm path's caches (`runtime.plan_cache`; see `backward`): kernel objects and TVM-FFI
+# functions per compiled config, the support verdict per (dtype, head dims, scale), and a
+# `_Launch` per problem (bounded: problems vary with every sequence length).
 _MAX_LAUNCHES = 256
+_KERNELS = WarmCache("attention.sm90_flash_bwd.kernels")
+_COMPILED = WarmCache("attention.sm90_flash_bwd.tvm_ffi")
+_SUPPORTED = WarmCache("attention.sm90_flash_bwd.supported", _MAX_LAUNCHES)
+_LAUNCHES = WarmCache("attention.sm90_flash_bwd.launches", _MAX_LAUNCHES)
 
 
 def _kernel_for(config: FlashSm90BwdConfig) -> FlashAttentionSm90Bwd:
-    kernel = _KERNELS.get(config)
-    if kernel is None:
-        kernel = _KERNELS[config] = FlashAttentionSm90Bwd(config)
-    return kernel
+    return memo(_KERNELS, config, FlashAttentionSm90Bwd, config)
 
 
 def _compile_tvm_ffi(config: FlashSm90BwdConfig):
@@ -358,21 +357,19 @@ class _Launch:
 
 def _check_supported(problem) -> None:
     """`supports_backward`, raising ValueError with its reason; a pass is remembered per (dtype,
-    head dim, value head dim, scale, features) (bounded like `_LAUNCHES`)."""
+    head dim, value head dim, scale, features) (bounded, as `_LAUNCHES`)."""
     key = (problem.dtype, problem.head_dim, problem.head_dim_v, problem.scale, problem.softcap, problem.seqused_k)
     if key in _SUPPORTED:
         return
     why = supports_backward(problem)
     if why is not None:
         raise ValueError(f"sm90_flash backward: {why}")
-    if len(_SUPPORTED) >= _MAX_LAUNCHES:
-        _SUPPORTED.clear()
-    _SUPPORTED[key] = True
+    _SUPPORTED.put(key, True)
 
 
 def _launch_for(problem, config) -> _Launch:
-    """The `_Launch` of `problem` with `config` (None: `bwd_config_for` the problem), cached
-    while the cache holds fewer than `_MAX_LAUNCHES` entries (it then starts afresh)."""
+    """The `_Launch` of `problem` with `config` (None: `bwd_config_for` the problem), cached in
+    `_LAUNCHES` (at most `_MAX_LAUNCHES` entries; it then starts afresh)."""
     key = (problem, config)
     launch = _LAUNCHES.get(key)
     if launch is not None:
@@ -397,10 +394,7 @@ def _launch_for(problem, config) -> _Launch:
     launch = _Launch(config=config, kernel_config=replace(config, prep_kernel=False), group=group, scale=scale,
                      softcap=problem.softcap, offset=offset, offset_lo=offset_lo, sq_pad=sq_pad,
                      prep=config.prep_kernel and b * hq * sq_pad * d < 2**31, dkv_shape=(b, hq, sk, d))
-    if len(_LAUNCHES) >= _MAX_LAUNCHES:
-        _LAUNCHES.clear()
-    _LAUNCHES[key] = launch
-    return launch
+    return _LAUNCHES.put(key, launch)
 
 
 def _tma_ready(t):

@@ -13,6 +13,11 @@ Cases: a tiny GEMM (256³ bf16, C = A·Bᵀ) and a tiny attention (B1_H8_S256_D6
 through the public APIs with `kernel="auto"` (`cute_kernels.gemm.matmul`,
 `cute_kernels.attention.scaled_dot_product_attention`); the peers are `cublas`
 (torch.matmul), `quack`, `sdpa` (F.scaled_dot_product_attention, default dispatch) and `fa4`.
+Beside them, the layers a model calls (`overhead_layers`): cute_kernels.nn.Linear against
+torch.nn.Linear and our functional SDPA against torch's (`stock`), forward and forward +
+backward, at model shapes; a case may set its own number of `calls` per round. Then
+`overhead_layers.compile_checks` (run by the CLI on CUDA) records whether a patched block
+compiles as one graph without recompiling.
 Records: `ms` is host milliseconds per call (`us_per_call` too), `tflops` is 0 (not a rate).
 """
 
@@ -94,6 +99,12 @@ def _attention_fa4(case, inputs) -> Prepared:
 
 def overhead_impls() -> dict[Any, dict[str, Impl]]:
     """case -> {impl name: Impl} for the overhead benchmark."""
+    from cute_kernels.bench.overhead_layers import layer_impls
+
+    return {**_api_impls(), **layer_impls()}
+
+
+def _api_impls() -> dict[Any, dict[str, Impl]]:
     return {
         GEMM_CASE: {
             "cute_kernels": Impl("cute_kernels", "ours", _gemm_ours, _ours_gemm_available),
@@ -121,7 +132,10 @@ def make_host_timer(*, calls: int = 200, warmup: int = 20, clock: Callable[[], f
     busy = busy or (lambda: (lambda: False))
     sync = sync or (lambda: None)
 
-    def timer(fn: Callable[[], object], label: str = "") -> float:
+    default_calls = calls
+
+    def timer(fn: Callable[[], object], label: str = "", calls: int | None = None) -> float:
+        calls = calls or default_calls
         for _ in range(warmup):
             fn()
         sync()
@@ -191,7 +205,9 @@ def run_overhead(impls_by_case: Mapping[Any, Mapping[str, Impl]], *, timer: Time
         if ready:
             drained = getattr(timer, "drained", {})
             drained.clear()  # counted per case: the cases share impl names
-            timings = interleaved(ready, timer, rounds)
+            calls = getattr(case, "calls", None)
+            case_timer = timer if calls is None else (lambda fn, label, _c=calls: timer(fn, label, calls=_c))
+            timings = interleaved(ready, case_timer, rounds)
             for rec in records:
                 if rec.case == case.name and rec.impl in timings:
                     t = timings[rec.impl]

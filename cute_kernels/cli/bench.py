@@ -152,12 +152,23 @@ def _run_one(name: str, args, timer, ceilings: dict):
         host_timer = make_host_timer(busy=None if cpu else cuda_busy_probe(),
                                      sync=None if cpu else torch.cuda.synchronize)
         by_case = overhead_impls()
+        if args.cases:  # overhead cases by name (`--list` shows them), e.g. linear_vit_12608x3072x768_bias/fwd
+            wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
+            by_case = {c: i for c, i in by_case.items() if c.name in wanted or f"{c.name}:{c.dtype}" in wanted}
         if args.impl:  # names apply to the case that has them (cublas: the GEMM, sdpa: attention)
             with _choice("--impl"):
                 _check_names(args.impl, [i for impls in by_case.values() for i in impls], "overhead")
             by_case = {c: select_impls(impls, args.impl, lambda i: True, strict=False) for c, impls in by_case.items()}
         records, skipped = run_overhead(by_case, timer=host_timer, rounds=args.rounds, device=args.device,
                                         seed=args.seed, log=_log)
+        if not cpu and (not args.cases or "compile/block" in args.cases):
+            from cute_kernels.bench.overhead_layers import compile_checks
+
+            checks = compile_checks(args.device)
+            for rec in checks:
+                verdict = "one graph, no recompile" if rec.ok else f"FAILED: {rec.error}"
+                _log(f"  compile/block {rec.impl}: {verdict}")
+            records += checks
         now = dt.datetime.now(dt.timezone.utc)
         return BenchResult(date=now.strftime("%Y-%m-%d"), timestamp=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
                            device=environment.device_name(args.device), versions=environment.versions(args.device),

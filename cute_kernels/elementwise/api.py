@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from cute_kernels.runtime.plan_cache import WarmCache
+
 __all__ = ["copy"]
 
 # The kernel indexes with 32-bit integers; longer tensors are copied in chunks of this many
@@ -44,9 +46,10 @@ def _vector_bytes(*tensors) -> int:
 
 
 # Per-process state, filled on first use (torch, the kernel module, the default config, the
-# TVM-FFI decision), and (config asked for, vector bytes, element bytes) -> TVM-FFI function.
+# TVM-FFI decision), and the warm-path cache (`runtime.plan_cache`) of (config asked for,
+# vector bytes, element bytes) -> TVM-FFI function.
 _state: dict = {}
-_compiled: dict = {}
+_compiled = WarmCache("elementwise.copy.tvm_ffi")
 
 
 def _init():

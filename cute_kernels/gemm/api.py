@@ -15,7 +15,7 @@ from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_sig
 
 from .dispatch import resolve
 
-__all__ = ["matmul", "as_unit_stride"]
+__all__ = ["matmul", "as_unit_stride", "plan_for"]
 
 # torch, imported on the first call (importing this package must not import torch: the CLI and
 # compile-only processes never need it) and then read from this global, not re-imported.
@@ -212,6 +212,17 @@ def _plan_signature(a, b, kernel, out_dtype, alpha, beta, c):
                 b.__class__, b.shape, b.stride(), b.dtype, b.device, b.data_ptr() & 15, b.requires_grad,
                 kernel, out_dtype, alpha.__class__, beta.__class__, use_c, tensor_signature(c) if use_c else None)
     except (TypeError, RuntimeError):  # c not a plain tensor; a tensor without storage
+        return None
+
+
+def plan_for(a, b, *, kernel: str = "auto", out_dtype=None, alpha=1.0, beta=0.0, c=None):
+    """The stored plan of a `matmul` call with these arguments, or None: `plan(a, b, alpha,
+    beta, c) -> out`, for tensors with the recorded call's signature (a caller-order plan hands
+    them to its build as they are, so they must be shaped as the recorded ones)."""
+    sig = _plan_signature(a, b, kernel, out_dtype, alpha, beta, c)
+    try:
+        return None if sig is None else _PLANS.get(sig)
+    except TypeError:
         return None
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from . import registry as _registry
 from .registry import KERNELS
 
 __all__ = ["device_capability", "choose", "resolve", "clear_cache"]
@@ -30,6 +31,7 @@ def clear_cache() -> None:
 
     _CANDIDATES.clear()
     invalidate()
+    _registry.KERNELS.refresh()  # the registry itself, whatever a test put in its place here
 
 
 def device_capability(device) -> tuple[int, int]:

@@ -22,15 +22,15 @@ import numbers
 import torch
 
 from cute_kernels.hopper.epilogue import ACTIVATIONS
-from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_signature
+from cute_kernels.runtime.plan_cache import PlanCache, WarmCache, plain_tensors, tensor_signature
 
-__all__ = ["matmul_epilogue", "scaled_mm", "fusing_kernel", "ACTIVATIONS", "FUSING_KERNELS"]
+__all__ = ["matmul_epilogue", "scaled_mm", "fusing_kernel", "plan_for", "ACTIVATIONS", "FUSING_KERNELS"]
 
 FUSING_KERNELS = ("sm90_persistent", "sm90_warp_specialized", "sm90_tma_wgmma", "gemv")
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-_rungs: dict = {}
+_rungs = WarmCache("gemm.epilogue_api.rungs")  # runtime.plan_cache
 
 
 def _rung(kernel: str, a3=None, b3=None, out3=None):
@@ -52,7 +52,7 @@ def _rung(kernel: str, a3=None, b3=None, out3=None):
 
 
 _EPILOGUE_DTYPES = (torch.bfloat16, torch.float16)  # fp8 takes scales: `scaled_mm`
-_HOPPER: dict = {}  # device index -> whether it is sm_90 or newer (asked once per device)
+_HOPPER = WarmCache("gemm.epilogue_api.hopper")  # device index -> sm_90 or newer (asked once per device)
 
 
 def fusing_kernel(a: torch.Tensor, kernel: str = "auto") -> str | None:
@@ -180,6 +180,20 @@ def _plan_signature(name, a, b, bias, bias_dim, activation, alpha, beta, c, out_
         return None
 
 
+def plan_for(a, b, *, bias=None, bias_dim: str = "n", activation=None, alpha=1.0, beta=0.0, c=None, out_dtype=None,
+             kernel: str = "sm90_persistent", config=None, scales=None, name: str = "matmul_epilogue"):
+    """The stored plan of a `matmul_epilogue` (name "scaled_mm": `scaled_mm`, scales given)
+    call with these arguments, or None: `plan(a, b, alpha, beta, c, bias, scales) -> out`,
+    which takes any tensors whose storage holds the recorded operands where a and b held them
+    (it forms the kernel's views with `as_strided`). `plan.launch(a, b, out, alpha, beta, c,
+    bias, scale_a, scale_b)` is the rung's plan it calls (`Sm90Rung.plan_for`), writing `out`."""
+    sig = _plan_signature(name, a, b, bias, bias_dim, activation, alpha, beta, c, out_dtype, kernel, config, scales)
+    try:
+        return None if sig is None else _PLANS.get(sig)
+    except TypeError:
+        return None
+
+
 def _keep_plan(sig, launch, given: tuple, views: tuple, out3, batched: bool) -> None:
     """Store the replay of the direct launch the rung kept a plan of (`Sm90Rung.plan_for`), when
     the 3-D operands it saw are views of the caller's tensors (no copy was made)."""
@@ -203,6 +217,9 @@ def _keep_plan(sig, launch, given: tuple, views: tuple, out3, batched: bool) -> 
                sa, sb)
         return out
 
+    # the rung's plan itself, for callers that allocate the result in another shape of the same
+    # storage order (`ops.eager_gemm`: linear's (..., N) output)
+    plan.launch = launch
     _PLANS.put(sig, plan)
 
 

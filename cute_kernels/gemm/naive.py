@@ -32,6 +32,7 @@ from cute_kernels.runtime import (
     tvm_ffi_available,
 )
 from cute_kernels.layouts import Layout
+from cute_kernels.runtime.plan_cache import WarmCache
 
 __all__ = ["NaiveConfig", "NaiveGemm", "NaiveRung", "RUNG", "thread_layout"]
 
@@ -173,7 +174,7 @@ class NaiveRung:
 
     def __init__(self):
         # (in dtype, out dtype, c dtype, has_c, unit-stride modes) -> TVM-FFI function
-        self._compiled: dict = {}
+        self._compiled = WarmCache("gemm.naive.builds")  # runtime.plan_cache
 
     @property
     def dtypes(self):

@@ -3,7 +3,8 @@ then the specialists (rungs for one class of shapes, which "auto" asks before th
 
 The table below is static: each rung is named by "module:attribute", and the module is
 imported only when the rung is looked up, so listing the ladder needs neither the CuTe DSL
-nor a GPU. A rung whose module does not exist (yet) is simply absent.
+nor a GPU. A rung whose module does not exist (yet) is simply absent. The mapping is the
+registry mechanism all families share (`runtime.kernel_registry.LadderRegistry`).
 
 A rung object has `name`, `dtypes` (the input dtypes it takes), `supports(a, b, out) -> str |
 None` (None when it can run this problem on this device, else the reason) and
@@ -15,9 +16,7 @@ of the oldest GPU they run on), which dispatch checks before asking `supports`.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from collections.abc import Iterator, Mapping
+from cute_kernels.runtime.kernel_registry import LadderRegistry
 
 __all__ = ["LADDER", "KernelRegistry", "KERNELS"]
 
@@ -36,63 +35,10 @@ LADDER: tuple[tuple[str, str], ...] = (
 )
 
 
-def _module_exists(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
+class KernelRegistry(LadderRegistry):
+    """The GEMM family's `runtime.kernel_registry.LadderRegistry` (errors say "GEMM kernel")."""
 
-
-class KernelRegistry(Mapping):
-    """A read-only mapping rung name -> rung object over a static "module:attribute" table.
-
-    Post-conditions: iteration yields, in table order, exactly the names whose module exists;
-    `registry[name]` imports that module and returns its attribute; import errors (including a
-    module that lacks the attribute) propagate as ImportError, never as a silently absent rung.
-    """
-
-    def __init__(self, table: tuple[tuple[str, str], ...]):
-        for name, target in table:
-            if target.count(":") != 1:
-                raise ValueError(f"registry entry {name!r}: target {target!r} is not 'module:attribute'")
-        self._table = dict(table)
-        self._found: set[str] = set()  # names whose module was found (a module found stays found)
-
-    def _present(self, name: str) -> bool:
-        if name in self._found:
-            return True
-        if _module_exists(self._table[name].split(":")[0]):
-            self._found.add(name)
-            return True
-        return False
-
-    def __iter__(self) -> Iterator[str]:
-        return (name for name in self._table if self._present(name))
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name in self._table and self._present(name)
-
-    def __getitem__(self, name: str):
-        if name not in self._table:
-            raise KeyError(f"no GEMM kernel named {name!r}; the ladder is {list(self._table)}")
-        module, attr = self._table[name].split(":")
-        if not self._present(name):
-            raise KeyError(f"GEMM kernel {name!r} is not available: module {module} does not exist (yet)")
-        rung = getattr(importlib.import_module(module), attr, None)
-        if rung is None:  # as `from module import attr` would: an ImportError
-            raise ImportError(f"module {module} does not define {attr}, the {name!r} rung")
-        return rung
-
-    @property
-    def ladder(self) -> tuple[str, ...]:
-        """Every rung name of the table, present or not, in ladder order."""
-        return tuple(self._table)
-
-    def __repr__(self) -> str:
-        return f"KernelRegistry({list(self)})"
+    family = "GEMM"
 
 
 KERNELS = KernelRegistry(LADDER)

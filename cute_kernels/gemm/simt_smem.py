@@ -47,6 +47,7 @@ from cute_kernels.runtime import (
     tvm_ffi_available,
 )
 from cute_kernels.layouts import Layout
+from cute_kernels.runtime.plan_cache import WarmCache
 
 __all__ = [
     "SimtSmemConfig", "SimtSmemGemm", "SimtSmemRung", "RUNG",
@@ -389,7 +390,7 @@ class SimtSmemRung:
 
     def __init__(self):
         # (out dtype, c dtype, has_c, unit-stride modes) -> TVM-FFI function
-        self._compiled: dict = {}
+        self._compiled = WarmCache("gemm.simt_smem.builds")  # runtime.plan_cache
 
     @property
     def dtypes(self):

@@ -30,17 +30,18 @@ from cute_kernels.gemm import autotune as _autotune
 from cute_kernels.gemm.sm90_config import Sm90GemmConfig, pick_config
 from cute_kernels.hopper.epilogue import ACTIVATIONS, EpilogueSpec
 from cute_kernels.runtime import compile_kernel, tvm_ffi_available
+from cute_kernels.runtime.plan_cache import PlanCache, WarmCache, plain_tensors, tensor_signature
 from cute_kernels.runtime.tensors import tma_view
-from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_signature
 
 _IN_DTYPES = (torch.bfloat16, torch.float16)
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_compiled: dict = {}
-_max_clusters: dict = {}
-# per device: why it cannot run sm_90a code, or None (the capability query is not per call)
-_device_reasons: dict = {}
-# signature -> the replay of a checked direct launch (Sm90Rung._keep_plan; runtime.plan_cache)
+# The warm path's caches (`runtime.plan_cache`): the compiled function per build key, the
+# occupancy per cluster size, per device why it cannot run sm_90a code (or None: the capability
+# query is not per call), and per signature the replay of a checked direct launch (_keep_plan).
+_compiled = WarmCache("gemm.sm90.builds")
+_max_clusters = WarmCache("gemm.sm90.max_active_clusters")
+_device_reasons = WarmCache("gemm.sm90.device_reasons")
 _PLANS = PlanCache("gemm.sm90")
 _PLAN_SCALARS = (float, int)
 
@@ -76,7 +77,7 @@ def _to_cute(t: torch.Tensor, lead: int, align: int = 16):
         return from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=lead)
 
 
-_dummies: dict = {}
+_dummies = WarmCache("gemm.sm90.dummy_operands")
 
 
 def _dummy_bias(device) -> torch.Tensor:
@@ -566,14 +567,16 @@ class Sm90Rung:
         plan.kernel_operands = (config, spec, swap, operands)
         _PLANS.put(sig, plan)
 
-    def caller_order_launch(self, plan, a, b, out):
-        """A compiled function `fn(a, b, out, alpha, beta)` that launches what `plan` (from
-        `plan_for`) launches, taking the caller's own tensors: (M, K) or (L, M, K) `a`,
-        (K, N) or (L, K, N) `b` and the result `out` ((M, N) or (L, M, N)), the kernel-order
-        views formed inside the compiled host function (no torch views per call). None when
-        `plan` is not a plain launch (an epilogue beyond alpha), or when some kernel operand
-        is not exactly a mode permutation of the caller's tensor (plus, for a 2-D tensor, a
-        batch mode of extent 1): such calls keep `plan`.
+    def caller_order_launch(self, plan, a, b, out, bias=None):
+        """A compiled function `fn(a, b, out, alpha, beta)` (with a bias: `fn(a, b, out, bias,
+        alpha, beta)`) that launches what `plan` (from `plan_for`) launches, taking the caller's
+        own tensors: (M, K) or (L, M, K) `a`, (K, N) or (L, K, N) `b` and the result `out`
+        ((M, N) or (L, M, N)); a 3-D tensor whose first two modes flatten into M, as nn.Linear's
+        (batch, tokens, features) input and output, also serves a 2-D problem. The kernel-order
+        views are formed inside the compiled host function (no torch views per call). None when
+        `plan`'s epilogue reads more than a bias (beta * C, scales) or `bias` is absent where
+        it reads one, or when some kernel operand is not exactly a mode permutation of the
+        caller's tensor (`_caller_modes`): such calls keep `plan`.
 
         Post-condition: for tensors with the signature of the recorded call, `fn` launches the
         kernel on operands with the recorded extents and strides (`CallerOrderLaunch.views`),
@@ -583,7 +586,8 @@ class Sm90Rung:
         if info is None or not tvm_ffi_available():
             return None
         config, spec, swap, operands = info
-        if spec.fused:
+        fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
+        if spec.beta_c or spec.scale_ab or (spec.bias is None) != (bias is None) or (spec.fused and not fuses):
             return None
         callers = (a, b, out)
         modes = []
@@ -596,20 +600,25 @@ class Sm90Rung:
         modes = tuple(modes)
         leads = [None, None, None]
         for (src, rows, cols, _), (_, stride, _) in zip(modes, operands):
-            leads[src] = rows if stride[0] == 1 else cols  # the view's leading mode (`_leading`)
-        fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
+            leads[src] = _inner(rows) if stride[0] == 1 else _inner(cols)  # the view's leading mode (`_leading`)
         ncl = max_active_clusters(config.cluster_m * config.cluster_n) if self.persistent else 65535
         key = (self.name, "caller_order", config, spec, tuple(str(t.dtype) for t in callers),
                tuple(t.dim() for t in callers), modes, tuple(leads), ncl)
+        if bias is not None:
+            key += (("bias", str(bias.dtype)),)
         fn = _compiled.get(key)
         if fn is None:
             from cute_kernels.runtime import TVM_FFI_OPTION, fake_stream, fake_tensor
 
             kern = self.kernel_cls(config, epilogue_spec=spec) if fuses else self.kernel_cls(config)
             args = tuple(fake_tensor(t.dtype, t.dim(), leading_dim=lead) for t, lead in zip(callers, leads))
-            fn = _compiled[key] = compile_kernel(
-                CallerOrderLaunch(kern, modes, fuses), *args, cutlass.Float32(1.0), cutlass.Float32(0.0), ncl,
-                fake_stream(tvm_ffi_env_stream=True), key=key, options=TVM_FFI_OPTION)
+            entry = CallerOrderLaunch(kern, modes, fuses)
+            if bias is not None:
+                entry = CallerOrderBiasLaunch(kern, modes, fuses)
+                args += (fake_tensor(bias.dtype, 1, leading_dim=0, assumed_align=bias.element_size()),)
+            fn = _compiled[key] = compile_kernel(entry, *args, cutlass.Float32(1.0), cutlass.Float32(0.0), ncl,
+                                                 fake_stream(tvm_ffi_env_stream=True), key=key,
+                                                 options=TVM_FFI_OPTION)
         return fn
 
 
@@ -677,24 +686,52 @@ def _direct_plan(fn, fuses: bool, A, B, C, Csrc, given: tuple, dummy):
 
 def _caller_modes(shape, stride, t):
     """(rows, cols, batch): the modes of `t` (2-D or 3-D) with the extents and strides of a
-    kernel-order view of `shape` and `stride`, batch None for a 2-D `t` (the view's batch
-    extent must then be 1; its stride is free). None when `t` has no such modes."""
+    kernel-order view of `shape` and `stride`, batch None where the view's batch extent is 1
+    and `t` has no mode left for it (its stride is then free). A mode is an index, or an
+    (outer, inner) pair of `t`'s modes that flatten into one (stride(outer) = extent(inner) *
+    stride(inner)), as (batch, tokens) flatten into M. None when `t` has no such modes."""
     ts, tt = t.shape, t.stride()
     rank = len(ts)
     if rank == 2 and shape[2] != 1:
         return None
-    for rows in range(rank):
-        if ts[rows] != shape[0] or tt[rows] != stride[0]:
-            continue
-        for cols in range(rank):
-            if cols == rows or ts[cols] != shape[1] or tt[cols] != stride[1]:
+
+    def candidates(extent, step):
+        found = [m for m in range(rank) if ts[m] == extent and tt[m] == step]
+        if rank == 3 and shape[2] == 1:
+            found += [(i, j) for i in range(3) for j in range(3)
+                      if i != j and ts[i] * ts[j] == extent and tt[j] == step and tt[i] == ts[j] * tt[j]]
+        return found
+
+    for rows in candidates(shape[0], stride[0]):
+        for cols in candidates(shape[1], stride[1]):
+            used = set(rows if isinstance(rows, tuple) else (rows,)) | set(cols if isinstance(cols, tuple) else (cols,))
+            if len(used) != len(_flat(rows)) + len(_flat(cols)):
                 continue
-            if rank == 2:
+            if len(used) == rank:
                 return rows, cols, None
-            batch = 3 - rows - cols
+            if rank == 2:
+                continue
+            (batch,) = set(range(3)) - used
             if ts[batch] == shape[2] and tt[batch] == stride[2]:
                 return rows, cols, batch
     return None
+
+
+def _flat(mode) -> tuple:
+    return mode if isinstance(mode, tuple) else (mode,)
+
+
+def _inner(mode) -> int:
+    """The innermost caller mode of a kernel mode (a flattened pair's inner one)."""
+    return mode[1] if isinstance(mode, tuple) else mode
+
+
+def _mode(shape, stride, mode):
+    """(extent, stride) of one kernel mode of a tensor with `shape`, `stride` (traced or not)."""
+    if isinstance(mode, tuple):
+        outer, inner = mode
+        return shape[outer] * shape[inner], stride[inner]
+    return shape[mode], stride[mode]
 
 
 def _kernel_views(tensors, modes):
@@ -702,8 +739,9 @@ def _kernel_views(tensors, modes):
     views = []
     for src, rows, cols, batch in modes:
         t = tensors[src]
-        shape = (t.shape[rows], t.shape[cols], 1 if batch is None else t.shape[batch])
-        stride = (t.stride[rows], t.stride[cols], 0 if batch is None else t.stride[batch])
+        (r, sr), (c, sc) = _mode(t.shape, t.stride, rows), _mode(t.shape, t.stride, cols)
+        shape = (r, c, 1 if batch is None else t.shape[batch])
+        stride = (sr, sc, 0 if batch is None else t.stride[batch])
         views.append(cute.make_tensor(t.iterator, cute.make_layout(shape, stride=stride)))
     return views
 
@@ -730,8 +768,9 @@ class CallerOrderLaunch:
         callers, views = (a, b, out), []
         for src, rows, cols, batch in self.modes:
             t = callers[src]
-            shape = (t.shape[rows], t.shape[cols], 1 if batch is None else t.shape[batch])
-            stride = (t.stride(rows), t.stride(cols), 0 if batch is None else t.stride(batch))
+            (r, sr), (c, sc) = _mode(t.shape, t.stride(), rows), _mode(t.shape, t.stride(), cols)
+            shape = (r, c, 1 if batch is None else t.shape[batch])
+            stride = (sr, sc, 0 if batch is None else t.stride(batch))
             views.append(t.as_strided(shape, stride))
         return tuple(views)
 
@@ -744,6 +783,20 @@ class CallerOrderLaunch:
             self.kern(A, B, C, C, one, one, one, alpha, beta, max_active_clusters, stream)
         else:
             self.kern(A, B, C, alpha, max_active_clusters, stream)
+
+
+class CallerOrderBiasLaunch(CallerOrderLaunch):
+    """`CallerOrderLaunch` for an epilogue that reads a bias (and may apply an activation): the
+    host function takes the caller's 1-D bias after the result and passes it as the kernel's
+    bias (C stands in for c_src and a one-element fp32 view of it for the scales, none of them
+    read), so nn.Linear's warm call hands over (x, weight, out, bias) as they are."""
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, bias: cute.Tensor, alpha: cutlass.Float32,
+                 beta: cutlass.Float32, max_active_clusters: cutlass.Constexpr, stream):
+        A, B, C = _kernel_views((a, b, c), self.modes)
+        one = cute.make_tensor(cute.recast_ptr(C.iterator, dtype=cutlass.Float32), cute.make_layout(1))
+        self.kern(A, B, C, C, bias, one, one, alpha, beta, max_active_clusters, stream)
 
 
 def fake_gemm_args(in_dtype: str = "bf16", out_dtype: str = "bf16", a_major: str = "K", b_major: str = "K",

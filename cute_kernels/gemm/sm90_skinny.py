@@ -26,11 +26,12 @@ import torch
 from cute_kernels.gemm import sm90_rung as _r
 from cute_kernels.gemm.sm90_config import Sm90GemmConfig, pick_config, pick_split_k
 from cute_kernels.hopper.epilogue import EpilogueSpec
+from cute_kernels.runtime.plan_cache import WarmCache
 
 _SWAP_BIAS = {None: None, "m": "n", "n": "m"}
 
 
-_swapped_specs: dict = {}
+_swapped_specs = WarmCache("gemm.sm90_skinny.swapped_specs")
 
 
 def swapped_spec(spec: EpilogueSpec) -> EpilogueSpec:

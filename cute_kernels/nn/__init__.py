@@ -16,12 +16,18 @@
 
 from __future__ import annotations
 
+from cute_kernels.runtime.eager import transparent_mode
+
 from . import functional, fused_functional, parallel
 from .linear import Linear
 from .losses import CrossEntropyLoss, LinearCrossEntropyLoss
 from .norms import LayerNorm, RMSNorm, replacement_for
 from .parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 from .routing import PatchReport, patch, route
+
+# route() reroutes F.linear and SDPA and passes every other function through, so a warm call
+# made under it (a patched model's Linear layers) keeps the direct path (runtime.eager).
+transparent_mode(route)
 
 __all__ = ["ColumnParallelLinear", "CrossEntropyLoss", "LayerNorm", "Linear", "LinearCrossEntropyLoss", "PatchReport",
            "RMSNorm", "RowParallelLinear", "TensorParallelMLP", "functional", "fused_functional", "parallel", "patch",

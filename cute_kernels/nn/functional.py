@@ -1,8 +1,9 @@
 """Functional forms, drop-in for their `torch.nn.functional` namesakes.
 
-Both call the `cute_kernels::` operators (so they compile, capture and differentiate as those
-do) and add two keyword options: `kernel` (a rung name, or "auto"; the operators' `rung` argument)
-and `fallback` ("none": input our kernels do not take raises; "torch": PyTorch computes it, with a
+Both compute the `cute_kernels::` operators (so they compile, capture and differentiate as those
+do; in eager mode a warm call replays its launch without entering the op: `runtime.eager`) and
+add two keyword options: `kernel` (a rung name, or "auto"; the operators' `rung` argument) and
+`fallback` ("none": input our kernels do not take raises; "torch": PyTorch computes it, with a
 `FallbackWarning`).
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import ops
+from cute_kernels.ops.eager_attention import sdpa as sdpa_entry
+from cute_kernels.ops.eager_gemm import linear as linear_entry
 from cute_kernels.ops.fallback import check_fallback, note_fallback
 
 __all__ = ["linear", "scaled_dot_product_attention"]
@@ -19,7 +22,7 @@ __all__ = ["linear", "scaled_dot_product_attention"]
 def linear(input, weight, bias=None, *, activation=None, kernel: str = "auto", fallback: str = "none"):
     """activation(input @ weightᵀ + bias), as torch.nn.functional.linear plus `activation`
     (None, "relu", "gelu_tanh" or "silu")."""
-    return ops.linear(input, weight, bias, activation, rung=kernel, fallback=fallback)
+    return linear_entry(input, weight, bias, activation, kernel, fallback)
 
 
 def _causal(attn_mask, is_causal: bool):
@@ -57,6 +60,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     Differentiable through `cute_kernels::sdpa`'s backward.
     """
     check_fallback("scaled_dot_product_attention", fallback)
+    if attn_mask is None and window_size is None and dropout_p == 0.0 and (is_causal is True or is_causal is False) \
+            and softcap is None and sinks is None and not return_lse:
+        # the common call, with nothing to translate
+        return sdpa_entry(query, key, value, "top_left" if is_causal else None, scale, enable_gqa, -1, -1, kernel,
+                          fallback)[0]
     causal = _causal(attn_mask, is_causal)
     left, right = _window_ints(window_size, None if causal is NotImplemented else causal)
     if causal is NotImplemented or dropout_p != 0.0:
@@ -75,6 +83,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             attn_mask, is_causal = _with_window(query, key, attn_mask, is_causal, causal, window_size), False
         return torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **extra)
+    if softcap is None and sinks is None:  # the eager entry replays the op's plain form
+        out, lse = sdpa_entry(query, key, value, causal, scale, enable_gqa, left, right, kernel, fallback)
+        return (out, lse) if return_lse else out
     features = {}
     if softcap is not None:
         features["softcap"] = softcap

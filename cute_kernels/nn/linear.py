@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from cute_kernels.ops import ACTIVATIONS, linear as linear_op
+from cute_kernels.ops import ACTIVATIONS
+from cute_kernels.ops.eager_gemm import linear as linear_entry
 from cute_kernels.ops.fallback import check_fallback
 
 __all__ = ["Linear"]
@@ -12,8 +13,9 @@ __all__ = ["Linear"]
 
 class Linear(torch.nn.Linear):
     """torch.nn.Linear (same constructor, parameters and state_dict) whose forward is
-    `cute_kernels::linear`, plus keyword options: `activation` (None, "relu", "gelu_tanh",
-    "silu") applied to the output, `kernel` (GEMM rung or "auto") and `fallback`."""
+    `cute_kernels::linear` (in eager mode a warm call skips the op: `ops.eager_gemm`), plus
+    keyword options: `activation` (None, "relu", "gelu_tanh", "silu") applied to the output,
+    `kernel` (GEMM rung or "auto") and `fallback`."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
                  activation=None, kernel: str = "auto", fallback: str = "none"):
@@ -43,7 +45,7 @@ class Linear(torch.nn.Linear):
         return new
 
     def forward(self, input):
-        return linear_op(input, self.weight, self.bias, self.activation, rung=self.kernel, fallback=self.fallback)
+        return linear_entry(input, self.weight, self.bias, self.activation, self.kernel, self.fallback)
 
     def extra_repr(self) -> str:
         # The kernel is always shown, so a patched model's repr says which layers are ours.

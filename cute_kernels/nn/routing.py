@@ -28,7 +28,6 @@ from torch.overrides import TorchFunctionMode
 
 from . import functional as cf
 from .linear import Linear
-from .norms import replacement_for
 
 __all__ = ["PatchReport", "patch", "route"]
 

@@ -168,6 +168,31 @@ def _fused_linear(x2: Tensor, w_t: Tensor, bias, activation, rung: str):
     return epilogue_api.matmul_epilogue(x2, w_t, bias=bias, bias_dim="n", activation=activation, kernel=kernel)
 
 
+def linear_kernel_plan(x2: Tensor, w_t: Tensor, bias, activation, rung: str, callers=None):
+    """(kind, launch): the kernel layer's stored plan (`runtime.plan_cache`) of the GEMM that
+    `linear`'s body launched for these operands (the 2-D input and transposed weight it hands
+    down), or launch None where that call kept none. The eager path (`eager_gemm`) replays it.
+
+    kind "fused": a rung fused bias and activation (`_fused_linear`); launch is the rung's plan
+    `launch(a, b, out, alpha, beta, c, bias, scale_a, scale_b)`, writing `out`. kind "direct":
+    the same launch as a build taking `callers` = (x, weight, out) (and the bias) as they are,
+    `launch(x, weight, out, [bias,] alpha, beta)` (`Sm90Rung.caller_order_launch`), where the
+    rung has one. kind "plain": `gemm.matmul`'s plan `plan(a, b, alpha, beta, c) -> (M, N)`."""
+    from cute_kernels.gemm import api, epilogue_api
+
+    kernel = epilogue_api.fusing_kernel(x2, rung)
+    if kernel is None:
+        return "plain", api.plan_for(x2, w_t, kernel=rung)
+    plan = epilogue_api.plan_for(x2, w_t, bias=bias, bias_dim="n", activation=activation, kernel=kernel)
+    launch = getattr(plan, "launch", None)
+    caller_order = getattr(epilogue_api._rung(kernel), "caller_order_launch", None)
+    if launch is not None and callers is not None and caller_order is not None:
+        direct = caller_order(launch, *callers, bias=bias)
+        if direct is not None:
+            return "direct", direct
+    return "fused", launch
+
+
 @torch.library.custom_op("cute_kernels::linear", mutates_args=())
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None,
            rung: str = "auto", fallback: str = "none") -> Tensor:
@@ -185,24 +210,38 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation:
         with device_guard(x):
             fused = _fused_linear(x2, w_t, None if bias is None else bias.detach(), activation, rung)
             if fused is not None:
-                return fused.reshape(*x.shape[:-1], weight.shape[0])
+                return as_output(fused, (*x.shape[:-1], weight.shape[0]))
             y = _gemm()(x2, w_t, kernel=rung)
     except UNSUPPORTED as err:
         if fallback != "torch":
             raise_unsupported("linear", err)
         note_fallback("linear", str(err))
         return _torch_linear(x, weight, bias, activation)
-    # UNFUSED EPILOGUE, for rungs without a fused one (below sm_90): bias and activation run as
-    # separate PyTorch kernels on our GEMM's output, in place, so no extra allocation.
+    y = unfused_epilogue(y, None if bias is None else bias.detach(), activation)
+    return as_output(y, (*x.shape[:-1], weight.shape[0]))
+
+
+def unfused_epilogue(y: Tensor, bias, activation) -> Tensor:
+    """The UNFUSED EPILOGUE, for rungs without a fused one (below sm_90): bias and activation
+    run as separate PyTorch kernels on our GEMM's output, in place, so no extra allocation."""
     if bias is not None:
-        y.add_(bias.detach())
+        y.add_(bias)
     if activation == "relu":
         y.relu_()
     elif activation == "silu":
         torch.nn.functional.silu(y, inplace=True)
     elif activation == "gelu_tanh":
         y = torch.nn.functional.gelu(y, approximate="tanh")
-    return y.reshape(*x.shape[:-1], weight.shape[0])
+    return y
+
+
+def as_output(y: Tensor, shape: tuple) -> Tensor:
+    """The (M, N) GEMM result as linear's (..., N) output. Not an autograd view of it (as
+    aten.linear's own result is not): autograd forbids in-place ops (an `inplace=True`
+    activation, `+=`) on a view that a custom function returns."""
+    if len(shape) == 2:
+        return y
+    return torch.ops.aten._unsafe_view(y, shape)
 
 
 @linear.register_fake
@@ -225,24 +264,33 @@ def _linear_setup(ctx, inputs, output):
 
 
 def _linear_backward(ctx, grad):
+    rung, fallback = ctx.rung, ctx.fallback
+    return linear_grads(ctx, grad, lambda a, b: matmul(a, b, rung=rung, fallback=fallback))
+
+
+def linear_grads(ctx, grad, mm):
+    """(dx, dw, db, None, None, None) of `linear` from ctx (saved (x, weight, bias, relu's
+    output or None); activation; needs_input_grad) and the output gradient, with `mm(a, b)`
+    computing each GEMM: the op itself here, the op's body without the dispatcher in the eager
+    path (`eager_gemm`), so both differentiate alike."""
     x, weight, bias, out = ctx.saved_tensors
-    kw = dict(rung=ctx.rung, fallback=ctx.fallback)
     n, k = weight.shape
     x2 = x.reshape(-1, k)
     g = _gemm_ready(grad.reshape(-1, n))
     if ctx.activation == "relu":
         g = torch.ops.aten.threshold_backward(g, out.reshape(-1, n), 0)
     elif ctx.activation is not None:
-        z = matmul(x2, weight.mT, **kw)
+        z = mm(x2, weight.mT)
         if bias is not None:
             z = z + bias
         if ctx.activation == "silu":
             g = torch.ops.aten.silu_backward(g, z)
         else:
             g = torch.ops.aten.gelu_backward(g, z, approximate="tanh")
-    dx = matmul(g, weight, **kw).reshape(x.shape) if ctx.needs_input_grad[0] else None
-    dw = matmul(g.mT, _gemm_ready(x2), **kw) if ctx.needs_input_grad[1] else None
-    db = g.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+    needs = ctx.needs_input_grad
+    dx = mm(g, weight).reshape(x.shape) if needs[0] else None
+    dw = mm(g.mT, _gemm_ready(x2)) if needs[1] else None
+    db = g.sum(0) if bias is not None and needs[2] else None
     return dx, dw, db, None, None, None
 
 

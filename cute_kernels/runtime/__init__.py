@@ -8,6 +8,10 @@
 - `to_cute(layout)`: our `cute_kernels.layouts` objects as DSL layouts, at trace time.
 - `register_variant`, `list_variants`, `compile_variant` -> `SassReport`: SASS inspection.
 - `occupancy(...)`: blocks and warps per SM on H100/H200.
+- `LadderRegistry`: a kernel family's ladder (rung name -> rung, imported on lookup).
+- `WarmCache`, `memo`, `PlanCache`, `warm_caches`: the warm-path caches (configs, kernel
+  objects, compiled functions, launch plans) every rung and entry point keeps.
+- `EagerOp`, `Plan`: an operator's eager direct path beside its torch.library op (`eager`).
 
 Names are imported lazily, so `import cute_kernels.runtime` costs nothing until used.
 """
@@ -49,6 +53,13 @@ _EXPORTS = {
     "occupancy": "occupancy",
     "Occupancy": "occupancy",
     "SM90": "occupancy",
+    "LadderRegistry": "kernel_registry",
+    "WarmCache": "plan_cache",
+    "PlanCache": "plan_cache",
+    "memo": "plan_cache",
+    "warm_caches": "plan_cache",
+    "EagerOp": "eager",
+    "Plan": "eager",
 }
 
 __all__ = sorted(_EXPORTS)

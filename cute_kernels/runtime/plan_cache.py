@@ -1,4 +1,19 @@
-"""Per-signature launch plans: what a warm call of a public entry point does instead of its checks.
+"""Warm-path caches: one mechanism for everything a warm call looks up instead of deriving.
+
+    WarmCache(name, max_entries=None, kind="build")   a named, registered, optionally bounded dict
+    memo(cache, key, build, *args)                    cache[key], built once by build(*args)
+    PlanCache(name, max_entries=1024)                 the bounded kind holding launch plans
+    invalidate()                                      forget every plan (kind "plan")
+    warm_caches()                                     every cache, by name (what a process holds)
+    tensor_signature(t), plain_tensors(*ts), PLAN_DEVICES   what a plan may assume
+
+Kinds: a "build" cache holds what its key determines for the life of the process (a kernel
+object per config, a config per problem class, a compiled function per config); a "plan" cache
+holds launch plans, which assume the choices of the checked path and so are forgotten when
+those may change. A bounded cache starts afresh when full (keys that vary without bound, such
+as a new sequence length every call, cost one build each).
+
+Launch plans: what a warm call of a public entry point does instead of its checks.
 
 Definitions:
 
@@ -22,16 +37,15 @@ Rules every user of this module follows (why a hit is as safe as the checked pat
   never part of a plan);
 - anything that changes how the checked path would decide for an equal signature (a cleared
   kernel cache, a new autotuned winner) calls `invalidate()`.
-
-A cache holds at most `max_entries` plans and starts afresh when full (signatures that vary
-without bound, such as a new sequence length every call, cost one checked call each).
+The eager direct path (`runtime.eager`) keeps its plans here too, one level up.
 """
 
 from __future__ import annotations
 
 import weakref
 
-__all__ = ["PLAN_DEVICES", "PlanCache", "tensor_signature", "plain_tensors", "invalidate"]
+__all__ = ["PLAN_DEVICES", "WarmCache", "PlanCache", "memo", "warm_caches", "tensor_signature", "plain_tensors",
+           "invalidate"]
 
 # Device types whose calls get plans. CPU tests that run the rungs on CPU tensors (with their
 # device checks stubbed) leave this alone, so they always exercise the checked path; the plan
@@ -51,35 +65,72 @@ def _plain_types() -> tuple:
     return _PLAIN
 
 
-class PlanCache(dict):
-    """signature -> plan (a dict, so a warm lookup is `cache.get(signature)`), bounded.
+class WarmCache(dict):
+    """key -> value (a dict, so a warm lookup is `cache.get(key)`), named and registered so that
+    `warm_caches()` lists it and `invalidate()` finds the plan caches.
 
-    Post-condition of `put`: the cache holds at most `max_entries` plans.
+    Post-condition of `put`: a bounded cache holds at most `max_entries` values.
     """
 
-    def __init__(self, name: str, max_entries: int = 1024):
+    def __init__(self, name: str, max_entries: int | None = None, *, kind: str = "build"):
         super().__init__()
-        if max_entries < 1:
-            raise ValueError(f"PlanCache {name!r}: max_entries must be >= 1, got {max_entries}")
-        self.name = name
-        self.max_entries = max_entries
+        if max_entries is not None and max_entries < 1:
+            raise ValueError(f"{type(self).__name__} {name!r}: max_entries must be >= 1, got {max_entries}")
+        if kind not in ("build", "plan"):
+            raise ValueError(f"WarmCache {name!r}: kind must be 'build' or 'plan', got {kind!r}")
+        self.name, self.max_entries, self.kind = name, max_entries, kind
         _CACHES.add(self)
 
-    def put(self, signature, plan) -> None:
-        if len(self) >= self.max_entries:
+    def put(self, key, value):
+        """Store `value` under `key` (a full bounded cache first starts afresh); returns value."""
+        if self.max_entries is not None and len(self) >= self.max_entries:
             self.clear()
-        self[signature] = plan
+        self[key] = value
+        return value
 
     __hash__ = object.__hash__  # WeakSet membership by identity (a dict is otherwise unhashable)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, {len(self)} entries)"
+
+
+class PlanCache(WarmCache):
+    """signature -> plan: the bounded "plan" kind of `WarmCache`, forgotten by `invalidate()`."""
+
+    def __init__(self, name: str, max_entries: int = 1024):
+        super().__init__(name, max_entries, kind="plan")
 
     def __repr__(self) -> str:
         return f"PlanCache({self.name!r}, {len(self)} plans)"
 
 
+_MISSING = object()
+
+
+def memo(cache, key, build, *args):
+    """`cache[key]`, made by `build(*args)` and stored (bound honoured) when absent: the warm path
+    of every derivation a key determines. `cache` is a WarmCache (or any dict: tests replace
+    caches with plain ones)."""
+    value = cache.get(key, _MISSING)
+    if value is _MISSING:
+        value = build(*args)
+        if cache.__class__ is dict:
+            cache[key] = value
+        else:
+            cache.put(key, value)
+    return value
+
+
+def warm_caches() -> list:
+    """Every live WarmCache of this process, sorted by name."""
+    return sorted(_CACHES, key=lambda c: c.name)
+
+
 def invalidate() -> None:
-    """Forget every plan of every cache (the next call of each signature is checked again)."""
+    """Forget every plan of every plan cache (the next call of each signature is checked again)."""
     for cache in list(_CACHES):
-        cache.clear()
+        if cache.kind == "plan":
+            cache.clear()
 
 
 def tensor_signature(t) -> tuple:

@@ -343,6 +343,7 @@ def recording(monkeypatch):
     monkeypatch.setattr(dispatch, "resolve", lambda kernel, q, k, v, problem, **kw: rung)
     monkeypatch.setattr(plan_cache, "PLAN_DEVICES", frozenset({"cpu"}))
     monkeypatch.setattr(api, "_PLANS", plan_cache.PlanCache("test.attention"))
+    monkeypatch.setattr(api, "_BACKWARD_PLANS", plan_cache.PlanCache("test.attention.backward"))
     return rung
 
 
@@ -375,3 +376,31 @@ def test_the_window_reaches_the_backward(recording):
     (fwd,), (bwd,) = recording.problems, recording.backward_problems
     assert fwd == bwd and (bwd.causal, bwd.window_left, bwd.window_right) == ("top_left", 5, None)
     assert q.grad is not None and torch.equal(q.grad, torch.zeros_like(q))
+
+
+def test_a_warm_backward_skips_the_checks_and_replays_the_rung_choice(recording, monkeypatch):
+    """attention_backward keeps a plan per signature (runtime.plan_cache): a second call with
+    the same tensors' signatures and options runs the recorded rung's backward on the recorded
+    problem, without check_inputs or the rung choice; another option or shape is checked."""
+    from cute_kernels.attention import api
+
+    q, k, v = qkv()
+    out, lse = attention_forward(q, k, v, causal="top_left", kernel="recording")
+    dout = torch.randn_like(out)
+    api.attention_backward(dout, q, k, v, out, lse, causal="top_left", kernel="recording")
+    checked = []
+    original = api.check_inputs
+    monkeypatch.setattr(api, "check_inputs", lambda *a, **kw: checked.append(1) or original(*a, **kw))
+    grads = api.attention_backward(dout, q, k, v, out, lse, causal="top_left", kernel="recording")
+    assert checked == [] and len(recording.backward_problems) == 2
+    assert recording.backward_problems[0] == recording.backward_problems[1]
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    api.attention_backward(dout, q, k, v, out, lse, causal=None, kernel="recording")  # another option
+    api.attention_backward(dout, q, k, v, out, lse, causal="top_left", kernel="recording", deterministic=True)
+    assert len(checked) == 2 and len(api._BACKWARD_PLANS) == 3
+    with pytest.raises(ValueError, match="dout"):  # the checks still run for a new signature
+        api.attention_backward(dout[..., :4, :], q, k, v, out, lse, causal="top_left", kernel="recording")
+    # unbatched tensors have their own plan, with 3-D gradients
+    for _ in range(2):
+        grads = api.attention_backward(dout[0], q[0], k[0], v[0], out[0], lse[0], kernel="recording")
+    assert [g.shape for g in grads] == [q[0].shape, k[0].shape, v[0].shape]

@@ -21,6 +21,7 @@ import cute_kernels.runtime as runtime  # noqa: E402
 from cute_kernels.attention import sm90_bwd_prep as prep  # noqa: E402
 from cute_kernels.attention import sm90_flash_bwd as bwd  # noqa: E402
 from cute_kernels.attention.api import AttentionProblem  # noqa: E402
+from cute_kernels.runtime.plan_cache import WarmCache  # noqa: E402
 
 
 def _problem(b=2, hq=4, hkv=4, sq=100, sk=130, d=64, dtype=torch.bfloat16, causal="bottom_right", **window):
@@ -69,8 +70,8 @@ def host(monkeypatch):
     for module in (bwd, prep):
         for cache in ("_KERNELS", "_COMPILED"):
             monkeypatch.setattr(module, cache, {})
-    monkeypatch.setattr(bwd, "_LAUNCHES", {})
-    monkeypatch.setattr(bwd, "_SUPPORTED", {})
+    monkeypatch.setattr(bwd, "_LAUNCHES", WarmCache("test.launches", bwd._MAX_LAUNCHES))
+    monkeypatch.setattr(bwd, "_SUPPORTED", WarmCache("test.supported", bwd._MAX_LAUNCHES))
 
     def bwd_build(config):
         h.compiles.append(("bwd", "tvm_ffi", config))
@@ -231,7 +232,7 @@ def test_bad_config_is_refused_on_every_call_and_the_problem_cache_is_bounded(ho
         with pytest.raises(ValueError, match="must be finite"):
             _launch(host, replace(p, scale=math.nan))
     assert host.launches == []
-    monkeypatch.setattr(bwd, "_MAX_LAUNCHES", 3)
+    monkeypatch.setattr(bwd, "_LAUNCHES", WarmCache("test.launches", 3))  # a bound of 3
     for s in range(64, 69):
         _launch(host, replace(p, seqlen_q=s))
     assert 1 <= len(bwd._LAUNCHES) <= 3
@@ -279,7 +280,7 @@ def test_tvm_ffi_builds_compile_and_take_what_the_host_passes(monkeypatch, name)
     p, _ = PROBLEMS[name]
     for module in (bwd, prep):
         monkeypatch.setattr(module, "_COMPILED", {})
-    monkeypatch.setattr(bwd, "_LAUNCHES", {})
+    monkeypatch.setattr(bwd, "_LAUNCHES", WarmCache("test.launches", bwd._MAX_LAUNCHES))
     monkeypatch.setattr(bwd, "tvm_ffi_available", lambda: True)
     launches = []
     real_bwd, real_prep = bwd._compile_tvm_ffi, prep._compile_tvm_ffi

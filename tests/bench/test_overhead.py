@@ -62,3 +62,33 @@ def test_overhead_cases_are_tiny():
     impls = overhead_impls()
     assert set(impls[GEMM_CASE]) == {"cute_kernels", "cublas", "quack"}
     assert set(impls[ATTENTION_CASE]) == {"cute_kernels", "sdpa", "fa4"}
+
+
+def test_layer_cases_check_stock_against_their_references_and_use_their_call_counts():
+    """The layer cases (small instances, fp32 on CPU): torch's own layers pass the references
+    (forward output, dx, dq), and each case's timer runs its own number of calls."""
+    from cute_kernels.bench.overhead_layers import LinearCase, SdpaCase, layer_impls
+
+    by_family = {c.family: i["stock"] for c, i in layer_impls().items()}
+    cases = [LinearCase("t", (2, 5), 8, 6, True, "fwd", "fp32"), LinearCase("t", (7,), 8, 6, False, "fwd_bwd", "fp32"),
+             SdpaCase(1, 2, 9, 8, "fwd", "fp32"), SdpaCase(1, 2, 9, 8, "fwd_bwd", "fp32")]
+    impls = {case: {"stock": by_family[case.family]} for case in cases}
+    asked = []
+
+    def timer(fn, label="", calls=None):
+        asked.append(calls)
+        fn()
+        return 0.01
+
+    records, skipped = run_overhead(impls, timer=timer, rounds=1, device="cpu", log=lambda s: None)
+    assert not skipped and len(records) == 4 and all(r.ok and r.rel_err < 1e-5 for r in records), records
+    assert asked == [200, 50, 200, 50]  # fwd cases 200 calls a round, fwd_bwd 50
+
+
+@pytest.mark.filterwarnings("ignore::cute_kernels.ops.fallback.FallbackWarning")
+def test_compile_checks_find_one_graph_for_the_patched_block():
+    from cute_kernels.bench.overhead_layers import compile_checks
+
+    records = compile_checks("cpu", dtype="fp32", fallback="torch", seqlens=(8, 12))
+    assert [r.impl for r in records] == ["stock", "cute_kernels"]
+    assert all(r.ok and r.extra["frames"] == 1 for r in records), [(r.impl, r.error) for r in records]

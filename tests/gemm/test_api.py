@@ -258,7 +258,7 @@ def test_clear_cache_forgets_static_checks(cached_ladder):
 
 
 def test_registry_remembers_found_modules(monkeypatch):
-    from cute_kernels.gemm import registry as registry_module
+    from cute_kernels.runtime import kernel_registry as registry_module
 
     reg = KernelRegistry((("here", "cute_kernels.gemm.dispatch:choose"), ("gone", "cute_kernels.gemm.nope:RUNG")))
     assert list(reg) == ["here"]

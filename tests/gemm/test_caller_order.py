@@ -174,6 +174,60 @@ def test_caller_order_builds_compile(monkeypatch, case):
         assert mine.data_ptr() == theirs.data_ptr()
 
 
+def test_caller_modes_flatten_batch_and_tokens_into_m():
+    """nn.Linear's (batch, tokens, features) input and output serve a 2-D problem: the kernel's
+    M mode is their first two modes flattened (outer stride = inner extent * inner stride)."""
+    x = torch.empty(2, 128, 384)  # A = (256, 384, 1) from x.view(256, 384)
+    assert _caller_modes((256, 384, 1), (384, 1, 98304), x) == ((0, 1), 2, None)
+    out = torch.empty(4, 1, 512)  # a decode step's (B, 1, N): the extent-1 mode flattens too
+    assert _caller_modes((512, 4, 1), (1, 512, 2048), out) == (2, (0, 1), None)  # swap-AB's C = outᵀ
+    assert _caller_modes((256, 384, 1), (384, 1, 0), torch.empty(128, 2, 384)) == ((0, 1), 2, None)
+    # modes flatten in memory order, whatever their order in the tensor
+    assert _caller_modes((256, 384, 1), (384, 1, 0), torch.empty(2, 128, 384).transpose(0, 1)) == ((1, 0), 2, None)
+    assert _caller_modes((256, 384, 1), (384, 1, 0), torch.empty(2, 128, 768)[..., :384]) is None  # rows 768 apart
+    assert _caller_modes((256, 384, 2), (384, 1, 98304), x) is None  # a real batch is not flattened
+
+
+LINEAR_COMPILE_CASES = {
+    # x shape, swap (M <= 128: swap-AB), epilogue
+    "3-D x, bias + gelu": ((2, 128, 384), False, ("n", "gelu_tanh")),
+    "decode (B, 1, K) x, swap-AB, bias": ((8, 1, 384), True, ("n", None)),
+}
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", sorted(LINEAR_COMPILE_CASES))
+def test_caller_order_linear_builds_compile(monkeypatch, case):
+    """The builds nn.Linear's warm call uses: 3-D input and output flattened into M, the bias
+    handed over as the caller's tensor (`CallerOrderBiasLaunch`)."""
+    import tvm_ffi
+
+    from cute_kernels.gemm.sm90_config import Sm90GemmConfig
+    from cute_kernels.gemm.sm90_persistent import rung
+    from cute_kernels.hopper.epilogue import EpilogueSpec
+
+    shape, swap, (bias_dim, activation) = LINEAR_COMPILE_CASES[case]
+    monkeypatch.setattr(sm90_rung, "max_active_clusters", lambda n: 132 // n)
+    monkeypatch.setattr(sm90_rung, "_compiled", {})
+    x = torch.empty(*shape).to(torch.bfloat16)
+    w = torch.empty(512, 384).to(torch.bfloat16)
+    out = torch.empty(*shape[:-1], 512).to(torch.bfloat16)
+    bias = torch.empty(512).to(torch.bfloat16)
+    views = _kernel_operands(x.view(-1, 384), w.T, out.view(-1, 512), swap)
+    spec = EpilogueSpec(bias="m" if swap else bias_dim, activation=activation)
+    config = Sm90GemmConfig(**({"swap_ab": True} if swap else {})).validate()
+    plan = SimpleNamespace(kernel_operands=(config, spec, swap,
+                                            tuple((tuple(v.shape), v.stride(), v.data_ptr()) for v in views)))
+    fn = rung.caller_order_launch(plan, x, w, out, bias=bias)
+    assert isinstance(fn, tvm_ffi.Function)
+    (key,) = sm90_rung._compiled
+    assert key[1] == "caller_order" and key[-1] == ("bias", "torch.bfloat16")
+    entry = sm90_rung.CallerOrderBiasLaunch(None, key[6], True)
+    for mine, theirs in zip(entry.views(x, w, out), views):
+        assert mine.shape == theirs.shape and mine.stride()[:2] == theirs.stride()[:2]
+        assert mine.data_ptr() == theirs.data_ptr()
+
+
 # ---- on the GPU ------------------------------------------------------------------------------
 
 def _hopper():

@@ -524,3 +524,29 @@ def test_gpu_warm_attention_call_costs_no_more_host_time_than_sdpa():
     print(f"\nwarm attention host time: {ours[0]:.1f} us (torch SDPA {theirs[0]:.1f} us)")
     assert ours[1], "a warm attention call waited for the GPU"
     assert ours[0] <= theirs[0], f"warm attention call: {ours[0]:.1f} us of host time, torch SDPA {theirs[0]:.1f} us"
+
+
+def test_warm_caches_memo_bounds_and_kinds():
+    from cute_kernels.runtime.plan_cache import WarmCache, memo, warm_caches
+
+    builds = []
+
+    def build(x):
+        builds.append(x)
+        return x * 2
+
+    cache = WarmCache("test.memo", 2)
+    assert memo(cache, "a", build, 1) == 2 and memo(cache, "a", build, 5) == 2 and builds == [1]
+    assert memo(cache, "b", build, 0) == 0 and memo(cache, "b", build, 9) == 0  # a falsy value is a value
+    memo(cache, "c", build, 3)  # full: starts afresh
+    assert dict(cache) == {"c": 6}
+    plain = {}
+    assert memo(plain, "k", build, 4) == 8 and plain == {"k": 8}  # tests stand plain dicts in
+    plans = PlanCache("test.plans")
+    plans.put("sig", "plan")
+    plan_cache.invalidate()  # plans go, builds stay
+    assert len(plans) == 0 and dict(cache) == {"c": 6}
+    names = [c.name for c in warm_caches()]
+    assert "test.memo" in names and names == sorted(names)
+    with pytest.raises(ValueError, match="kind"):
+        WarmCache("bad", kind="other")

@@ -1,0 +1,298 @@
+"""Host overhead of the layers a model calls: `cute_kernels.nn.Linear` beside `torch.nn.Linear`, and
+`cute_kernels.nn.functional.scaled_dot_product_attention` beside F.scaled_dot_product_attention,
+per warm call, forward alone and forward + backward (`bench.overhead` times them).
+
+Cases (bf16), named `linear_<label>_<M>x<N>x<K>[_bias]/<mode>` and `sdpa_B.._H.._S.._D../<mode>`:
+- Linear: `square` 256³ with bias; `decode` (8 x 4096) . 4096 (a decode step's projection); `vit`
+  (64 x 197 = 12608 x 768) . 3072 with bias (ViT-B/16's MLP, batch 64); `llama` (4 x 2048 = 8192 x
+  2048) . 2048 (a 1B-class Llama projection, batch 4 x 2048 tokens). The input keeps its 3-D
+  (batch, tokens, features) shape where the model has one.
+- SDPA: B1 H8 S256 D64 and ViT-B/16's B64 H12 S197 D64.
+Modes: `fwd` is one call under torch.no_grad() (what inference pays, weights requiring grad as a
+model's do); `fwd_bwd` is the call with autograd, then torch.autograd.grad of the output for a
+fixed gradient (dx and dW, db; dq, dk, dv), the result checked being dx (dq). Impls: `stock`
+(torch) and `cute_kernels`, the same module objects (`Linear.from_linear` shares the weights).
+
+`compile_checks()`: a block (Linear, SDPA, Linear) under torch.compile(fullgraph=True), stock and
+patched, over two sequence lengths marked dynamic: records whether it compiled as one graph
+without a recompile (`graph_breaks`, `frames`), and its agreement with eager.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from cute_kernels.bench.cases import TOLERANCE, _fp32_highest, _generator, _randn, torch_dtype
+from cute_kernels.bench.impls import Impl, Prepared
+from cute_kernels.bench.records import Record
+
+MODES = ("fwd", "fwd_bwd")
+# Host-timed calls per round: backward cases enqueue several kernels per call, and a full launch
+# queue would block the host on the sleeping GPU (the round then counts as drained).
+CALLS = {"fwd": 200, "fwd_bwd": 50}
+
+
+@dataclass(frozen=True)
+class LinearCase:
+    """y = x Wᵀ (+ b): x (*lead, k), W (n, k)."""
+
+    label: str
+    lead: tuple
+    k: int
+    n: int
+    bias: bool
+    mode: str = "fwd"
+    dtype: str = "bf16"
+
+    family = "linear"
+
+    @property
+    def m(self) -> int:
+        return math.prod(self.lead)
+
+    @property
+    def name(self) -> str:
+        return f"linear_{self.label}_{self.m}x{self.n}x{self.k}{'_bias' if self.bias else ''}/{self.mode}"
+
+    @property
+    def result_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def tolerance(self) -> float:
+        return TOLERANCE[self.dtype]
+
+    @property
+    def calls(self) -> int:
+        return CALLS[self.mode]
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * (3 if self.mode == "fwd_bwd" else 1)
+
+    @property
+    def bytes(self) -> float:
+        return 2.0 * (self.m * self.k + self.n * self.k + self.m * self.n)
+
+    def make_inputs(self, device: str, seed: int = 0) -> dict[str, Any]:
+        import torch
+
+        gen = _generator(device, seed)
+        w = _randn((self.n, self.k), self.dtype, device, gen) / math.sqrt(self.k)
+        inputs = {"x": _randn((*self.lead, self.k), self.dtype, device, gen), "w": w,
+                  "b": _randn((self.n,), self.dtype, device, gen) if self.bias else None,
+                  "g": _randn((*self.lead, self.n), self.dtype, device, gen)}
+        layer = torch.nn.Linear(self.k, self.n, bias=self.bias, device=device, dtype=torch_dtype(self.dtype))
+        with torch.no_grad():
+            layer.weight.copy_(w)
+            if self.bias:
+                layer.bias.copy_(inputs["b"])
+        inputs["layer"] = layer
+        return inputs
+
+    def reference(self, inputs: dict[str, Any]):
+        import torch
+
+        with _fp32_highest():
+            if self.mode == "fwd_bwd":
+                return inputs["g"].float() @ inputs["w"].float()  # dx
+            y = inputs["x"].float() @ inputs["w"].float().T
+            return y if inputs["b"] is None else y + inputs["b"].float()
+
+
+@dataclass(frozen=True)
+class SdpaCase:
+    """Attention of q, k, v (b, h, s, d), no mask."""
+
+    b: int
+    h: int
+    s: int
+    d: int
+    mode: str = "fwd"
+    dtype: str = "bf16"
+
+    family = "sdpa"
+
+    @property
+    def name(self) -> str:
+        return f"sdpa_B{self.b}_H{self.h}_S{self.s}_D{self.d}/{self.mode}"
+
+    @property
+    def result_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def tolerance(self) -> float:
+        return TOLERANCE[self.dtype] * (2 if self.mode == "fwd_bwd" else 1)
+
+    @property
+    def calls(self) -> int:
+        return CALLS[self.mode]
+
+    @property
+    def flops(self) -> float:
+        return 4.0 * self.b * self.h * self.s * self.s * self.d * (3.5 if self.mode == "fwd_bwd" else 1)
+
+    @property
+    def bytes(self) -> float:
+        return 8.0 * self.b * self.h * self.s * self.d
+
+    def make_inputs(self, device: str, seed: int = 0) -> dict[str, Any]:
+        gen = _generator(device, seed)
+        shape = (self.b, self.h, self.s, self.d)
+        return {n: _randn(shape, self.dtype, device, gen) for n in ("q", "k", "v", "g")}
+
+    def reference(self, inputs: dict[str, Any]):
+        import torch
+
+        q, k, v = (inputs[n].float().requires_grad_(self.mode == "fwd_bwd") for n in ("q", "k", "v"))
+        with _fp32_highest(), torch.enable_grad():
+            scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.d)
+            out = torch.softmax(scores, dim=-1) @ v
+            if self.mode == "fwd_bwd":
+                return torch.autograd.grad(out, q, inputs["g"].float())[0]
+        return out.detach()
+
+
+LINEAR_CASES = tuple(LinearCase(label, lead, k, n, bias, mode) for label, lead, k, n, bias in (
+    ("square", (256,), 256, 256, True),
+    ("decode", (8,), 4096, 4096, False),
+    ("vit", (64, 197), 768, 3072, True),
+    ("llama", (4, 2048), 2048, 2048, False),
+) for mode in MODES)
+SDPA_CASES = tuple(SdpaCase(b, h, s, d, mode) for b, h, s, d in ((1, 8, 256, 64), (64, 12, 197, 64)) for mode in MODES)
+
+
+def _linear_prepare(ours: bool):
+    def prepare(case: LinearCase, inputs) -> Prepared:
+        import torch
+
+        layer = inputs["layer"]
+        if ours:
+            from cute_kernels.nn import Linear
+
+            layer = Linear.from_linear(layer)
+        x, g = inputs["x"], inputs["g"]
+        if case.mode == "fwd":
+            def fn():
+                with torch.no_grad():
+                    return layer(x)
+            return Prepared(fn)
+        xg = x.detach().requires_grad_()
+        wrt = (xg, *layer.parameters())
+
+        def fn():
+            return torch.autograd.grad(layer(xg), wrt, g)[0]
+        return Prepared(fn)
+    return prepare
+
+
+def _sdpa_prepare(ours: bool):
+    def prepare(case: SdpaCase, inputs) -> Prepared:
+        import torch
+
+        if ours:
+            from cute_kernels.nn.functional import scaled_dot_product_attention as sdpa
+        else:
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+        q, k, v, g = (inputs[n] for n in ("q", "k", "v", "g"))
+        if case.mode == "fwd":
+            def fn():
+                with torch.no_grad():
+                    return sdpa(q, k, v)
+            return Prepared(fn)
+        qkv = tuple(t.detach().requires_grad_() for t in (q, k, v))
+
+        def fn():
+            return torch.autograd.grad(sdpa(*qkv), qkv, g)[0]
+        return Prepared(fn)
+    return prepare
+
+
+def _ours_available() -> str | None:
+    try:
+        import cute_kernels.nn  # noqa: F401
+    except ImportError as err:
+        return f"cute_kernels.nn does not import: {err}"
+    return None
+
+
+def layer_impls() -> dict[Any, dict[str, Impl]]:
+    """case -> {impl: Impl} for the layer cases (`overhead.overhead_impls` adds them)."""
+    impls: dict[Any, dict[str, Impl]] = {}
+    for case in LINEAR_CASES:
+        impls[case] = {"stock": Impl("stock", "peer", _linear_prepare(False)),
+                       "cute_kernels": Impl("cute_kernels", "ours", _linear_prepare(True), _ours_available)}
+    for case in SDPA_CASES:
+        impls[case] = {"stock": Impl("stock", "peer", _sdpa_prepare(False)),
+                       "cute_kernels": Impl("cute_kernels", "ours", _sdpa_prepare(True), _ours_available)}
+    return impls
+
+
+# ---- torch.compile: one graph, no recompile ---------------------------------------------------
+
+def _block(device: str, dtype, dim: int = 256, heads: int = 4):
+    import torch
+    import torch.nn.functional as F
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.heads = heads
+            self.qkv = torch.nn.Linear(dim, 3 * dim, device=device, dtype=dtype)
+            self.proj = torch.nn.Linear(dim, dim, device=device, dtype=dtype)
+
+        def forward(self, x):
+            b, s, d = x.shape
+            q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.proj(y.transpose(1, 2).reshape(b, s, d))
+
+    return Block()
+
+
+def compile_checks(device: str = "cuda", *, backend: str = "aot_eager", seqlens=(128, 192),
+                   dtype: str = "bf16", fallback: str = "none") -> list[Record]:
+    """One record per impl (`stock`, `cute_kernels`: the block patched with cute_kernels.nn.patch):
+    case `compile/block`, ok when torch.compile(fullgraph=True) captured the forward and backward
+    as one graph that two sequence lengths (marked dynamic) ran without a recompile, and the
+    compiled output matched eager. extra: frames compiled, graph breaks, the error if any.
+    fallback: passed to `patch` (CPU tests run the harness with "torch")."""
+    import torch
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from cute_kernels.bench.cases import rel_err
+    from cute_kernels.nn import patch
+
+    records = []
+    for impl in ("stock", "cute_kernels"):
+        torch.manual_seed(0)
+        model = _block(device, torch_dtype(dtype))
+        if impl == "cute_kernels":
+            patch(model, fallback=fallback)
+        torch._dynamo.reset()
+        counter = CompileCounterWithBackend(backend)
+        compiled = torch.compile(model, backend=counter, fullgraph=True)
+        worst, error = 0.0, None
+        try:
+            for s in seqlens:
+                x = torch.randn(2, s, 256, device=device, dtype=torch_dtype(dtype), requires_grad=True)
+                torch._dynamo.mark_dynamic(x, 1)
+                got = compiled(x)
+                got.float().sum().backward()
+                want = model(x)
+                worst = max(worst, rel_err(got, want))
+        except Exception as exc:  # noqa: BLE001 - a graph break under fullgraph=True raises: that is the finding
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        frames = counter.frame_count
+        ok = error is None and frames == 1 and worst <= TOLERANCE[dtype]
+        if error is None and frames != 1:
+            error = f"compiled {frames} frames for {len(seqlens)} sequence lengths (a recompile)"
+        records.append(Record(case="compile/block", impl=impl, dtype=dtype, tflops=None, ms=None,
+                              rel_err=worst if error is None else None, ok=ok,
+                              kind="ours" if impl == "cute_kernels" else "peer", error=error,
+                              extra={"frames": frames, "graph_breaks": 0 if error is None else None,
+                                     "backend": backend}))
+    return records

@@ -1,0 +1,116 @@
+"""The eager direct path of `cute_kernels::sdpa` (`runtime.eager`): what
+`cute_kernels.nn.functional.scaled_dot_product_attention` calls.
+
+    sdpa(q, k, v, causal, scale, enable_gqa, window_left, window_right, rung, fallback) -> (out, lse)
+
+computes `cute_kernels::sdpa` with the same arguments. A warm eager call replays `SdpaPlan`:
+- forward: `attention_forward`'s stored plan for the key (`attention.api.plan_for`: the rung's
+  launch with its scalars bound, out and lse allocated) on the caller's q, k, v (detached);
+- backward (inside `runtime.eager.EagerFunction`): what the op's autograd formula does
+  (`_sdpa_setup` saves the same tensors and options), with `cute_kernels::sdpa_backward`'s
+  body in place of the op; a warm backward (the same output-gradient layout, the same
+  determinism setting) calls the plan that body's entry kept (`attention.api.
+  backward_plan_for`: the chosen rung's backward on the recorded problem) directly.
+A key with arguments this module does not know (a schema grown by options it cannot hand down)
+keeps the op.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels.runtime.eager import EagerOp, Plan, op_body, register_autocast
+
+from . import attention as attention_ops
+
+__all__ = ["sdpa", "SdpaPlan"]
+
+register_autocast(attention_ops.sdpa)
+
+# The schema `_build_sdpa` knows: (q, k, v, causal, scale, enable_gqa, window_left,
+# window_right, rung, fallback).
+_ARGS = 10
+
+
+class SdpaPlan(Plan):
+    """The warm call of one `sdpa` key: `launch(q, k, v) -> (out, lse)`, the attention
+    layer's plan; `detach`: whether q, k or v requires grad (the key fixes it)."""
+
+    __slots__ = ("launch", "detach", "grads")
+
+    def __init__(self, launch, detach: bool):
+        self.launch, self.detach = launch, detach
+        self.grads: dict = {}  # (output-gradient layout, deterministic) -> backward plan or None
+
+    def run(self, q, k, v, *options):
+        if self.detach:
+            q, k, v = q.detach(), k.detach(), v.detach()
+        return self.launch(q, k, v)
+
+    def forward(self, ctx, *args):
+        out, lse = self.run(*args)
+        ctx.set_materialize_grads(False)  # lse has no gradient: no zeros made for it
+        attention_ops._sdpa_setup(ctx, args, (out, lse))
+        return out, lse
+
+    def backward(self, ctx, grad_out, grad_lse):
+        if grad_out is None:
+            return (None,) * _ARGS
+        key = (grad_out.shape, grad_out.stride(), grad_out.dtype, grad_out.data_ptr() & 15, _deterministic())
+        replay = self.grads.get(key, _UNSEEN)
+        q, k, v, out, lse = ctx.saved_tensors
+        if replay is _UNSEEN:
+            dq, dk, dv = _SDPA_BACKWARD(grad_out, q, k, v, out, lse, **ctx.options)
+            self.grads[key] = _backward_plan(ctx, grad_out)
+        elif replay is None:
+            dq, dk, dv = _SDPA_BACKWARD(grad_out, q, k, v, out, lse, **ctx.options)
+        else:
+            dq, dk, dv = replay(grad_out.detach(), q.detach(), k.detach(), v.detach(), out.detach(), lse)
+            dq, dk, dv = dq.contiguous(), dk.contiguous(), dv.contiguous()  # as the op's body returns them
+        return (dq, dk, dv) + (None,) * (_ARGS - 3)
+
+    def backward_op(self, ctx, grad_out, grad_lse):
+        if grad_out is None:
+            grad_out = torch.zeros_like(ctx.saved_tensors[3])
+        return attention_ops._sdpa_grad(ctx, grad_out, grad_lse)
+
+
+_UNSEEN = object()
+_deterministic = torch.are_deterministic_algorithms_enabled
+
+
+def _backward_plan(ctx, grad_out):
+    """The plan `attention_backward` kept for the call `sdpa_backward`'s body just made with the
+    saved tensors and options (the body's window and detaching, repeated here), or None."""
+    from cute_kernels.attention import api
+
+    o = ctx.options
+    if o["fallback"] == "torch" and not all(t.is_cuda for t in ctx.saved_tensors):
+        return None
+    window = None if (o["window_left"], o["window_right"]) == (-1, -1) else (o["window_left"], o["window_right"])
+    q, k, v, out, lse = (t.detach() for t in ctx.saved_tensors)
+    return api.backward_plan_for(grad_out.detach(), q, k, v, out, lse, causal=o["causal"], scale=o["scale"],
+                                 enable_gqa=o["enable_gqa"], window_size=window, kernel=o["rung"])
+
+
+def _build_sdpa(result, *args):
+    """The plan of an `sdpa` call the op just completed, or None: the forward kept no plan (no
+    TVM-FFI, the torch fallback, an empty problem), the inputs are on another device than the
+    current one, or the call has arguments beyond the ones this module knows."""
+    if len(args) != _ARGS:
+        return None
+    q, k, v, causal, scale, enable_gqa, window_left, window_right, rung, fallback = args
+    if q.is_cuda and q.device.index != torch.cuda.current_device():
+        return None  # the op's body switches devices (device_guard); the plan does not
+    from cute_kernels.attention import api
+
+    window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+    launch = api.plan_for(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale, enable_gqa=enable_gqa,
+                          kernel=rung, window_size=window)
+    if launch is None:
+        return None
+    return SdpaPlan(launch, q.requires_grad or k.requires_grad or v.requires_grad)
+
+
+_SDPA_BACKWARD = op_body(attention_ops.sdpa_backward)
+sdpa = EagerOp("sdpa", attention_ops.sdpa, _build_sdpa)

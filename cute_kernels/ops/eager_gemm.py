@@ -1,0 +1,171 @@
+"""The eager direct path of `cute_kernels::linear` (`runtime.eager`): what `cute_kernels.nn.Linear`
+and `cute_kernels.nn.functional.linear` call.
+
+    linear(x, weight, bias, activation, rung, fallback)
+
+computes `cute_kernels::linear` with the same arguments. A warm eager call replays `LinearPlan`:
+- forward: the GEMM the op's body launched for the key (`gemm.linear_kernel_plan`), on the
+  caller's tensors (detached where they require grad): with a fused epilogue, the rung's build
+  that takes (x, weight, out, bias) as they are and forms the kernel's views in compiled host
+  code, writing a fresh (..., out_features) result (or, where the rung has no such build, its
+  plan, which forms them with `as_strided`); else `gemm.matmul`'s plan on the 2-D views the
+  body makes, then the body's in-place epilogue (`gemm.unfused_epilogue`);
+- backward (inside `runtime.eager.EagerFunction`): `gemm.linear_grads`, the op's own formula,
+  each GEMM through `cute_kernels::matmul`'s body (`runtime.eager.op_body`) instead of the op;
+  without an activation, a warm backward (the same gradient layout and needs) replays that:
+  `gemm.matmul`'s plans of dX = G W and dW = Gᵀ X on views of the caller's tensors, and
+  db = G.sum(0) (`_GradPlan`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels.runtime.eager import EagerOp, Plan, op_body, register_autocast
+
+from . import gemm as gemm_ops
+
+__all__ = ["linear", "LinearPlan"]
+
+register_autocast(gemm_ops.linear)
+register_autocast(gemm_ops.matmul)
+
+
+class LinearPlan(Plan):
+    """The warm call of one `linear` key (module docstring): `kind` and `launch` as
+    `gemm.linear_kernel_plan` returns them; the flags say which caller tensors require grad
+    (the key fixes them)."""
+
+    __slots__ = ("launch", "kind", "out_shape", "x2_shape", "dtype", "device", "rx", "rw", "rb", "grads")
+
+    def __init__(self, launch, kind: str, x, weight, bias):
+        self.launch, self.kind = launch, kind
+        self.grads: dict = {}  # (gradient layout, needs_input_grad) -> _GradPlan or None
+        self.out_shape = (*x.shape[:-1], weight.shape[0])
+        self.x2_shape = (x.numel() // x.shape[-1], x.shape[-1])
+        self.dtype, self.device = x.dtype, x.device
+        self.rx, self.rw = x.requires_grad, weight.requires_grad
+        self.rb = bias is not None and bias.requires_grad
+
+    def run(self, x, weight, bias, activation, rung, fallback):
+        if self.rx:
+            x = x.detach()
+        if self.rw:
+            weight = weight.detach()
+        if self.rb:
+            bias = bias.detach()
+        kind = self.kind
+        if kind == "direct":
+            out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+            if bias is None:
+                self.launch(x, weight, out, 1.0, 0.0)
+            else:
+                self.launch(x, weight, out, bias, 1.0, 0.0)
+            return out
+        if kind == "fused":
+            out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+            self.launch(x, weight, out, 1.0, 0.0, None, bias, None, None)
+            return out
+        y = self.launch(x.view(self.x2_shape), weight.t(), 1.0, 0.0, None)
+        return gemm_ops.as_output(gemm_ops.unfused_epilogue(y, bias, activation), self.out_shape)
+
+    def forward(self, ctx, *args):
+        out = self.run(*args)
+        gemm_ops._linear_setup(ctx, args, out)  # what the op saves, the same way
+        return out
+
+    def backward(self, ctx, grad):
+        if ctx.activation is None:
+            key = (grad.shape, grad.stride(), grad.dtype, grad.data_ptr() & 15, ctx.needs_input_grad[:3])
+            replay = self.grads.get(key, _UNSEEN)
+            if replay is _UNSEEN:
+                grads = self.backward_checked(ctx, grad)
+                self.grads[key] = _grad_plan(ctx, grad)
+                return grads
+            if replay is not None:
+                return replay(ctx, grad)
+        return self.backward_checked(ctx, grad)
+
+    def backward_checked(self, ctx, grad):
+        rung, fallback = ctx.rung, ctx.fallback
+        return gemm_ops.linear_grads(ctx, grad, lambda a, b: _MATMUL(a, b, None, rung, fallback))
+
+    def backward_op(self, ctx, grad):
+        return gemm_ops._linear_backward(ctx, grad)
+
+
+_UNSEEN = object()
+
+
+class _GradPlan:
+    """A warm backward of a linear without activation, as `gemm.linear_grads` computes it: dX
+    and dW through the plans `gemm.matmul` kept for the same operands (on views of the caller's
+    tensors with the recorded layouts), db = G.sum(0)."""
+
+    __slots__ = ("dx", "dw", "g2_shape", "x2_shape", "x_shape")
+
+    def __init__(self, dx, dw, grad, x, weight):
+        self.dx, self.dw = dx, dw
+        n, k = weight.shape
+        self.g2_shape, self.x2_shape, self.x_shape = (grad.numel() // n, n), (x.numel() // k, k), x.shape
+
+    def __call__(self, ctx, grad):
+        x, weight, bias, _ = ctx.saved_tensors
+        g = grad.view(self.g2_shape)
+        dx = dw = db = None
+        if self.dx is not None:
+            dx = self.dx(g, weight.detach(), 1.0, 0.0, None).view(self.x_shape)
+        if self.dw is not None:
+            dw = self.dw(g.mT, x.detach().view(self.x2_shape), 1.0, 0.0, None)
+        if bias is not None and ctx.needs_input_grad[2]:
+            db = g.sum(0)
+        return dx, dw, db, None, None, None
+
+
+def _grad_plan(ctx, grad):
+    """The `_GradPlan` of the backward just computed by `gemm.linear_grads`, or None where a
+    GEMM it ran kept no plan or its 2-D gradient view was a copy."""
+    from cute_kernels.gemm import api
+
+    x, weight, bias, _ = ctx.saved_tensors
+    n, k = weight.shape
+    g2 = grad.reshape(-1, n)
+    if g2.data_ptr() != grad.data_ptr() or gemm_ops._gemm_ready(g2) is not g2:
+        return None
+    needs, rung = ctx.needs_input_grad, ctx.rung
+    dx = dw = None
+    if needs[0]:
+        dx = api.plan_for(g2.detach(), weight.detach(), kernel=rung)
+        if dx is None:
+            return None
+    if needs[1]:
+        x2 = x.detach().reshape(-1, k)
+        if x2.data_ptr() != x.data_ptr() or gemm_ops._gemm_ready(x2) is not x2:
+            return None
+        dw = api.plan_for(g2.detach().mT, x2, kernel=rung)
+        if dw is None:
+            return None
+    return _GradPlan(dx, dw, grad, x, weight)
+
+
+def _build_linear(result, x, weight, bias, activation, rung, fallback):
+    """The plan of a `linear` call the op just completed (returning `result`), or None: its
+    GEMM kept no plan (a padded or split launch, no TVM-FFI, the torch fallback), the input's
+    2-D view is a copy, the input is empty or on another device than the current one."""
+    if x.dim() < 1 or x.numel() == 0 or weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
+        return None
+    if x.is_cuda and x.device.index != torch.cuda.current_device():
+        return None  # the op's body switches devices (device_guard); the plan does not
+    x2 = x.detach().reshape(-1, x.shape[-1])
+    if x2.data_ptr() != x.data_ptr():
+        return None  # reshape copied: the GEMM read the copy, not the caller's storage
+    b = None if bias is None else bias.detach()
+    w = weight.detach()
+    kind, launch = gemm_ops.linear_kernel_plan(x2, w.t(), b, activation, rung, callers=(x.detach(), w, result))
+    if launch is None:
+        return None
+    return LinearPlan(launch, kind, x, weight, bias)
+
+
+_MATMUL = op_body(gemm_ops.matmul)
+linear = EagerOp("linear", gemm_ops.linear, _build_linear)

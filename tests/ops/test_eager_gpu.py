@@ -1,0 +1,161 @@
+"""The eager direct path on the GPU (sm_90): warm `cute_kernels.nn.Linear` and functional SDPA
+calls replay their plans (the op is entered once per key) and compute what the op computes,
+bit for bit, close to float64 references forward and backward, with NaN propagating, on the
+caller's stream, under autocast; a patched block compiles to one graph under Inductor."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+
+import cute_kernels.nn as cnn  # noqa: E402
+from cute_kernels.ops import eager_attention, eager_gemm  # noqa: E402
+from cute_kernels.runtime.eager import USE_OP  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+BF16 = torch.bfloat16
+
+
+def _hopper():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+
+
+def _rel(x, ref) -> float:
+    return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.fixture
+def op_calls(monkeypatch):
+    """How often each eager entry entered its op."""
+    calls = {"linear": 0, "sdpa": 0}
+    for name, entry in (("linear", eager_gemm.linear), ("sdpa", eager_attention.sdpa)):
+        op = entry.op
+
+        def counted(*args, _op=op, _name=name, **kwargs):
+            calls[_name] += 1
+            return _op(*args, **kwargs)
+
+        monkeypatch.setattr(entry, "op", counted)
+    return calls
+
+
+LINEAR_SHAPES = {"square": ((256,), 256, 256, True), "decode": ((8,), 4096, 4096, False),
+                 "vit": ((2, 197), 768, 3072, True), "llama": ((2, 512), 2048, 2048, False)}
+
+
+@pytest.mark.parametrize("activation", [None, "gelu_tanh"])
+@pytest.mark.parametrize("case", sorted(LINEAR_SHAPES))
+def test_gpu_warm_linear_matches_float64_and_the_op(op_calls, case, activation):
+    _hopper()
+    lead, k, n, bias = LINEAR_SHAPES[case]
+    torch.manual_seed(0)
+    layer = cnn.Linear(k, n, bias=bias, device="cuda", dtype=BF16, activation=activation)
+    x = torch.randn(*lead, k, device="cuda", dtype=BF16, requires_grad=True)
+    g = torch.randn(*lead, n, device="cuda", dtype=BF16)
+    params = [x, layer.weight] + ([layer.bias] if bias else [])
+    ref_params = [p.detach().double().requires_grad_() for p in params]
+    y = F.linear(*ref_params[:2], ref_params[2] if bias else None)
+    ref = F.gelu(y, approximate="tanh") if activation else y
+    ref_grads = torch.autograd.grad(ref, ref_params, g.double())
+    outs, grads = [], []
+    for _ in range(3):
+        out = layer(x)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out, params, g))
+    assert op_calls["linear"] == 1
+    assert [p for p in eager_gemm.linear.plans.values() if p is not USE_OP], "no plan was recorded"
+    for out in outs:
+        assert torch.equal(out, outs[0]) and _rel(out, ref) < 1e-2  # the plan computes the op's bits
+    for gs in grads:
+        for a, r in zip(gs, ref_grads):
+            assert _rel(a, r) < 2e-2
+    with torch.no_grad():
+        layer(x)
+        again = layer(x)
+    assert torch.equal(again, outs[0]) and op_calls["linear"] == 2
+
+
+def test_gpu_warm_linear_propagates_nan_and_takes_in_place_ops(op_calls):
+    _hopper()
+    layer = cnn.Linear(512, 256, device="cuda", dtype=BF16)
+    x = torch.randn(4, 64, 512, device="cuda", dtype=BF16)
+    x[1, 3, 7] = float("nan")
+    for _ in range(2):
+        out = layer(x)
+        assert torch.isnan(out[1, 3]).all() and torch.isfinite(out[0]).all() and torch.isfinite(out[1, 4:]).all()
+        out.relu_()  # not an autograd view: in-place is fine
+    assert op_calls["linear"] == 1
+
+
+def test_gpu_warm_linear_launches_on_the_current_stream(op_calls):
+    _hopper()
+    layer = cnn.Linear(384, 512, device="cuda", dtype=BF16).requires_grad_(False)
+    x = torch.randn(256, 384, device="cuda", dtype=BF16)
+    layer(x), layer(x)
+    side, x2, new = torch.cuda.Stream(), x.clone(), torch.randn_like(x)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+        x2.copy_(new)
+        out = layer(x2)  # a plan launching on another stream would read the old x2
+    side.synchronize()
+    assert _rel(out, F.linear(new.double(), layer.weight.double(), layer.bias.double())) < 1e-2
+    assert op_calls["linear"] == 1
+
+
+def test_gpu_autocast_linear_casts_as_f_linear(op_calls):
+    _hopper()
+    layer = cnn.Linear(1024, 512, device="cuda")  # fp32 parameters
+    x = torch.randn(128, 1024, device="cuda", requires_grad=True)
+    with torch.autocast("cuda", dtype=BF16):
+        want = F.linear(x, layer.weight, layer.bias)
+        outs = [layer(x) for _ in range(3)]
+    for out in outs:
+        assert out.dtype == want.dtype == BF16 and _rel(out, want) < 1e-2
+    outs[-1].float().sum().backward()
+    assert layer.weight.grad is not None and layer.weight.grad.dtype == torch.float32
+    assert op_calls["linear"] == 1
+
+
+SDPA_SHAPES = {"small": (1, 8, 8, 256, 64), "vit": (64, 12, 12, 197, 64), "gqa": (2, 16, 4, 512, 128)}
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("case", sorted(SDPA_SHAPES))
+def test_gpu_warm_sdpa_matches_float64_and_the_op(op_calls, case, is_causal):
+    _hopper()
+    b, hq, hkv, s, d = SDPA_SHAPES[case]
+    torch.manual_seed(1)
+    q = torch.randn(b, hq, s, d, device="cuda", dtype=BF16, requires_grad=True)
+    k, v = (torch.randn(b, hkv, s, d, device="cuda", dtype=BF16, requires_grad=True) for _ in range(2))
+    g = torch.randn(b, hq, s, d, device="cuda", dtype=BF16)
+    gqa = hq != hkv
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*ref_in, is_causal=is_causal, enable_gqa=gqa)
+    ref_grads = torch.autograd.grad(ref, ref_in, g.double())
+    outs = []
+    for _ in range(3):
+        out = cnn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=gqa)
+        outs.append(out)
+        for a, r in zip(torch.autograd.grad(out, (q, k, v), g), ref_grads):
+            assert _rel(a, r) < 2e-2
+    assert op_calls["sdpa"] == 1
+    for out in outs:
+        assert torch.equal(out, outs[0]) and _rel(out, ref) < 1e-2
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(cnn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
+                                                                           enable_gqa=gqa), outs[0])
+    assert op_calls["sdpa"] == 2
+
+
+def test_gpu_patched_block_compiles_to_one_graph_under_inductor():
+    _hopper()
+    from cute_kernels.bench.overhead_layers import compile_checks
+
+    records = compile_checks("cuda", backend="inductor")
+    assert all(r.ok for r in records), [(r.impl, r.error, r.extra) for r in records]
