@@ -21,8 +21,8 @@ allocator, so an unwritten element fails.
 
 The run writes `<dir>/<date>-attention_fuzz-<device>.json` (suite `attention_fuzz`, settings
 `cases` and `wrong`, one record per class) through `cute_kernels.bench.records`, dir from
-CUTE_KERNELS_FUZZ_OUT (default: the test's tmp dir); CUTE_KERNELS_FUZZ_CASES (default 1200) and
-CUTE_KERNELS_FUZZ_SEED (default 0) set the run. Compiles are cached under
+CUTE_KERNELS_RESULTS_DIR (default: the test's tmp dir; as the GEMM fuzz); CUTE_KERNELS_FUZZ_CASES
+(default 1200) and CUTE_KERNELS_FUZZ_SEED (default: a fresh seed, printed and recorded) set the run. Compiles are cached under
 CUTE_KERNELS_CACHE_DIR like every kernel: set it to a persistent folder to time only the run.
 """
 
@@ -216,7 +216,9 @@ def test_attention_fuzz(tmp_path):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
         pytest.skip("needs an sm_80+ GPU")
     n = int(os.environ.get("CUTE_KERNELS_FUZZ_CASES", "1200"))
-    seed = int(os.environ.get("CUTE_KERNELS_FUZZ_SEED", "0"))
+    # a fresh seed every run (printed, and kept in the record) unless one is asked for
+    seed = int(os.environ.get("CUTE_KERNELS_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
+    print(f"attention fuzz: seed {seed}")
     rng = random.Random(seed)
     torch.manual_seed(seed)
     names = list(CLASSES)
@@ -237,7 +239,8 @@ def test_attention_fuzz(tmp_path):
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     wrong = sum(s["wrong"] for s in per_class.values())
-    path = _write_result(os.environ.get("CUTE_KERNELS_FUZZ_OUT", str(tmp_path)), per_class, n, wrong,
+    # CUTE_KERNELS_RESULTS_DIR: where the GPU check collects result files (as the GEMM fuzz)
+    path = _write_result(os.environ.get("CUTE_KERNELS_RESULTS_DIR", str(tmp_path)), per_class, n, wrong,
                          {"seed": seed, "seconds": round(elapsed, 1),
                           "seconds_first_pass": round((first_done or time.perf_counter()) - start, 1)})
     print(f"attention fuzz: {n} problems, {wrong} wrong, {elapsed:.1f} s -> {path}")
