@@ -647,7 +647,7 @@ def build_varlen_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: b
     args = (*qkvo, lse, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(0), cutlass.Int32(0),
             cutlass.Int32(1), fake_stream(), cutlass.Float32(1.0), _fake_sinks(config), ints(), ints(),
             ints() if used else None, ints(), cutlass.Int32(1), cutlass.Int32(1))
-    return CompileJob(FlashAttentionSm90(config), args, ("attention.sm90_flash.varlen", config))
+    return CompileJob(FlashAttentionSm90(config), args, ("attention.sm90_flash.varlen", config, used))
 
 
 def _register() -> None:
@@ -794,7 +794,9 @@ def _varlen(rung, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, out, l
     tail = (cutlass.Float32(score_scale), wrap(_sinks_fp32(sinks, problem)), wrap(cu_seqlens_q), wrap(cu_seqlens_k),
             wrap(seqused_k), wrap(order), cutlass.Int32(max_seqlen_q), cutlass.Int32(bottom_right_flag(problem)))
     stream = current_stream()
-    compiled = compile_kernel(kernel, *args, stream, *tail, key=("attention.sm90_flash.varlen", config))
+    # seqused_k is traced in or out by its presence, so it is part of the key beside the config.
+    key = ("attention.sm90_flash.varlen", config, seqused_k is not None)
+    compiled = compile_kernel(kernel, *args, stream, *tail, key=key)
     compiled(*args, stream, *tail)
     return out, lse
 

@@ -264,6 +264,8 @@ def _passed(args) -> list:
     for a in args:
         if isinstance(a, torch.Tensor):
             out.append((a.dim(), str(a.dtype).removeprefix("torch.")))
+        elif a is None:  # an absent optional argument (the soft cap of a problem without one)
+            out.append((0, "None"))
         else:
             out.append((0, "float32" if isinstance(a, float) else "int32"))
     return out
