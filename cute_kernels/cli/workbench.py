@@ -102,7 +102,7 @@ def cmd_atom(args: argparse.Namespace) -> int:
     else:
         cells = obj.src_layout.cosize()
     if args.grid or cells <= GRID_CELL_LIMIT:
-        print(render.to_text(obj))
+        print(render.to_text(obj, max_cells=max(cells, GRID_CELL_LIMIT)))
     else:
         print(obj)
         print(f"\n(grids omitted: {cells} cells; pass --grid to print them)")

@@ -33,7 +33,8 @@ def test_layout_swizzled_with_dtype_and_svg(capsys, tmp_path):
     row1 = [int(x) for x in out.splitlines()[5].split("|")[1:-1]]
     assert row1[:9] == [72, 73, 74, 75, 76, 77, 78, 79, 64]
     ET.fromstring(svg.read_text())
-    assert "<svg" in html.read_text()
+    page = html.read_text()  # the interactive page (tests/layouts/test_html.py drives it in a browser)
+    assert '<script id="data" type="application/json">' in page and '"layout": "Sw<3,4,3> o 0 o (8,64):(64,1)"' in page
 
 
 def test_atom_shows_three_tv_layouts(capsys):
@@ -50,6 +51,12 @@ def test_atom_large_omits_grids_and_lists(capsys):
     rc, out, _ = run(capsys, "atom", "--list", "SM75")
     assert out.split() == ["SM75_U32x1_LDSM_N", "SM75_U32x2_LDSM_N", "SM75_U32x4_LDSM_N",
                            "SM75_U16x2_LDSM_T", "SM75_U16x4_LDSM_T", "SM75_U16x8_LDSM_T"]
+
+
+def test_atom_html_is_text_and_svg(capsys, tmp_path):
+    html = tmp_path / "atom.html"
+    rc, _, _ = run(capsys, "atom", "SM80_16x8x16_F32BF16BF16F32_TN", "--html", str(html))
+    assert rc == 0 and "<svg" in html.read_text()
 
 
 def test_atom_smem_atom_by_name(capsys):
