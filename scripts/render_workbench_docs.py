@@ -65,10 +65,6 @@ def cli(command: str, head: int | None = None) -> str:
     return f"```console\n$ {command}\n{out}\n```"
 
 
-def _shown(value) -> str:
-    return repr(value)
-
-
 def repl(*statements: str) -> str:
     """A doctest block: each statement run in NS; an expression's value shown as the prompt shows
     it (its repr), printed output as printed, an exception as doctest expects it."""
@@ -89,7 +85,7 @@ def repl(*statements: str) -> str:
                     value = eval(code, NS)
             out = buf.getvalue()
             if value is not None:
-                out += _shown(value) + "\n"
+                out += repr(value) + "\n"  # what the prompt shows
         except Exception as err:  # noqa: BLE001 - shown as the doctest of an exception
             last = traceback.format_exception_only(type(err), err)[-1].rstrip()
             out = "Traceback (most recent call last):\n...\n" + last + "\n"

@@ -446,6 +446,8 @@ def _cell_estimate(obj: Any) -> int:
         return m * n + m * k + n * k
     if getattr(obj, "kind", None) == "copy":
         return 2 * obj.src_layout.cosize()
+    if hasattr(obj, "picture"):  # builds its picture lazily (an F2 map: bits, not 2**bits cells)
+        return 0
     size = getattr(obj, "size", None)
     return size() if callable(size) else 0
 

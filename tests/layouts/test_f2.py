@@ -111,3 +111,8 @@ def test_swizzle_view_is_an_involution():
     S = f2_swizzle(Swizzle(3, 4, 3))
     assert S.compose(S).columns == tuple(1 << b for b in range(10))
     assert S.inverse().columns == S.columns
+
+
+def test_jupyter_draws_the_bit_matrix_of_a_large_tile():
+    F = f2(Layout((128, 128), (128, 1)))  # 14 input bits: a 14 x 14 picture, not 2**14 cells
+    assert F._repr_svg_() is not None and "n6" in F._repr_svg_()
