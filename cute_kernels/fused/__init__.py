@@ -8,7 +8,7 @@ Structure:
 - kernels, one module per family: `norms` (RMSNorm / LayerNorm, residual fused), `softmax`,
   `cross_entropy`, `rope`, `swiglu`; each registers its compile-only variants for SASS checks.
 - torch entry points (checked once per signature, then replayed from a plan): `norm_api`,
-  `softmax_api`, `cross_entropy_api`, `rope_api`, `swiglu_api`, and `linear_cross_entropy`.
+  `softmax_api`, `cross_entropy_api`, `rope_api`, `swiglu_api`, and `linear_ce` (the chunked linear + cross-entropy; a module name unlike its functions, which the package exports).
 - `reference`: the same functions in PyTorch (fp32 math), for `fallback="torch"` and tests.
 
 Autograd, `torch.library` registration and fallbacks live in `cute_kernels.ops.fused`; drop-in
@@ -32,8 +32,8 @@ _EXPORTS = {
     "rotary_tables": "rope_api",
     "swiglu_forward": "swiglu_api",
     "swiglu_backward": "swiglu_api",
-    "linear_cross_entropy": "linear_cross_entropy",
-    "linear_cross_entropy_backward": "linear_cross_entropy",
+    "linear_cross_entropy": "linear_ce",
+    "linear_cross_entropy_backward": "linear_ce",
     "RowTiling": "tiling",
     "row_tv_layout": "tiling",
 }

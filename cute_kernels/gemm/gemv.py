@@ -378,7 +378,7 @@ class GemvKernel:
                 x = x + load_peer_f32(local, c)
         row = r0 + r
         if s < S and row < R:
-            y = fuse(self.spec, x, (s, row, l), (S, R), alpha, beta, mCs, mBias)
+            y = fuse(self.spec, x, (s, row, l), (S, R), alpha, beta, mCs, mBias, None, None)  # no fp8 scales
             mC[s, row, l] = y.to(self.c_type)
 
 

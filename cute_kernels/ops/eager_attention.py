@@ -28,8 +28,10 @@ __all__ = ["sdpa", "SdpaPlan"]
 register_autocast(attention_ops.sdpa)
 
 # The schema `_build_sdpa` knows: (q, k, v, causal, scale, enable_gqa, window_left,
-# window_right, rung, fallback).
+# window_right, rung, fallback); the op's takes softcap and sinks after them (calls with those
+# keep the op: `nn.functional` passes them to it).
 _ARGS = 10
+_FEATURE_ARGS = 2
 
 
 class SdpaPlan(Plan):
@@ -50,7 +52,8 @@ class SdpaPlan(Plan):
     def forward(self, ctx, *args):
         out, lse = self.run(*args)
         ctx.set_materialize_grads(False)  # lse has no gradient: no zeros made for it
-        attention_ops._sdpa_setup(ctx, args, (out, lse))
+        # the op's schema ends with softcap and sinks, which the keys this path replays lack
+        attention_ops._sdpa_setup(ctx, (*args, *(None,) * _FEATURE_ARGS), (out, lse))
         return out, lse
 
     def backward(self, ctx, grad_out, grad_lse):
@@ -58,7 +61,7 @@ class SdpaPlan(Plan):
             return (None,) * _ARGS
         key = (grad_out.shape, grad_out.stride(), grad_out.dtype, grad_out.data_ptr() & 15, _deterministic())
         replay = self.grads.get(key, _UNSEEN)
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, _ = ctx.saved_tensors  # the last: sinks, None on this path
         if replay is _UNSEEN:
             dq, dk, dv = _SDPA_BACKWARD(grad_out, q, k, v, out, lse, **ctx.options)
             self.grads[key] = _backward_plan(ctx, grad_out)
@@ -72,7 +75,7 @@ class SdpaPlan(Plan):
     def backward_op(self, ctx, grad_out, grad_lse):
         if grad_out is None:
             grad_out = torch.zeros_like(ctx.saved_tensors[3])
-        return attention_ops._sdpa_grad(ctx, grad_out, grad_lse)
+        return attention_ops._sdpa_grad(ctx, grad_out, grad_lse)[:_ARGS]  # the features' gradients: None
 
 
 _UNSEEN = object()
@@ -85,10 +88,11 @@ def _backward_plan(ctx, grad_out):
     from cute_kernels.attention import api
 
     o = ctx.options
-    if o["fallback"] == "torch" and not all(t.is_cuda for t in ctx.saved_tensors):
+    saved = ctx.saved_tensors[:5]  # q, k, v, out, lse (then sinks: None on this path)
+    if o["fallback"] == "torch" and not all(t.is_cuda for t in saved):
         return None
     window = None if (o["window_left"], o["window_right"]) == (-1, -1) else (o["window_left"], o["window_right"])
-    q, k, v, out, lse = (t.detach() for t in ctx.saved_tensors)
+    q, k, v, out, lse = (t.detach() for t in saved)
     return api.backward_plan_for(grad_out.detach(), q, k, v, out, lse, causal=o["causal"], scale=o["scale"],
                                  enable_gqa=o["enable_gqa"], window_size=window, kernel=o["rung"])
 

@@ -146,7 +146,10 @@ def test_nn_patch_uses_the_attention_interface():
     report = ours.cute_kernels_patch
     assert report.attention == "transformers" and report.linears == 2 * 7 + 1
     assert ours.config._attn_implementation == hf.NAME
-    compare_training(stock, ours, batch, TOL)
+    # patch also swaps the RMSNorms, and Hugging Face's computes in float32 even in a float64
+    # model (it casts to float32 first) while ours keeps the input's precision: about 1e-7 apart
+    assert report.norms and report.norms > 0
+    compare_training(stock, ours, batch, 1e-6)
 
 
 def test_compile_keeps_one_graph_per_mask_and_matches():
