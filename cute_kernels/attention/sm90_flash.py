@@ -730,8 +730,10 @@ class Sm90FlashRung:
         _, offset, group = launch_scalars(problem)
         scale, score_scale = softcap_scalars(problem)
         offset_lo, _ = window_scalars(problem)
+        # the varlen arguments (cu_seqlens q/k, seqused_k, order, max_seqlen_q, bottom_right) are
+        # parameters of the build too, None in a dense one
         return lambda q, k, v, out, lse, sinks=None: fn(q, k, v, out, lse, scale, offset, offset_lo, group,
-                                                        score_scale, sinks)
+                                                        score_scale, sinks, *_DENSE_VARLEN_ARGS)
 
     def __call__(self, q, k, v, out, lse, problem, sinks=None):
         """Write out (B, Hq, Sq, D) and lse (B, Hq, Sq) fp32 on torch's current stream; sinks:
@@ -840,6 +842,9 @@ def _sinks_fp32(sinks, problem):
     if sinks is None:
         raise ValueError(f"the problem has sinks but none were passed ({problem.describe()})")
     return sinks.detach().to(torch.float32).contiguous()
+
+
+_DENSE_VARLEN_ARGS = (None,) * 6
 
 
 def _compile_tvm_ffi(config: FlashSm90Config):

@@ -151,6 +151,19 @@ def norm_backward(dy, s, weight, rstd, mean=None, *, kind: str = "rms", offset: 
     return plan(dy, s, weight, rstd, mean, dsum)
 
 
+def _composed_backward_plan(kind, offset, has_bias, weight_grad):
+    """Rows wider than the backward kernel holds in registers (the forward holds twice as wide:
+    a model whose forward ran must also train) are differentiated by the composed torch formula
+    in fp32, the same arithmetic as the kernel's."""
+    from . import reference
+
+    def plan(dy, s, weight, rstd, mean, dsum):
+        return reference.norm_backward(dy, s, weight, rstd, mean, kind=kind, offset=offset, dsum=dsum,
+                                       has_bias=has_bias, weight_grad=weight_grad)
+
+    return plan
+
+
 def _check_backward(op, dy, s, weight, rstd, mean, dsum, kind, has_bias):
     if kind not in KINDS:
         raise ValueError(f"{op}: kind must be one of {KINDS}, got {kind!r}")
@@ -196,11 +209,14 @@ def _backward_plan(dy, s, weight, rstd, mean, dsum, kind, offset, has_bias, weig
     try:
         tiling = norm_tiling(n, dt, wdt, bias=has_bias, residual=fuse_dsum, backward=True, vec=vec)
     except NotImplementedError:
-        if not fuse_dsum:
-            raise
-        # Too wide to add dsum in the kernel: the kernel without it, then one torch add.
-        fuse_dsum = False
-        tiling = norm_tiling(n, dt, wdt, bias=has_bias, residual=False, backward=True, vec=vec)
+        try:
+            # Too wide to add dsum in the kernel: the kernel without it, then one torch add.
+            if not fuse_dsum:
+                raise
+            fuse_dsum = False
+            tiling = norm_tiling(n, dt, wdt, bias=has_bias, residual=False, backward=True, vec=vec)
+        except NotImplementedError:
+            return _composed_backward_plan(kind, offset, has_bias, weight_grad)
     want_w = weight is not None and weight_grad
     want_b = has_bias and weight_grad
     config = NormConfig(kind, tiling, dt, weight_dtype=wdt,

@@ -111,16 +111,17 @@ class ReadBandwidth:
 
     @cute.jit
     def __call__(self, src: cute.Tensor, out: cute.Tensor, blocks: cutlass.Int32, passes: cutlass.Int32, stream):
-        tiles = cute.zipped_divide(src, (self.config.tile,))  # ((tile), (num_tiles))
-        self.kernel(tiles, out, passes).launch(grid=[blocks, 1, 1], block=[self.config.threads, 1, 1],
+        tiles = cute.zipped_divide(src, (self.config.tile,))  # ((tile), (ceil(size / tile)))
+        # whole tiles only: the divide counts a partial last tile, whose tail lies past the source
+        whole = cute.size(src) // self.config.tile
+        self.kernel(tiles, out, passes, whole).launch(grid=[blocks, 1, 1], block=[self.config.threads, 1, 1],
                                                smem=self.config.smem_pad, stream=stream)
 
     @cute.kernel
-    def kernel(self, tiles: cute.Tensor, out: cute.Tensor, passes: cutlass.Int32):
+    def kernel(self, tiles: cute.Tensor, out: cute.Tensor, passes: cutlass.Int32, num_tiles: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         tv = to_cute(self.tv_layout)
-        num_tiles = cute.size(tiles, mode=[1])
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128)
         regs = cute.make_fragment_like(cute.composition(tiles[(None, 0)], tv)[(tidx, None)])
         acc = cutlass.Float32(0.0)

@@ -60,8 +60,9 @@ def _run(config, q, k, v, causal):
     args = (*tensors, cutlass.Float32(1.0 / math.sqrt(d)), cutlass.Int32(offset), cutlass.Int32(0),
             cutlass.Int32(hq // k.shape[1]))
     stream = current_stream()
-    compiled = compile_kernel(FlashAttentionSm90(config), *args, stream, key=("attention.sm90_flash", config))
-    compiled(*args, stream)
+    tail = (cutlass.Float32(1.0), None)  # score scale (no soft cap) and sinks (none), as the rung passes
+    compiled = compile_kernel(FlashAttentionSm90(config), *args, stream, *tail, key=("attention.sm90_flash", config))
+    compiled(*args, stream, *tail)
     torch.cuda.synchronize()
     return out, lse
 

@@ -108,7 +108,9 @@ def test_window_under_other_configs(option, causal, left, right):
     tensors.append(from_torch(lse, assumed_align=4, leading_dim=2))
     args = (*tensors, cutlass.Float32(scale), cutlass.Int32(offset), cutlass.Int32(offset_lo), cutlass.Int32(group))
     stream = current_stream()
-    compile_kernel(FlashAttentionSm90(config), *args, stream, key=("attention.sm90_flash", config))(*args, stream)
+    tail = (cutlass.Float32(1.0), None)  # score scale (no soft cap) and sinks (none), as the rung passes
+    compile_kernel(FlashAttentionSm90(config), *args, stream, *tail, key=("attention.sm90_flash", config))(
+        *args, stream, *tail)
     torch.cuda.synchronize()
     ref_out, ref_lse = reference(q, k, v, causal, window=(left, right))
     check_forward(out, lse, ref_out, ref_lse, dtype)
