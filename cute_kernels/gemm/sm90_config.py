@@ -154,11 +154,16 @@ def _skinny_config(tile_n: int, tile_k: int) -> Sm90GemmConfig:
 def pick_config(m: int, n: int, k: int, in_bytes: int = 2, swap_ab: bool = True) -> Sm90GemmConfig:
     """The default config for an M x N x K problem (heuristic; an autotuner may override it).
 
-    Measured on H200 (docs/gemm_hopper.md): 128x256 tiles with a 2x1 cluster win once there is
-    more than one wave of them; on large outputs a raster along N in bands of 8 clusters keeps
-    the B panels of concurrently running CTAs in L2; with less than a wave of 128x256 tiles,
-    128x128 tiles fill the SMs. Skinny M (<= SKINNY_M) computes C^T (`pick_skinny_config`);
-    with `swap_ab=False` (a path that cannot swap) it uses 128x64 tiles (a full wave at N = 8192).
+    Measured on H200 (`scripts/gemm_config_sweep.py`, 26 model shapes, docs/gemm_hopper.md):
+    128x256 tiles win from about one wave of them (128 tiles: 1.05-1.14x cuBLAS against
+    128x128's 0.87-0.94x). A cluster only pays when its shape tiles the grid: with an even count
+    of N tiles a 1x2 cluster (A multicast along N) won 19 of 26 shapes, by up to 1.33x over 2x1
+    (ViT's M = 12608 is an odd 99 M tiles, so a 2x1 cluster idles a CTA); with an odd count of N
+    tiles a 2x1 cluster, rastered along N in bands of 8 on large outputs so the B panels of
+    running CTAs stay in L2. With both counts odd and a short K (ViT's 768 x 768 and 768 x 2304
+    layers) a cluster-less ping-pong 128x128 won (0.93-0.98x against 0.80-0.97x). Skinny M
+    (<= SKINNY_M) computes C^T (`pick_skinny_config`); with `swap_ab=False` (a path that cannot
+    swap) it uses 128x64 tiles (a full wave at N = 8192).
     """
     if m <= SKINNY_M and swap_ab:
         return pick_skinny_config(m, n, k, in_bytes)
@@ -168,9 +173,13 @@ def pick_config(m: int, n: int, k: int, in_bytes: int = 2, swap_ab: bool = True)
         # measured (H200, N = K = 8192): 128x64 tiles without split-K beat 128x128 + split-K 4
         # by 1.9x at M = 16 and 2.0x at M = 64 (same call path, same run)
         return Sm90GemmConfig(tile_m=128, tile_n=64, cluster_m=1, cluster_n=1)
-    tiles_256 = -(-m // 128) * -(-n // 256)
-    if tiles_256 < 132:
+    m_tiles, n_tiles = -(-m // 128), -(-n // 256)
+    if m_tiles * n_tiles < 118:  # under 0.9 of a wave of 128x256 tiles
         return Sm90GemmConfig(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1)
+    if n_tiles % 2 == 0:
+        return Sm90GemmConfig(tile_m=128, tile_n=256, cluster_m=1, cluster_n=2)
+    if m_tiles % 2 and k <= 1024:
+        return Sm90GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1, schedule="pingpong")
     if m * n >= 8192 * 8192:
         return Sm90GemmConfig(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, swizzle=8, raster="n")
     return Sm90GemmConfig(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1)
