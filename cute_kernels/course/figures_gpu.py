@@ -401,7 +401,8 @@ def _measure_reductions():
         if abs(float(out[0]) - float(ref)) > 1e-5 * scale:
             raise AssertionError(f"sum ({s}): {float(out[0])}, reference {float(ref)}")
         rows[s] = time_ms(call)
-    rows["torch.sum"] = time_ms(lambda: torch.sum(src, out=out[0]))
+    total = out[0]  # a 0-d view: torch.sum writes a full reduction there only with dim given
+    rows["torch.sum"] = time_ms(lambda: torch.sum(src, dim=0, out=total))
     return {"n": n, "blocks": blocks, "ms": rows}
 
 

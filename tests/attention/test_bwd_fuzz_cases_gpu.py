@@ -7,7 +7,8 @@ flagged numbers came from the measure: with one key (Sk = 1) the softmax is cons
 and dk are exactly zero and any rounding is an infinite relative error; a causal row with one
 visible key has the same property. So the error of a gradient is taken relative to the
 problem's gradient scale (its own norm, or dv's when its own vanishes), and ours must stay
-within the bar that bf16/fp16 rounding of the inputs and of O sets (the peers' own errors).
+within the bar that bf16/fp16 rounding of the inputs and of O sets: a fixed tolerance, or twice
+torch SDPA's own error on the same inputs where the draw makes the gradient nearly cancel.
 """
 
 from __future__ import annotations
@@ -53,13 +54,19 @@ def test_flagged_backward_cases_are_within_rounding(b, h, sq, sk, d, dtype, caus
     q, do = (torch.randn(b, h, sq, d, device="cuda", dtype=dt) for _ in range(2))
     k, v = (torch.randn(b, h, sk, d, device="cuda", dtype=dt) for _ in range(2))
     refs = _reference(q, k, v, do, causal)
-    qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
     mask = causal_lower_right(sq, sk) if causal == "bottom_right" else None
-    out = sdpa(qq, kk, vv, attn_mask=mask, is_causal=causal == "top_left")
-    out.backward(do)
+
+    def grads(attention):
+        qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        attention(qq, kk, vv, attn_mask=mask, is_causal=causal == "top_left").backward(do)
+        return qq.grad, kk.grad, vv.grad
+
     scale = refs[2].norm().item()  # dv never vanishes: the problem's gradient scale
-    for name, g, r in zip(("dq", "dk", "dv"), (qq.grad, kk.grad, vv.grad), refs):
+    ours, torch_sdpa = grads(sdpa), grads(torch.nn.functional.scaled_dot_product_attention)
+    for name, g, t, r in zip(("dq", "dk", "dv"), ours, torch_sdpa, refs):
         assert torch.isfinite(g).all(), f"{name} not finite"
         denom = max(r.norm().item(), 1e-3 * scale)
-        err = (g.double() - r).norm().item() / denom
-        assert err < TOL[dtype], f"{name}: error {err:.3g} of its scale {denom:.3g}"
+        err, peer = ((x.double() - r).norm().item() / denom for x in (g, t))
+        # a gradient that nearly cancels (a softmax close to one-hot) magnifies the rounding
+        # of O that every implementation shares: the bar is torch's own error on these inputs
+        assert err < max(TOL[dtype], 2 * peer), f"{name}: error {err:.3g} of its scale {denom:.3g} (torch: {peer:.3g})"
