@@ -4,8 +4,8 @@ A rung takes 3-D views a: (L, M, K), b: (L, K, N), out: (L, M, N), maps them to 
 (M, K, L) / (N, K, L) / (M, N, L) convention (a permutation, no copy), compiles the kernel once
 per (config, dtypes, majors), and launches it on torch's current stream.
 
-Operands TMA cannot address (a leading dimension or base pointer not 16-byte aligned, or no
-unit stride) go through a padded, aligned copy: slower, never wrong.
+Only the operands TMA cannot address (a leading dimension or base pointer not 16-byte aligned,
+or no unit stride) are copied, in their own major with aligned rows (`_aligned_copy`).
 
 Epilogue: kernels with `fuses_epilogue` (sm90_warp_specialized, sm90_persistent) compute
 act(alpha * A.B + beta * C + bias) in registers (`hopper.epilogue.EpilogueSpec`, one build per
@@ -120,29 +120,20 @@ def _unit_stride_mn(t: torch.Tensor) -> torch.Tensor:
     return t.permute(2, 0, 1).contiguous().permute(1, 2, 0)
 
 
-def _k_major_copy(t: torch.Tensor, kp: int) -> torch.Tensor:
-    """A K-major copy of kernel-order `t` (rows, K, L) in rows of `kp` >= K elements, the
-    tail past K zeroed (it is read: `kp` is the copy's extent along K), as a TMA view."""
+def _aligned_copy(t: torch.Tensor, k_major: bool) -> torch.Tensor:
+    """A copy of kernel-order `t` (rows, K, L) TMA can address, as a TMA view of the same
+    extents: K-major when `k_major` (fp8 wgmma reads no other) or `t` has no unit-stride mode,
+    else in `t`'s own major (so the copy reads and writes coalesced: no transpose), the other
+    mode's stride rounded up to 16 bytes. The padding past the extents is never read (TMA
+    fills out-of-bounds boxes with zeros), so it is left as allocated."""
     rows, k, L = t.shape
-    buf = torch.empty(L, rows, kp, dtype=t.dtype, device=t.device)
-    buf[:, :, :k] = t.permute(2, 0, 1)
-    if kp > k:
-        buf[:, :, k:].zero_()
-    return tma_operand(buf.permute(1, 2, 0))
-
-
-def _operands(a, b, A, B) -> tuple:
-    """Kernel-order (A, B) a TMA kernel can read: the given views where they are not None,
-    else K-major copies of (L, M, K) `a` / (L, K, N) `b`. When K-major rows of K elements
-    cannot be 16-byte aligned, both are copied with K zero-padded, so their extents agree."""
-    if A is not None and B is not None:
-        return A, B
-    K = a.shape[2]
-    Av, Bv = a.permute(1, 2, 0), b.permute(2, 1, 0)
-    kp = _round_up(K, 16 // a.element_size())
-    if kp != K:
-        return _k_major_copy(Av, kp), _k_major_copy(Bv, kp)
-    return (A if A is not None else _k_major_copy(Av, K)), (B if B is not None else _k_major_copy(Bv, K))
+    q = 16 // t.element_size()
+    if not k_major and t.stride(0) == 1 and rows > 1:
+        view = torch.empty(L, k, _round_up(rows, q), dtype=t.dtype, device=t.device)[:, :, :rows].permute(2, 1, 0)
+    else:
+        view = torch.empty(L, rows, _round_up(k, q), dtype=t.dtype, device=t.device)[:, :, :k].permute(1, 2, 0)
+    view.copy_(t)
+    return tma_operand(view)
 
 
 def _check_epilogue(name, out, beta, c, bias, bias_dim, activation) -> EpilogueSpec:
@@ -436,8 +427,8 @@ class Sm90Rung:
 
     def _staged(self, config, spec: EpilogueSpec, a, b, out, c, copy_a: bool, copy_b: bool):
         """`run(a, b, out, alpha, beta, c, bias, scale_a, scale_b)` for a call that is not one
-        launch on the caller's tensors: operands TMA cannot address are copied K-major
-        (`_operands`: K zero-padded when its rows cannot be 16-byte aligned); the result goes
+        launch on the caller's tensors: only the operands TMA cannot address are copied
+        (`_aligned_copy`: their own major with 16-byte aligned rows, K-major for fp8); the result goes
         to `out` directly when TMA can store it and the kernel can apply the epilogue, else
         to a temporary (fp32 when an epilogue follows in torch, N padded when its rows are
         not 16-byte aligned). The decisions are made here, once; `run` takes any tensors of
@@ -445,9 +436,7 @@ class Sm90Rung:
         may pass the 2-D tensors it was given)."""
         L, M, K = a.shape
         N = b.shape[2]
-        kp = _round_up(K, 16 // a.element_size())
-        pad_k = (copy_a or copy_b) and kp != K
-        copy_a, copy_b, ka = copy_a or pad_k, copy_b or pad_k, (kp if pad_k else K)
+        fp8 = a.element_size() == 1
         layouts = [(tuple(t.shape), t.stride()) if t is not None else None for t in (a, b, out, c)]
         fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
         C = tma_operand(out.permute(1, 2, 0))
@@ -464,8 +453,8 @@ class Sm90Rung:
             a3, b3, o3 = a.as_strided(sa, ta), b.as_strided(sb, tb), out.as_strided(so, to)
             c3 = c.as_strided(*layouts[3]) if spec.beta_c else None
             Av, Bv = a3.permute(1, 2, 0), b3.permute(2, 1, 0)
-            A = _k_major_copy(Av, ka) if copy_a else tma_operand(Av)
-            B = _k_major_copy(Bv, ka) if copy_b else tma_operand(Bv)
+            A = _aligned_copy(Av, fp8) if copy_a else tma_operand(Av)
+            B = _aligned_copy(Bv, fp8) if copy_b else tma_operand(Bv)
             scales = _check_scales("", o3, scale_a, scale_b)[:2] if spec.scale_ab else None
             if direct:
                 Cs = tma_operand(_unit_stride_mn(c3.permute(1, 2, 0))) if spec.beta_c else None

@@ -296,3 +296,22 @@ def test_fp8_scales_per_tensor_and_row_wise_on_every_route(emulated, monkeypatch
             out = scaled_mm(a, b, sa, sb, out_dtype=torch.float32)
             ref = (a.double() * sa.double()) @ (b.double() * sb.double())
             assert _rel(out, ref) < 1e-5, (m, n, k, b_major, rowwise)
+
+
+@pytest.mark.parametrize("rows, k, major, fp8", [(100, 4100, "k", False), (4100, 4100, "mn", False),
+                                                 (7, 33, "mn", False), (64, 4100, "mn", True), (1, 9, "mn", False),
+                                                 (5, 1, "k", False)])
+def test_aligned_copy_keeps_the_major_and_pads_only_strides(rows, k, major, fp8):
+    """An operand TMA cannot address is copied in its own major (a coalesced copy, no
+    transpose) with 16-byte aligned strides and the same extents; fp8 copies are K-major."""
+    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    src = torch.randn(2, rows, k).to(dtype)  # (L, rows, K): K-major
+    t = src.permute(1, 2, 0)
+    if major == "mn":
+        t = torch.randn(2, k, rows).to(dtype).permute(2, 1, 0)  # rows-major
+    got = sm90_rung._aligned_copy(t, fp8)
+    assert got is not None and tuple(got.shape) == tuple(t.shape)
+    assert torch.equal(got.float(), t.float())
+    # (a K of 1 leaves both modes unit-stride: the copy may keep either)
+    lead = 1 if (fp8 or rows == 1 or (major == "k" and k > 1)) else 0
+    _check_tma(got, lead, "copy")
