@@ -27,7 +27,10 @@ FAILED=0
 
 run_step() {  # NAME CAP COMMAND...
   local name=$1 cap=$2; shift 2
-  local log="$OUTDIR/logs/$(echo "$name" | tr -c 'A-Za-z0-9_.-' '_').log" t0=$SECONDS
+  # the log is named after the step, cut to a length any file system takes (a step naming
+  # many test files would otherwise exceed NAME_MAX), numbered so two cut names stay apart
+  STEP_NO=$((${STEP_NO:-0} + 1))
+  local log="$OUTDIR/logs/$(printf '%02d' "$STEP_NO")-$(echo "$name" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-80).log" t0=$SECONDS
   echo "=== $name (cap ${cap}s)"
   timeout --kill-after=10 "$cap" "$@" > "$log" 2>&1
   local rc=$?

@@ -161,7 +161,9 @@ class FlashAttentionSm90Bwd:
             sLSE: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm * c.stages], 128]
             sDrow: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm * c.stages], 128]
 
-        grid = (cute.ceil_div(mK.shape[0], bn), mQ.shape[2], mQ.shape[3])
+        # One CTA per (key block, query head, batch), or with `gqa_loop` per (key block, key/value
+        # head, batch), walking the query heads of its group one after the other.
+        grid = (cute.ceil_div(mK.shape[0], bn), mK.shape[2] if c.gqa_loop else mQ.shape[2], mQ.shape[3])
         # P^T's exponent scale and the soft cap's pre-tanh one (`problem_checks.softcap_scalars`).
         exp_scale, score_scale = softmax_scale, softmax_scale
         if cutlass.const_expr(c.softcap):
@@ -215,14 +217,20 @@ class FlashAttentionSm90Bwd:
         sDrow = storage.sDrow.get_tensor(smem_row_layout)
 
         n_block, head, batch = cute.arch.block_idx()
-        kv_head = head // qhead_per_kvhead
+        # `head` indexes the grid: a query head, or with `gqa_loop` a key/value head whose
+        # `qhead_per_kvhead` query heads this CTA walks (dK, dV summed in registers across them).
+        kv_head, q_head0, q_heads = head // qhead_per_kvhead, head, cutlass.Int32(1)
+        if cutlass.const_expr(c.gqa_loop):
+            kv_head, q_head0, q_heads = head, head * qhead_per_kvhead, qhead_per_kvhead
         seqlen_k = mK.shape[0]
         m_block_min, m_block_max = block_info.m_block_range(
             n_block, seqlen_q, causal_offset, block_m=bm, block_n=bn, causal=c.causal, maximum=cutlass.max,
             offset_lo=offset_lo, local=c.local, minimum=cutlass.min)
         m_count = cutlass.max(m_block_max - m_block_min, 0)
-        # This (batch, head)'s first row in the flat, padded lse2 / D / dQ accumulator.
-        rows_base = (batch * cute.arch.grid_dim()[1] + head) * ((seqlen_q + bm - 1) // bm * bm)
+        # (batch, q_head0)'s first row in the flat, padded lse2 / D / dQ accumulator; the next
+        # query head's rows follow after sq_pad.
+        sq_pad = (seqlen_q + bm - 1) // bm * bm
+        rows_base = (batch * mQ.shape[2] + q_head0) * sq_pad
         cute.arch.sync_threads()  # the mbarrier inits are visible to every warp
 
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
@@ -231,12 +239,11 @@ class FlashAttentionSm90Bwd:
             if warp_idx == 0:
                 gK = cute.local_tile(mK[None, None, kv_head, batch], (bn, d), (n_block, 0))
                 gV = cute.local_tile(mV[None, None, kv_head, batch], (bn, d), (n_block, 0))
-                gQ = cute.local_tile(mQ[None, None, head, batch], (bm, d), (None, 0))
-                gdO = cute.local_tile(mdO[None, None, head, batch], (bm, d), (None, 0))
                 gLSE = cute.local_tile(mLSE2, (bm,), (None,))
                 gDrow = cute.local_tile(mDrow, (bm,), (None,))
-                self.produce(tma_k, gK, sK, tma_v, gV, sV, tma_q, gQ, sQ, tma_do, gdO, sdO, tma_lse, gLSE, sLSE,
-                             tma_drow, gDrow, sDrow, pipe_kv, pipe_qdo, m_block_min, rows_base // bm, m_count)
+                self.produce(tma_k, gK, sK, tma_v, gV, sV, tma_q, mQ, sQ, tma_do, mdO, sdO, tma_lse, gLSE, sLSE,
+                             tma_drow, gDrow, sDrow, pipe_kv, pipe_qdo, m_block_min, rows_base // bm, m_count,
+                             (q_head0, q_heads, batch, sq_pad // bm))
         else:
             self.roles.become_consumer()
             gdQ2 = cute.local_tile(mdQ2, (bm, d // 2), (None, None))
@@ -244,22 +251,21 @@ class FlashAttentionSm90Bwd:
                          sdS, pipe_kv, pipe_qdo,
                          sLSE, sDrow, mdQacc, mdK[None, None, head, batch], mdV[None, None, head, batch], scale,
                          (scale_log2, score_scale), (causal_offset, offset_lo), n_block, seqlen_q, seqlen_k,
-                         m_block_min, m_count, rows_base, tidx - THREADS_PER_WARPGROUP)
+                         m_block_min, m_count, (rows_base, q_heads, sq_pad), tidx - THREADS_PER_WARPGROUP)
 
     @cute.jit
-    def produce(self, tma_k, gK, sK, tma_v, gV, sV, tma_q, gQ, sQ, tma_do, gdO, sdO, tma_lse, gLSE, sLSE,
+    def produce(self, tma_k, gK, sK, tma_v, gV, sV, tma_q, mQ, sQ, tma_do, mdO, sdO, tma_lse, gLSE, sLSE,
                 tma_drow, gDrow, sDrow, pipe_kv, pipe_qdo, m_block_min: cutlass.Int32, row_block_base: cutlass.Int32,
-                m_count: cutlass.Int32):
-        """Producer warp: K and V once (one barrier), then Q[m], dO[m], lse2[m], D[m] for m
-        ascending (lse2 and D are flat: block m is box row_block_base + m)."""
+                m_count: cutlass.Int32, heads):
+        """Producer warp: K and V once (one barrier), then for each query head of the CTA
+        (`heads`: first head, count, batch, Q blocks per head) Q[m], dO[m], lse2[m], D[m] for m
+        ascending (lse2 and D are flat: block m of the h-th head is box row_block_base + h *
+        blocks per head + m)."""
+        q_head0, q_heads, batch, head_blocks = heads
         tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                                            cute.group_modes(gV, 0, 2))
-        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                                           cute.group_modes(gQ, 0, 2))
-        tdOsdO, tdOgdO = cpasync.tma_partition(tma_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
-                                               cute.group_modes(gdO, 0, 2))
         tLsL, tLgL = cpasync.tma_partition(tma_lse, 0, cute.make_layout(1), cute.group_modes(sLSE, 0, 1),
                                            cute.group_modes(gLSE, 0, 1))
         tDsD, tDgD = cpasync.tma_partition(tma_drow, 0, cute.make_layout(1), cute.group_modes(sDrow, 0, 1),
@@ -269,15 +275,24 @@ class FlashAttentionSm90Bwd:
         cute.copy(tma_k, tKgK, tKsK[None, 0], tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
         cute.copy(tma_v, tVgV, tVsV[None, 0], tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
         state = hpipe.producer_state(self.config.stages)
-        for i in cutlass.range(m_count, unroll=1):
-            m = m_block_min + i
+        bm, d = self.config.block_m, self.config.head_dim
+        for t in cutlass.range(q_heads * m_count, unroll=1):
+            h = t // m_count
+            m = m_block_min + (t - h * m_count)
+            gQ = cute.local_tile(mQ[None, None, q_head0 + h, batch], (bm, d), (None, 0))
+            gdO = cute.local_tile(mdO[None, None, q_head0 + h, batch], (bm, d), (None, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                               cute.group_modes(gQ, 0, 2))
+            tdOsdO, tdOgdO = cpasync.tma_partition(tma_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
+                                                   cute.group_modes(gdO, 0, 2))
+            rb = row_block_base + h * head_blocks
             pipe_qdo.producer_acquire(state)
             cute.copy(tma_q, tQgQ[None, m], tQsQ[None, state.index], tma_bar_ptr=pipe_qdo.producer_get_barrier(state))
             cute.copy(tma_do, tdOgdO[None, m], tdOsdO[None, state.index],
                       tma_bar_ptr=pipe_qdo.producer_get_barrier(state))
-            cute.copy(tma_lse, tLgL[None, row_block_base + m], tLsL[None, state.index],
+            cute.copy(tma_lse, tLgL[None, rb + m], tLsL[None, state.index],
                       tma_bar_ptr=pipe_qdo.producer_get_barrier(state))
-            cute.copy(tma_drow, tDgD[None, row_block_base + m], tDsD[None, state.index],
+            cute.copy(tma_drow, tDgD[None, rb + m], tDsD[None, state.index],
                       tma_bar_ptr=pipe_qdo.producer_get_barrier(state))
             state.advance()
         pipe_qdo.producer_tail(state)
@@ -288,8 +303,11 @@ class FlashAttentionSm90Bwd:
                 sLSE, sDrow, gdQacc, gdK, gdV, scale: cutlass.Float32, scales,
                 offsets, n_block: cutlass.Int32, seqlen_q: cutlass.Int32,
                 seqlen_k: cutlass.Int32, m_block_min: cutlass.Int32, m_count: cutlass.Int32,
-                rows_base: cutlass.Int32, ctidx: cutlass.Int32):
-        """Consumer warpgroups (ctidx in [0, 256): keys 64 (ctidx // 128) .. + 63 of the block)."""
+                rows, ctidx: cutlass.Int32):
+        """Consumer warpgroups (ctidx in [0, 256): keys 64 (ctidx // 128) .. + 63 of the block).
+        rows: (the first query head's first row in the flat lse2 / D / dQ accumulator, the
+        query heads this CTA walks, the rows between two heads)."""
+        rows_base, q_heads, sq_pad = rows
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
         mma_sdp0.set(warpgroup.Field.ACCUMULATE, False)
@@ -351,16 +369,18 @@ class FlashAttentionSm90Bwd:
         pipe_kv.consumer_wait(hpipe.consumer_state(1))
         state = hpipe.consumer_state(c.stages)
         prev = state.clone()
-        for i in cutlass.range(m_count, unroll=1):
-            state, prev = self.step(m_block_min + i, i % 2, i > 0, state, prev, mma_sdp0, mma_sdp, mma_dkv, mma_dq0,
+        for t in cutlass.range(q_heads * m_count, unroll=1):
+            h = t // m_count
+            state, prev = self.step(m_block_min + (t - h * m_count), t % 2, t > 0, state, prev, mma_sdp0, mma_sdp,
+                              mma_dkv, mma_dq0,
                               mma_dq, tSrK,
                               tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, acc_s, acc_dp, acc_dv, acc_dk,
                               acc_dq, r_p, r_ds, t_p, t_ds, s_mn, dp_mn, coord_s, coord_dq, thr_r2s,
                               stmatrix, sdS, ds_ready, pipe_qdo, sLSE, sDrow, gdQacc, scale, scales,
-                              offsets, key_base, rows_base, seqlen_k, dq_red)
+                              offsets, key_base, rows_base + h * sq_pad, seqlen_k, dq_red)
         if cutlass.const_expr(c.defer_dkv_wait):
             wgmma.wait_group(0)  # the last dV, dK GEMMs
-            if m_count > 0:
+            if q_heads * m_count > 0:
                 pipe_qdo.consumer_release(prev)
         if cutlass.const_expr(c.dq_tma_reduce):
             if issuer_warp:

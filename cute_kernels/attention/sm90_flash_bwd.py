@@ -44,7 +44,14 @@ component measurement (below): the others have not been timed yet.
 
 Epilogue: dV and scale * dK converted and stored from registers (rows past Sk skipped). With
 GQA each CTA writes its query head's share into fp32 buffers (B, Hq, Sk, D) that the host sums
-over the group (deterministic for dK/dV); with Hq == Hkv it writes dk/dv directly.
+over the group (deterministic for dK/dV); with Hq == Hkv it writes dk/dv directly. With
+`gqa_loop` a CTA owns 128 keys of a key/value head and walks the Q blocks of each query head of
+its group in turn (one flat loop over (head, block), so the pipeline and the dS^T buffers run on
+across heads), summing dK and dV in its registers: no fp32 buffers (at B4 Hq32 Hkv8 S4096 D128,
+1 GiB of them) and no host sum, deterministic too, but `group` times fewer CTAs. It compiles
+without spills (168 registers, as the default) and has GPU tests
+(`test_gqa_loop_sums_the_group_in_the_kernel`) and a timing script
+(`scripts/attn_bwd_gqa_loop.py`); it stays opt-in (`config=`) until both have run on the H200.
 
 Pre-processing (D and lse in base 2, empty rows' lse = -inf mapped to +inf so that their P is
 0, both padded to whole Q blocks, and the zeroed fp32 dQ accumulator) is the small
@@ -132,7 +139,11 @@ class FlashSm90BwdConfig:
     `sm90_bwd_prep` kernel instead of torch ops (host side only: not part of the compiled
     kernel's key); producer_regs /
     consumer_regs: the setmaxnreg budgets; softcap: soft-capped scores (the cap a runtime
-    argument; `sm90_bwd_mainloop` recovers the tanh from P^T for dS^T's factor).
+    argument; `sm90_bwd_mainloop` recovers the tanh from P^T for dS^T's factor); gqa_loop: with
+    GQA, one CTA per (key block, key/value head) walks the query heads of its group and sums
+    their dK, dV in registers, writing them once in `dtype` (no fp32 per-query-head buffers and
+    no host sum: the memory of the non-GQA backward, deterministic), against `dkv_fp32`'s CTA
+    per query head (more CTAs for small problems).
     """
 
     head_dim: int = 128
@@ -150,6 +161,7 @@ class FlashSm90BwdConfig:
     producer_regs: int = 24
     consumer_regs: int = 240
     softcap: bool = False
+    gqa_loop: bool = False
 
     def validate(self) -> "FlashSm90BwdConfig":
         if self.head_dim not in HEAD_DIMS:
@@ -157,9 +169,12 @@ class FlashSm90BwdConfig:
         if self.dtype not in _CUTLASS:
             raise ValueError(f"FlashSm90BwdConfig.dtype must be one of {tuple(_CUTLASS)}, got {self.dtype!r}")
         for name in ("causal", "local", "dkv_fp32", "dq_tma_reduce", "defer_dkv_wait", "early_dv", "prep_kernel",
-                     "softcap"):
+                     "softcap", "gqa_loop"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FlashSm90BwdConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.gqa_loop and self.dkv_fp32:
+            raise ValueError("FlashSm90BwdConfig: gqa_loop sums dK, dV in registers; it writes no fp32 "
+                             "per-query-head results (dkv_fp32)")
         if self.block_m != 64:
             raise ValueError(f"FlashSm90BwdConfig.block_m must be 64 (one wgmma N of S^T), got {self.block_m!r}")
         if self.block_n != 128:
@@ -202,10 +217,10 @@ class FlashSm90BwdConfig:
 
 
 def bwd_config_for(head_dim: int, dtype: str, causal: bool, *, dkv_fp32: bool = False,
-                   local: bool = False, softcap: bool = False) -> FlashSm90BwdConfig:
+                   local: bool = False, softcap: bool = False, gqa_loop: bool = False) -> FlashSm90BwdConfig:
     """The tile for a head dim: 64 Q rows per step against 128 keys per CTA."""
     return FlashSm90BwdConfig(head_dim=head_dim, dtype=dtype, causal=causal, local=local,
-                              dkv_fp32=dkv_fp32, softcap=softcap).validate()
+                              dkv_fp32=dkv_fp32, softcap=softcap, gqa_loop=gqa_loop).validate()
 
 
 # ---- compile-only variants ------------------------------------------------------------------------
@@ -259,6 +274,11 @@ BWD_VARIANT_CONFIGS["d128_bfloat16_causal_softcap"] = {"head_dim": 128, "dtype":
                                                        "softcap": True}
 BWD_VARIANT_CONFIGS["d64_float16_local_gqa_softcap"] = {"head_dim": 64, "dtype": "float16", "causal": False,
                                                         "local": True, "dkv_fp32": True, "softcap": True}
+# GQA summed in registers across the group's query heads.
+BWD_VARIANT_CONFIGS["d128_bfloat16_causal_gqa_loop"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True,
+                                                        "gqa_loop": True}
+BWD_VARIANT_CONFIGS["d64_float16_local_gqa_loop_tma"] = {"head_dim": 64, "dtype": "float16", "causal": False,
+                                                         "local": True, "gqa_loop": True, "dq_tma_reduce": True}
 
 
 def _register() -> None:
@@ -341,7 +361,8 @@ class _Launch:
     kernel's runtime scalars (`launch_scalars`, `window_scalars`); softcap: the cap or None;
     sq_pad: Sq rounded up to
     whole Q blocks; prep: whether the `sm90_bwd_prep` kernel runs (the option, and 32-bit
-    element offsets suffice); dkv_shape: (B, Hq, Sk, D) of the kernel's dK, dV."""
+    element offsets suffice); dkv_shape: (B, H, Sk, D) of the kernel's dK, dV (H: Hq for the
+    fp32 per-query-head results, else Hkv)."""
 
     config: FlashSm90BwdConfig
     kernel_config: FlashSm90BwdConfig
@@ -378,9 +399,10 @@ def _launch_for(problem, config) -> _Launch:
     dtype_name = str(problem.dtype).removeprefix("torch.")
     upper, local = mask_flags(problem)
     softcap = problem.softcap is not None
-    want = (problem.head_dim, dtype_name, upper, local, group > 1, softcap)
     if config is not None:
         config = config.validate()
+        # dK, dV of a group: fp32 per query head (summed here) or summed in the kernel (gqa_loop)
+        want = (problem.head_dim, dtype_name, upper, local, group > 1 and not config.gqa_loop, softcap)
         if (config.head_dim, config.dtype, config.causal, config.local, config.dkv_fp32, config.softcap) != want:
             raise ValueError(f"config {config} does not match the problem (head_dim, dtype, causal, local, "
                              f"dkv_fp32, softcap) = {want}")
@@ -393,7 +415,8 @@ def _launch_for(problem, config) -> _Launch:
     sq_pad = -(-sq // config.block_m) * config.block_m
     launch = _Launch(config=config, kernel_config=replace(config, prep_kernel=False), group=group, scale=scale,
                      softcap=problem.softcap, offset=offset, offset_lo=offset_lo, sq_pad=sq_pad,
-                     prep=config.prep_kernel and b * hq * sq_pad * d < 2**31, dkv_shape=(b, hq, sk, d))
+                     prep=config.prep_kernel and b * hq * sq_pad * d < 2**31,
+                     dkv_shape=(b, hq if config.dkv_fp32 else problem.heads_kv, sk, d))
     return _LAUNCHES.put(key, launch)
 
 
@@ -464,7 +487,7 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
     # Pre-processing: D_i = dO_i . O_i; lse in base 2, rows that saw no key enter with +inf (P = 0).
     # All three are padded to whole Q blocks (lse2 = +inf and D = 0 in the padding, so P = 0 there)
     # and passed flat: the kernel reads and adds without predicates.
-    b, hq, sq, sk, d = launch.dkv_shape[0], launch.dkv_shape[1], problem.seqlen_q, problem.seqlen_k, problem.head_dim
+    b, hq, sq, sk, d = problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k, problem.head_dim
     sq_pad, group = launch.sq_pad, launch.group
     if launch.prep:  # flat D, lse2 and dQ accumulator, and the accumulator's (B, Hq, Sq_pad, D) view
         d_rows, lse2, dq_flat, dq_acc = _prep.preprocess_flat(dout, out, lse, config.block_m, tvm)
@@ -475,7 +498,7 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
         lse2[:, :, :sq] = torch.where(torch.isneginf(lse), math.inf, lse.float() * LOG2_E)
         dq_acc = torch.zeros((b, hq, sq_pad, d), dtype=torch.float32, device=q.device)
         d_rows, lse2, dq_flat = d_rows.view(-1), lse2.view(-1), dq_acc.view(-1)
-    if group > 1:
+    if config.dkv_fp32:
         # One buffer for both per-query-head fp32 results (they never leave this call).
         dkv_h = torch.empty((2, *launch.dkv_shape), dtype=torch.float32, device=q.device)
         dk_h, dv_h = dkv_h[0], dkv_h[1]
@@ -498,7 +521,7 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
         fn(*args, stream, _softcap_arg(launch))
     # Post-processing: dQ to q's dtype; GQA's per-query-head dK, dV summed over each group.
     dq = (dq_acc if sq == sq_pad else dq_acc[:, :, :sq]).to(q.dtype)
-    if group > 1:
+    if config.dkv_fp32:
         dk = dk_h.view(b, problem.heads_kv, group, sk, d).sum(2).to(k.dtype)
         dv = dv_h.view(b, problem.heads_kv, group, sk, d).sum(2).to(v.dtype)
     else:

@@ -129,6 +129,8 @@ def _launch(host, p, config=None, requires_grad=False):
 
 PROBLEMS = {
     "causal_br_padded": (_problem(), None),
+    "gqa_loop": (_problem(hq=6, hkv=2, sq=150, sk=200, causal="bottom_right"),
+                 bwd.bwd_config_for(64, "bfloat16", True, gqa_loop=True)),
     "gqa_window": (_problem(hq=4, hkv=2, sq=128, sk=128, d=128, dtype=torch.float16, causal=None, window_left=20,
                             window_right=5), None),
     "torch_prep_gqa": (_problem(hq=6, hkv=2, sq=70, sk=64, causal="top_left"),
@@ -146,7 +148,8 @@ def test_both_paths_pass_identical_arguments(host, name):
     host.use_tvm_ffi(True)
     tvm_grads, _ = _launch(host, p, config)
     tvm = [(n, _describe(a)) for n, a in host.launches]
-    assert [n for n, _ in tvm] == [n for n, _ in dsl] == (["prep", "bwd"] if config is None else ["bwd"])
+    assert [n for n, _ in tvm] == [n for n, _ in dsl] == (["prep", "bwd"] if config is None or config.prep_kernel
+                                                          else ["bwd"])
     strip = lambda launches: [[x[:4] if x[0] == "tensor" else x for x in a] for _, a in launches]  # noqa: E731
     assert strip(tvm) == strip(dsl)
     # The DSL path wraps the 4-D tensors with the head dim as the unit mode, the flat ones on mode 0.
@@ -218,6 +221,24 @@ def test_post_processing_turns_the_kernel_buffers_into_the_results(host, gqa):
     assert dk.data_ptr() != dv.data_ptr()
 
 
+def test_gqa_loop_writes_key_value_heads_directly(host):
+    """With `gqa_loop` the kernel's dK, dV are the results themselves: (B, Hkv, Sk, D) in k's
+    dtype, no fp32 per-query-head buffer and no group sum; the kernel is told the group size."""
+    host.use_tvm_ffi(True)
+    p = _problem(hq=6, hkv=2, sq=100, sk=90)
+    config = bwd.bwd_config_for(64, "bfloat16", True, gqa_loop=True)
+    (dq, dk, dv), (dout, q, k, v, o, lse) = _launch(host, p, config)
+    _, args = host.launches[-1]
+    for grad, kernel_out, like in ((dk, args[7], k), (dv, args[8], v)):
+        assert kernel_out.shape == like.shape and kernel_out.dtype == like.dtype
+        assert grad.data_ptr() == kernel_out.data_ptr()
+    assert args[12] == 3  # qhead_per_kvhead
+    with pytest.raises(ValueError, match="does not match the problem"):  # GQA needs a group sum: one of the two
+        _launch(host, p, bwd.bwd_config_for(64, "bfloat16", True))
+    with pytest.raises(ValueError, match="gqa_loop"):
+        bwd.bwd_config_for(64, "bfloat16", True, gqa_loop=True, dkv_fp32=True)
+
+
 def test_bad_config_is_refused_on_every_call_and_the_problem_cache_is_bounded(host, monkeypatch):
     host.use_tvm_ffi(True)
     p = _problem()
@@ -272,14 +293,14 @@ def _passed(args) -> list:
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("name", ["causal_br_padded", "gqa_window"])
+@pytest.mark.parametrize("name", ["causal_br_padded", "gqa_window", "gqa_loop"])
 def test_tvm_ffi_builds_compile_and_take_what_the_host_passes(monkeypatch, name):
     pytest.importorskip("tvm_ffi")
     import tvm_ffi
 
     from cute_kernels.runtime import cache
 
-    p, _ = PROBLEMS[name]
+    p, config = PROBLEMS[name]
     for module in (bwd, prep):
         monkeypatch.setattr(module, "_COMPILED", {})
     monkeypatch.setattr(bwd, "_LAUNCHES", WarmCache("test.launches", bwd._MAX_LAUNCHES))
@@ -302,13 +323,13 @@ def test_tvm_ffi_builds_compile_and_take_what_the_host_passes(monkeypatch, name)
     monkeypatch.setattr(bwd, "_compile_tvm_ffi", recorded(real_bwd, "bwd"))
     monkeypatch.setattr(prep, "_compile_tvm_ffi", recorded(real_prep, "prep"))
     dout, q, k, v, o, lse = _inputs(p)
-    bwd.backward(dout, q, k, v, o, lse, p)
+    bwd.backward(dout, q, k, v, o, lse, p, config=config)
     assert [n for n, _, _ in launches] == ["prep", "bwd"]
     for _, fn, args in launches:
         assert _signature(fn, args) == _passed(args)
     # Warm: the same functions, no compile, no disk load.
     before = dict(cache.stats)
-    bwd.backward(dout, q, k, v, o, lse, p)
+    bwd.backward(dout, q, k, v, o, lse, p, config=config)
     assert [n for n, _, _ in launches] == ["prep", "bwd"] * 2
     assert cache.stats["compiled"] == before["compiled"] and cache.stats["disk_loaded"] == before["disk_loaded"]
 

@@ -141,3 +141,24 @@ def test_nan_in_dout_reaches_only_its_rows_of_dq():
     assert not bad.any(), "NaN leaked into other rows of dq"
     assert dk[0, 1].isnan().all() and dv[0, 1].isnan().any()
     assert not (dk[0, 0].isnan().any() or dv[0, 0].isnan().any() or dq[0, 0].isnan().any())
+
+
+GQA_CASES = [(2, 4, 2, 257, 200, 128, "bottom_right", torch.bfloat16),
+             (1, 4, 1, 130, 70, 64, "bottom_right", torch.float16),
+             (1, 8, 2, 300, 513, 64, None, torch.float16),
+             (2, 6, 2, 64, 64, 128, "top_left", torch.bfloat16)]
+
+
+@pytest.mark.parametrize("case", GQA_CASES, ids=lambda c: f"{c[1]}/{c[2]}x{c[3]}x{c[4]}xd{c[5]}-{c[6]}")
+@pytest.mark.parametrize("schedule", [{}, dict(dq_tma_reduce=True, early_dv=True, defer_dkv_wait=True)],
+                         ids=["plain", "tma_early_defer"])
+def test_gqa_loop_sums_the_group_in_the_kernel(case, schedule):
+    """`gqa_loop`: a CTA per key/value head walks its query heads; dK, dV come out summed, in
+    the inputs' dtype, as the per-query-head path's fp32 sums do."""
+    dout, grads, ref, dtype = _run(case, gqa_loop=True, dkv_fp32=False, **schedule)
+    _, per_head, _, _ = _run(case, **schedule)
+    for name, got, want, other in zip(("dq", "dk", "dv"), grads, ref, per_head):
+        assert got.dtype == dtype and got.shape == want.shape, name
+        assert not got.isnan().any(), f"{name} has unwritten (NaN) elements"
+        assert rel_err(got, want) < TOL[dtype], name
+        assert rel_err(got, other.float()) < TOL[dtype] / 3, f"{name} differs from the per-query-head path"
