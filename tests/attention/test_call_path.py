@@ -41,7 +41,8 @@ FORBIDDEN = [
 # features (the soft cap's score scale, sinks; sm80's seqused_k))
 RUNGS = {
     "sm80_flash": (sm80_flash, "sm80_flash", "FlashAttentionSm80", (None, None, None, None, None, 1.0, None, None)),
-    "sm90_flash": (sm90_flash, "sm90_flash", "FlashAttentionSm90", (1.0, None)),
+    # score scale, sinks, then the six varlen parameters the one build also takes (absent)
+    "sm90_flash": (sm90_flash, "sm90_flash", "FlashAttentionSm90", (1.0, None, None, None, None, None, None, None)),
 }
 
 
@@ -292,3 +293,25 @@ def test_sm80_flash_tvm_ffi_build_takes_torch_tensors(monkeypatch, tmp_path):
         fn(q, k, v, out, lse, 0.125, 0, 0, 1)
     with pytest.raises(ValueError, match="device_type=cuda"):
         fn(q, k, v, out, lse, 0.125, 0, 0, 1, None, None, None, None, None, 1.0, None, None)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("features", [{}, {"softcap": 30.0, "sinks": True}], ids=["plain", "softcap_sinks"])
+def test_sm90_flash_launch_plan_matches_its_real_tvm_ffi_build(monkeypatch, tmp_path, features):
+    """The dense launch the sm90_flash rung hands out (`launch_plan`) against the real TVM-FFI
+    build for sm_90a: called with CPU tensors, the build refuses them by device, not by arity
+    (a launch missing the build's varlen parameters raised 'Expects 17 parameters' on the GPU)."""
+    pytest.importorskip("tvm_ffi")
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(sm90_flash, "_COMPILED", {})
+    monkeypatch.setattr(sm90_flash, "tvm_ffi_available", lambda: True)
+    monkeypatch.setattr(api, "_device_reason", lambda q, k, v: None)  # CPU tensors: the build checks devices
+    q, k, v = _qkv(sq=128, sk=128)
+    problem = api.check_inputs(q, k, v, causal="top_left", scale=None, enable_gqa=False,
+                               softcap=features.get("softcap"),
+                               sinks=torch.zeros(8) if features.get("sinks") else None)
+    launch = sm90_flash.RUNG.launch_plan(problem)
+    out, lse = torch.empty_like(q), torch.empty(1, 8, 128)
+    sinks = torch.zeros(8) if features.get("sinks") else None
+    with pytest.raises(ValueError, match="device_type=cuda"):
+        launch(q, k, v, out, lse, sinks)
