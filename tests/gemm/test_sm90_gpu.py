@@ -51,3 +51,35 @@ def test_nan_propagates(name):
     out = torch.zeros(1, 256, 256, device="cuda", dtype=torch.bfloat16)
     rung(a, b, out, alpha=1.0, beta=0.0, c=None)
     assert out[0, 7].isnan().all() and not out[0, 8].isnan().any()
+
+
+# One problem per class of `pick_config` (its cluster follows the tile counts), with partial
+# tiles on both sides, batched or M-major where it matters: (L, M, N, K, A M-major, the class).
+HEURISTIC_CASES = [
+    (1, 4000, 1000, 1000, False, ((128, 256), (1, 2), "cooperative")),   # 4 N tiles, last partial
+    (2, 2049, 2400, 520, True, ((128, 256), (1, 2), "cooperative")),     # 10 N tiles, odd M tiles
+    (1, 12607, 768, 768, False, ((128, 128), (1, 1), "pingpong")),      # 99 x 3 tiles, short K
+    (1, 12607, 768, 3000, True, ((128, 256), (2, 1), "cooperative")),   # 99 x 3 tiles, long K
+    (1, 2048, 8200, 512, False, ((128, 256), (2, 1), "cooperative")),   # 16 x 33 tiles
+    (1, 1000, 1000, 4096, False, ((128, 128), (2, 1), "cooperative")),  # under 0.9 of a wave
+]
+
+
+@pytest.mark.parametrize("case", HEURISTIC_CASES, ids=lambda c: f"L{c[0]}-{c[1]}x{c[2]}x{c[3]}-{c[5][2]}")
+def test_every_heuristic_class_matches_float64(case):
+    """The default configs themselves: each class `pick_config` hands out, on shapes it picks it
+    for, against a float64 reference (the class is asserted, so a new heuristic moves the case)."""
+    from cute_kernels.gemm.sm90_config import pick_config
+
+    rung = _rung("sm90_persistent")
+    L, M, N, K, a_mm, want = case
+    c = pick_config(M, N, K)
+    assert ((c.tile_m, c.tile_n), (c.cluster_m, c.cluster_n), c.schedule) == want
+    a = torch.randn(L, K, M, device="cuda", dtype=torch.bfloat16).transpose(1, 2) if a_mm else \
+        torch.randn(L, M, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(L, N, K, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    out = torch.full((L, M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    rung(a, b, out)
+    ref = a.double() @ b.double()
+    assert not out.isnan().any()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
