@@ -1,0 +1,60 @@
+"""The fused fuzz's harness on CPU: its problems, references and bars accept a correct
+implementation (the `fallback="torch"` path, fp32 arithmetic with the kernels' rounding) on
+every family, and reject wrong ones (one corrupted element, a slightly scaled gradient). The
+kernels themselves are fuzzed on the GPU (tests/fused/test_fused_fuzz_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cute_kernels.bench import fused_fuzz  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def test_problems_are_deterministic_and_cover_every_family():
+    a, b = fused_fuzz.problems(11, 120), fused_fuzz.problems(11, 120)
+    assert a == b and a != fused_fuzz.problems(12, 120)
+    assert {p.family for p in a} == set(fused_fuzz.FAMILIES)
+    assert any(p.width == 1 for p in fused_fuzz.problems(11, 2000))  # edge widths are drawn
+
+
+def test_a_correct_implementation_passes_every_family():
+    report = fused_fuzz.run(5, 150, device="cpu", fallback="torch")
+    assert report.cases == 150 and report.errors == 0
+    assert report.wrong == 0, [(f["problem"], f["why"]) for f in report.failures]
+
+
+@pytest.mark.parametrize("how", ["one_element", "scaled_gradient"])
+def test_wrong_results_are_caught(monkeypatch, how):
+    """A corrupted forward element or a gradient off by 2% makes every case of a family wrong."""
+    from cute_kernels.ops import fused as fops
+
+    if how == "one_element":
+        real = fops.softmax
+
+        def corrupt(x, dim, fallback):
+            y = real(x, dim, fallback).clone()
+            y.view(-1)[y.numel() // 2] += 0.5
+            return y
+
+        monkeypatch.setattr(fops, "softmax", corrupt)
+        families = ("softmax",)
+    else:
+        real = fops.swiglu
+
+        class Scaled(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, y):
+                return y.clone()
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * 1.02
+
+        monkeypatch.setattr(fops, "swiglu", lambda *a: Scaled.apply(real(*a)))
+        families = ("swiglu",)
+    report = fused_fuzz.run(3, 20, device="cpu", fallback="torch", families=families)
+    assert report.cases == 20 and report.wrong == 20, [(f["problem"], f["why"]) for f in report.failures]
