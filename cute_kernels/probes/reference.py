@@ -68,17 +68,18 @@ def smem_read_sums(src, *, threads: int, vectors: int, blocks: int, passes: int)
     return per_thread.repeat(blocks)
 
 
-def divergence_values(group: int, *, threads: int, blocks: int, iters: int, device="cpu"):
-    """`Divergence`'s output in float32: side 0 steps x <- 0.999 x + 0.5, side 1 x <- x*x/2 + 0.1."""
+def divergence_values(group: int, *, threads: int, blocks: int, iters: int, chains: int = 8, device="cpu"):
+    """`Divergence`'s output in float32: the sum over c < chains of chain c, from (t + c) / 1024,
+    stepped by side 0 (x <- 0.999 x + 0.5) or side 1 (x <- x*x/2 + 0.1)."""
     import torch
 
     t = torch.arange(threads, device=device)
-    x0 = t.float() / 1024
+    x0 = (t[:, None] + torch.arange(chains, device=device)[None, :]).float() / 1024  # (threads, chains)
     a, b = x0.clone(), x0.clone()
     for _ in range(iters):
         a = a * 0.999 + 0.5
         b = b * b * 0.5 + 0.1
-    x = torch.where((t // group) % 2 == 0, a, b)
+    x = torch.where(((t // group) % 2 == 0)[:, None], a, b).sum(-1)
     return x.repeat(blocks)
 
 

@@ -68,12 +68,17 @@ def test_fma_values_closed_form_matches_stepping():
 
 
 def test_divergence_values_pick_the_side_by_group():
-    x = divergence_values(4, threads=16, blocks=1, iters=3)
-    t0, t4 = 0.0, 4 / 1024
-    a = t0
-    for _ in range(3):
-        a = a * 0.999 + 0.5
-    b = t4
-    for _ in range(3):
-        b = b * b * 0.5 + 0.1
-    assert x[0].item() == pytest.approx(a, rel=1e-6) and x[4].item() == pytest.approx(b, rel=1e-6)
+    x = divergence_values(4, threads=16, blocks=1, iters=3, chains=2)
+
+    def side(start, rule):
+        for _ in range(3):
+            start = rule(start)
+        return start
+
+    def lane(t, rule):  # chains c = 0, 1 start at (t + c) / 1024
+        return side(t / 1024, rule) + side((t + 1) / 1024, rule)
+
+    zero, one = (lambda v: v * 0.999 + 0.5), (lambda v: v * v * 0.5 + 0.1)
+    assert x[0].item() == pytest.approx(lane(0, zero), rel=1e-6)
+    assert x[4].item() == pytest.approx(lane(4, one), rel=1e-6)
+    assert x[8].item() == pytest.approx(lane(8, zero), rel=1e-6)
