@@ -404,6 +404,28 @@ def custom_ops(ctx):
             + md_table(["op", "schema"], rows, align="ll"))
 
 
+# ---- page 10: timing ------------------------------------------------------------------------------
+
+@figure("run_spread", "10-timing-profiling.md")
+def run_spread(ctx):
+    from cute_kernels.bench.records import load_result
+
+    rows = []
+    for path in sorted((ctx.docs / "results").glob("*.json")):
+        r = load_result(path)
+        spreads = sorted(x.spread for x in r.records if x.timed and x.spread is not None)
+        if not spreads:
+            continue
+        rows.append([r.suite, r.date, len(spreads), r.records[0].rounds or "-",
+                     f"{100 * spreads[len(spreads) // 2]:.1f}%", f"{100 * spreads[-1]:.1f}%",
+                     sum(s > 0.05 for s in spreads)])
+    return ("How noisy the committed runs were: per suite, the spread (p80 - p20) / median of each "
+            "timed record's interleaved rounds, the figure `cute-kernels bench --compare` holds a "
+            "difference against before calling it a change.\n\n"
+            + md_table(["suite", "date", "timed records", "rounds", "median spread", "largest spread",
+                        "records over 5%"], rows, align="llrrrrr"))
+
+
 # ---- page 25: benchmarking ----------------------------------------------------------------------
 
 @figure("suite_summary", "25-benchmarking.md")
