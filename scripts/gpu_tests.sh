@@ -5,8 +5,10 @@
 #
 # Kernel compiles (CPU-bound, 1-3 s each, and cold on a fresh machine) dominate the GPU tests,
 # so one process per few cores finishes several times sooner than a single pytest. The test
-# files are dealt out largest first to the lightest shard (size in bytes stands in for cost);
-# each shard logs to LOGDIR/shard-N.log, which is printed whole once all shards end.
+# files are dealt out largest first to the lightest shard (size in bytes stands in for cost; a
+# fuzz file, a few test functions that each run a thousand problems, counts 20 times its size,
+# so each gets a shard nearly to itself); each shard logs to LOGDIR/shard-N.log, which is
+# printed whole once all shards end.
 # Exit status: 0 when every shard passed, else the first non-zero one.
 set -uo pipefail
 [ $# -ge 1 ] || { sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
@@ -18,7 +20,7 @@ mkdir -p "$LOGDIR" || exit 1
 trap 'kill 0 2>/dev/null' TERM INT
 
 mapfile -t ASSIGNED < <(grep -rlE 'mark\.gpu' tests --include='test_*.py' | xargs wc -c | grep -v ' total$' \
-  | sort -rn | awk -v jobs="$JOBS" '
+  | awk '{ print ($2 ~ /_fuzz_gpu\.py$/ ? 20 * $1 : $1), $2 }' | sort -rn | awk -v jobs="$JOBS" '
       { best = 0; for (i = 1; i < jobs; i++) if (load[i] < load[best]) best = i
         load[best] += $1; files[best] = files[best] " " $2 }
       END { for (i = 0; i < jobs; i++) if (files[i] != "") print files[i] }')
