@@ -25,7 +25,8 @@ import random
 import time
 from dataclasses import asdict, dataclass
 
-from .gemm_fuzz import FuzzReport, _poison
+from .fuzz_record import FuzzReport, fuzz_result
+from .fuzz_record import poison as _poison
 
 __all__ = ["Problem", "problems", "run", "trace", "result", "FAMILIES"]
 
@@ -433,17 +434,5 @@ def trace(seed: int = 0, n: int = 1200, device: str = "cuda") -> None:
 
 def result(report: FuzzReport, device: str = "cuda"):
     """The `fused_fuzz` BenchResult: one record with `cases` and `wrong` (ok when none is)."""
-    import datetime
-
-    from .environment import device_name, versions
-    from .records import BenchResult, Record
-
-    name = device_name(device)
-    rec = Record(case=f"random_{report.cases}", impl="cute_kernels", dtype="mixed", tflops=None, ms=None,
-                 rel_err=report.worst, ok=report.wrong == 0, kind="ours",
-                 extra=dict(cases=report.cases, wrong=report.wrong, errors=report.errors, seed=report.seed,
-                            seconds=report.seconds, failures=report.failures))
-    now = datetime.datetime.now(datetime.timezone.utc)
-    return BenchResult(date=now.strftime("%Y-%m-%d"), timestamp=now.isoformat(timespec="seconds"), device=name,
-                       versions=versions(device), suite="fused_fuzz", records=[rec],
-                       settings=dict(seed=report.seed, cases=report.cases, families=list(FAMILIES)))
+    return fuzz_result(report, "fused_fuzz", "cute_kernels",
+                       dict(seed=report.seed, cases=report.cases, families=list(FAMILIES)), device)

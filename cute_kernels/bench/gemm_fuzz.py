@@ -19,7 +19,10 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
+
+from .fuzz_record import FuzzReport, fuzz_result
+from .fuzz_record import poison as _poison
 
 __all__ = ["Problem", "FuzzReport", "problems", "run", "trace", "result", "tolerance", "element_tolerance"]
 
@@ -128,17 +131,6 @@ def element_tolerance(p: Problem) -> float:
     return out + (1e-2 if p.activation in ("gelu_tanh", "silu") else 0.0)
 
 
-@dataclass
-class FuzzReport:
-    cases: int = 0
-    wrong: int = 0
-    errors: int = 0  # calls that raised (counted in `wrong`)
-    worst: float = 0.0
-    seconds: float = 0.0
-    seed: int = 0
-    failures: list[dict] = field(default_factory=list)  # the first few wrong cases
-
-
 def _dtype(name: str):
     import torch
 
@@ -205,14 +197,6 @@ def reference(p: Problem, t: dict):
     return ref
 
 
-def _poison(device, numel: int) -> None:
-    """Fill free memory of the caching allocator with NaN, so a result it hands out next
-    starts as NaN."""
-    import torch
-
-    torch.empty(max(numel, 1 << 20), dtype=torch.float32, device=device).fill_(math.nan)
-
-
 def run(seed: int = 0, n: int = 2000, *, device: str = "cuda", max_failures: int = 20, **draw) -> FuzzReport:
     """Run `problems(seed, n, **draw)` on `device` and compare each with its float64 reference."""
     import torch
@@ -269,17 +253,5 @@ def trace(seed: int = 0, n: int = 2000, device: str = "cuda") -> None:
 
 def result(report: FuzzReport, device: str = "cuda"):
     """The `gemm_fuzz` BenchResult: one record with `cases` and `wrong` (ok when none is)."""
-    import datetime
-
-    from .environment import device_name, versions
-    from .records import BenchResult, Record
-
-    name = device_name(device)
-    rec = Record(case=f"random_{report.cases}", impl="auto", dtype="mixed", tflops=None, ms=None,
-                 rel_err=report.worst, ok=report.wrong == 0, kind="ours",
-                 extra=dict(cases=report.cases, wrong=report.wrong, errors=report.errors, seed=report.seed,
-                            seconds=report.seconds, failures=report.failures))
-    now = datetime.datetime.now(datetime.timezone.utc)
-    return BenchResult(date=now.strftime("%Y-%m-%d"), timestamp=now.isoformat(timespec="seconds"), device=name,
-                       versions=versions(device), suite="gemm_fuzz", records=[rec],
-                       settings=dict(seed=report.seed, cases=report.cases, max_size=5000))
+    return fuzz_result(report, "gemm_fuzz", "auto", dict(seed=report.seed, cases=report.cases, max_size=5000),
+                       device)

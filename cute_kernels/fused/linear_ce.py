@@ -120,16 +120,7 @@ def linear_cross_entropy(x, weight, labels, bias=None, *, ignore_index: int = -1
             check_labels=False, dloss=scale if grads else None, grad_out=logits if grads else None)
         loss_rows[start:stop] = loss_c
         if grads:
-            if gemm == "torch":
-                torch.mm(dl, weight, out=dx[start:stop])
-            else:
-                dx[start:stop] = _mm(dl, weight, gemm)
-            if start == 0:
-                torch.mm(dl.t(), x_c, out=dw)
-            else:
-                dw.addmm_(dl.t(), x_c)
-            if db is not None:
-                db += dl.sum(0, dtype=torch.float32)
+            _chunk_grads(dl, x_c, weight, dx[start:stop], dw, db, start == 0, gemm)
         del logits, dl
     if grads and t == 0:
         dw.zero_()
@@ -140,6 +131,21 @@ def linear_cross_entropy(x, weight, labels, bias=None, *, ignore_index: int = -1
     else:
         loss = loss_rows.sum() * scale[0]
     return loss, dx, dw, None if db is None else db.to(x.dtype)
+
+
+def _chunk_grads(dl, x_c, weight, dx_rows, dw, db, first: bool, gemm: str) -> None:
+    """One chunk's share of the gradients from its logits' gradient dl: dx_rows = dl W, dW
+    (set by the first chunk, accumulated after) += dl^T x_c, db += the column sums of dl."""
+    if gemm == "torch":
+        torch.mm(dl, weight, out=dx_rows)
+    else:
+        dx_rows.copy_(_mm(dl, weight, gemm))
+    if first:
+        torch.mm(dl.t(), x_c, out=dw)
+    else:
+        dw.addmm_(dl.t(), x_c)
+    if db is not None:
+        db += dl.sum(0, dtype=torch.float32)
 
 
 def linear_cross_entropy_backward(x, weight, labels, dloss, bias=None, *, ignore_index: int = -100,
@@ -164,16 +170,7 @@ def linear_cross_entropy_backward(x, weight, labels, dloss, bias=None, *, ignore
         _, _, dl = cross_entropy_forward(logits, labels[start:stop], ignore_index=ignore_index,
                                          label_smoothing=label_smoothing, z_loss=z_loss, check_labels=False,
                                          dloss=d[start:stop], grad_out=logits)
-        if gemm == "torch":
-            torch.mm(dl, weight, out=dx[start:stop])
-        else:
-            dx[start:stop] = _mm(dl, weight, gemm)
-        if start == 0:
-            torch.mm(dl.t(), x_c, out=dw)
-        else:
-            dw.addmm_(dl.t(), x_c)
-        if db is not None:
-            db += dl.sum(0, dtype=torch.float32)
+        _chunk_grads(dl, x_c, weight, dx[start:stop], dw, db, start == 0, gemm)
         del logits, dl
     if t == 0:
         dw.zero_()

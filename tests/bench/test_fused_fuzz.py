@@ -58,3 +58,18 @@ def test_wrong_results_are_caught(monkeypatch, how):
         families = ("swiglu",)
     report = fused_fuzz.run(3, 20, device="cpu", fallback="torch", families=families)
     assert report.cases == 20 and report.wrong == 20, [(f["problem"], f["why"]) for f in report.failures]
+
+
+def test_the_record_lands_in_the_results_dir(monkeypatch, tmp_path):
+    from cute_kernels.bench.fuzz_record import write_to_results_dir
+    from cute_kernels.bench.records import load_result
+
+    report = fused_fuzz.run(2, 6, device="cpu", fallback="torch")
+    monkeypatch.delenv("CUTE_KERNELS_RESULTS_DIR", raising=False)
+    assert write_to_results_dir(fused_fuzz.result(report, device="cpu")) is None
+    monkeypatch.setenv("CUTE_KERNELS_RESULTS_DIR", str(tmp_path))
+    path = write_to_results_dir(fused_fuzz.result(report, device="cpu"))
+    back = load_result(path)
+    assert back.suite == "fused_fuzz" and path.name.startswith(back.date)
+    (rec,) = back.records
+    assert rec.extra["cases"] == 6 and rec.extra["wrong"] == report.wrong and rec.ok == (report.wrong == 0)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import random
-from pathlib import Path
 
 import pytest
 
@@ -24,7 +23,7 @@ pytestmark = pytest.mark.gpu
 def test_random_fused_problems_are_all_right():
     import torch
 
-    from cute_kernels.bench.records import result_stem
+    from cute_kernels.bench.fuzz_record import write_to_results_dir
     from cute_kernels.runtime.precompile import precompile
 
     if not torch.cuda.is_available():
@@ -36,10 +35,7 @@ def test_random_fused_problems_are_all_right():
     report = fused_fuzz.run(seed, n)
     print(f"fused fuzz: {report.cases} cases, {report.wrong} wrong ({report.errors} raised), worst passing "
           f"gradient rel_err {report.worst:.3g}, {report.seconds} s")
-    out_dir = os.environ.get("CUTE_KERNELS_RESULTS_DIR")
-    if out_dir:
-        res = fused_fuzz.result(report)
-        res.write(Path(out_dir) / (result_stem(res.date, res.suite, res.device) + ".json"))
+    write_to_results_dir(fused_fuzz.result(report))
     assert report.cases == n
     assert report.wrong == 0, "wrong cases (first few):\n" + "\n".join(f"{f['problem']}: {f['why']}"
                                                                       for f in report.failures)

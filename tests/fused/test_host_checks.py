@@ -64,3 +64,32 @@ def t(*shape, dtype=BF16):
 def test_bad_input_is_named(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize("reduction, bias, chunk", [("mean", True, 7), ("sum", False, 64), ("mean", False, None)])
+def test_linear_ce_chunks_add_up_to_the_whole(monkeypatch, reduction, bias, chunk):
+    """The chunked host loop of `linear_cross_entropy` (and its backward), with the per-chunk
+    cross-entropy kernel replaced by its torch reference: loss and every gradient equal the
+    unchunked reference's, however the tokens are cut."""
+    from cute_kernels.fused import linear_ce, reference
+
+    monkeypatch.setattr(linear_ce, "check_same_device", lambda op, tensors: None)
+    monkeypatch.setattr(linear_ce, "cross_entropy_forward", reference.cross_entropy_forward)
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(30, 16, generator=g), torch.randn(50, 16, generator=g)
+    b = torch.randn(50, generator=g) if bias else None
+    labels = torch.randint(0, 50, (30,), generator=g)
+    labels[::5] = -100
+    kw = dict(label_smoothing=0.1, z_loss=1e-3, reduction=reduction)
+    got = linear_ce.linear_cross_entropy(x, w, labels, b, chunk=chunk, check_labels=False, **kw)
+    want = reference.linear_cross_entropy(x, w, labels, b, **kw)
+    for a, r in zip(got, want):
+        assert (a is None) == (r is None)
+        if a is not None:
+            torch.testing.assert_close(a, r)
+    d = torch.rand(30, generator=g, dtype=torch.float32)
+    back = linear_ce.linear_cross_entropy_backward(x, w, labels, d, b, chunk=chunk, label_smoothing=0.1, z_loss=1e-3)
+    want_back = reference.linear_cross_entropy_backward(x, w, labels, d, b, label_smoothing=0.1, z_loss=1e-3)
+    for a, r in zip(back, want_back):
+        if r is not None:
+            torch.testing.assert_close(a, r)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import random
-from pathlib import Path
 
 import pytest
 
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_random_gemm_problems_are_all_right():
-    from cute_kernels.bench.records import result_stem
+    from cute_kernels.bench.fuzz_record import write_to_results_dir
     from cute_kernels.runtime.precompile import precompile
 
     n = int(os.environ.get("CUTE_KERNELS_GEMM_FUZZ_CASES", "2000"))
@@ -33,10 +32,7 @@ def test_random_gemm_problems_are_all_right():
     report = gemm_fuzz.run(seed, n)
     print(f"gemm fuzz: {report.cases} cases, {report.wrong} wrong ({report.errors} raised), worst passing rel_err "
           f"{report.worst:.3g}, {report.seconds} s")
-    out_dir = os.environ.get("CUTE_KERNELS_RESULTS_DIR")
-    if out_dir:
-        res = gemm_fuzz.result(report)
-        res.write(Path(out_dir) / (result_stem(res.date, res.suite, res.device) + ".json"))
+    write_to_results_dir(gemm_fuzz.result(report))
     assert report.cases == n
     assert report.wrong == 0, "wrong cases (first few):\n" + "\n".join(f"{f['problem']}: {f['why']}"
                                                                       for f in report.failures)
