@@ -97,11 +97,15 @@ class Context:
         path = newest_result(self.docs / "results", suite)
         return f"[{path.name}](../results/{path.name})" if path else "(no result committed)"
 
-    def measured(self, name: str | None = None):
+    def measured(self, name: str | None = None, *, method: int | None = None):
         """The stored GPU numbers of figure `name` (default: the current one); None when there
-        are none, or when its measurement failed (`placeholder()` then says why)."""
+        are none, when its measurement failed (`placeholder()` then says why), or when `method`
+        is given and the numbers were measured by another one (a probe that changed: its old
+        numbers describe a different experiment)."""
         data = (self.gpu.get("figures") or {}).get(name or self.current)
-        return None if isinstance(data, dict) and "error" in data else data
+        if isinstance(data, dict) and ("error" in data or (method is not None and data.get("method") != method)):
+            return None
+        return data
 
     def gpu_source(self) -> str:
         g = self.gpu

@@ -78,7 +78,7 @@ _FAKE = {
     "strided_reads": {"elements": 1 << 22, "rows": [{"stride": 1, "ms": 0.01}, {"stride": 8, "ms": 0.05}]},
     "vector_widths": {"bytes": 1 << 29, "rows": [{"vector_bytes": 4, "ms": 0.2}, {"vector_bytes": 16, "ms": 0.13}]},
     "transpose_layouts": {"n": 8192, "ms": {"row_major": 0.3, "padded": 0.15, "swizzled": 0.15, "torch": 0.2}},
-    "divergence": {"blocks": 1056, "iters": 4096, "chains": 8,
+    "divergence": {"method": 2, "blocks": 1056, "iters": 4096, "chains": 8,
                    "rows": [{"group": 1, "ms": 2.0}, {"group": 32, "ms": 1.0}]},
     "occupancy_sweep": {"memory": [{"blocks_per_sm": 1, "gbps": 900.0}, {"blocks_per_sm": 8, "gbps": 3900.0}],
                         "fma": [{"chains": 1, "blocks_per_sm": 1, "tflops": 3.0},
@@ -89,7 +89,7 @@ _FAKE = {
     "ilp_throughput": {"rows": [{"chains": 1, "warps_per_sm": 16, "tflops": 5.0},
                                 {"chains": 8, "warps_per_sm": 16, "tflops": 40.0}], "spilled_64": 10.0},
     "stream_overlap": {"gemm": 2.0, "h2d_copy": 5.0, "serial": 7.0, "overlapped": 5.1},
-    "timing_methods": {"version": 2, "ms": {"wall clock, no synchronize": 0.01},
+    "timing_methods": {"method": 2, "ms": {"wall clock, no synchronize": 0.01},
                        "ncu": {"available": False, "reason": "absent"}},
     "pipeline_stages": {"shape": [8192, 8192, 8192], "tile": [128, 256, 64],
                         "rows": [{"stages": 1, "error": "stages must be at least 2"},
@@ -144,8 +144,8 @@ def test_a_failed_measurement_is_shown_as_a_failure_not_as_numbers(tree):
 
 def test_data_of_an_earlier_probe_method_is_not_drawn(tree):
     """A figure whose probe changed ignores data measured the old way (it shows the placeholder)."""
-    for name, old in (("divergence", {k: v for k, v in _FAKE["divergence"].items() if k != "chains"}),
-                      ("timing_methods", {**_FAKE["timing_methods"], "version": 1})):
+    for name, old in (("divergence", {k: v for k, v in _FAKE["divergence"].items() if k != "method"}),
+                      ("timing_methods", {**_FAKE["timing_methods"], "method": 1})):
         gpu = {"date": "2026-12-01", "device": "NVIDIA H200", "figures": {name: old}}
         assert "Not measured yet" in FIGURES[name].make(Context(tree, gpu=gpu, current=name))
         gpu["figures"][name] = _FAKE[name]
