@@ -8,12 +8,13 @@
 #         tests=FILES       only these test files or node ids (comma list), sharded the same way
 #         sanitize          compute-sanitizer memcheck + racecheck over one small case per kernel
 #         bench=SUITE       `cute-kernels bench SUITE` (BENCH_ARGS) into OUTDIR/results
+#         bench=models      `cute-kernels bench models` (MODELS_ARGS) into OUTDIR/results
 #         script=PATH       python3 PATH --out OUTDIR/results/<name>.json
 # Writes OUTDIR/steps.log (a summary line per step at the end) and OUTDIR/results.tar.gz (the
 # JSON results and every step's log). With CUTE_KERNELS_RESULTS_DIR set to OUTDIR/results the
 # fuzz tests write their records there too. Exit status: 0 when every step passed.
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 OUTDIR=$1; shift
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mkdir -p "$OUTDIR/results" "$OUTDIR/logs" || exit 1
@@ -52,6 +53,9 @@ for spec in "$@"; do
         --error-exitcode 1 --print-limit 20 python3 -m cute_kernels.bench.sanitize all
       run_step racecheck "$cap" "$SAN" --tool racecheck --report-api-errors no --error-exitcode 1 --print-limit 20 \
         python3 -m cute_kernels.bench.sanitize all ;;
+    bench=models)  # its own options (rounds and iterations of whole model steps), MODELS_ARGS
+      # shellcheck disable=SC2086
+      run_step "$step" "$cap" python3 -m cute_kernels.cli bench models ${MODELS_ARGS:-} --out-dir "$OUTDIR/results" ;;
     bench=*)
       # shellcheck disable=SC2086
       run_step "$step" "$cap" python3 -m cute_kernels.cli bench "${step#bench=}" $BENCH_ARGS --out-dir "$OUTDIR/results" ;;

@@ -25,6 +25,9 @@ mapfile -t ASSIGNED < <(grep -rlE 'mark\.gpu' tests --include='test_*.py' | xarg
         load[best] += $1; files[best] = files[best] " " $2 }
       END { for (i = 0; i < jobs; i++) if (files[i] != "") print files[i] }')
 
+# the deal first, so a shard cut off by a caller's time cap still says which files it held
+for i in "${!ASSIGNED[@]}"; do echo "shard $i:${ASSIGNED[$i]}"; done
+
 PIDS=()
 for i in "${!ASSIGNED[@]}"; do
   # shellcheck disable=SC2086  # the shard's file list

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from cute_kernels.bench.records import BenchResult, load_result
-from cute_kernels.bench.table import format_table
+from cute_kernels.bench.table import format_table, is_fuzz
 
 _BLOCK = re.compile(
     r"(?P<begin><!-- BEGIN GENERATED: results (?P<suite>[\w-]+)(?: (?P<impls>[\w,]+))? -->\n)"
@@ -43,11 +43,15 @@ def render_block(result: BenchResult, json_path: Path, page: Path, impls: list[s
     records = [r for r in result.records if impls is None or r.impl in impls]
     versions = ", ".join(f"{k} {v}" for k, v in sorted(result.versions.items()) if v)
     rel = Path(_relpath(json_path, page.parent))
-    command = result.settings.get("command") or f"cute-kernels bench {result.suite}"
+    fuzz = is_fuzz(records)
+    command = result.settings.get("command")
+    by = f"`{command}`" if command else ("the GPU tests" if fuzz else f"`cute-kernels bench {result.suite}`")
+    what = ("each problem against a float64 reference, outputs poisoned first; `wrong` counts those "
+            "outside the bar, `errors` those that raised" if fuzz
+            else "the ratio is to the fastest peer in the same run")
     lines = [
-        f"Measured by `{command}` on {result.device}, {result.date} "
-        f"([{rel.name}]({rel.as_posix()})); {versions}. `*` marks ours; the ratio is to the fastest "
-        "peer in the same run.",
+        f"Measured by {by} on {result.device}, {result.date} "
+        f"([{rel.name}]({rel.as_posix()})); {versions}. `*` marks ours; {what}.",
         "",
         format_table(records),
     ]

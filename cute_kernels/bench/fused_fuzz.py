@@ -434,5 +434,5 @@ def trace(seed: int = 0, n: int = 1200, device: str = "cuda") -> None:
 
 def result(report: FuzzReport, device: str = "cuda"):
     """The `fused_fuzz` BenchResult: one record with `cases` and `wrong` (ok when none is)."""
-    return fuzz_result(report, "fused_fuzz", "cute_kernels",
-                       dict(seed=report.seed, cases=report.cases, families=list(FAMILIES)), device)
+    return fuzz_result(report, "fused_fuzz", "cute_kernels", dict(families=list(FAMILIES)), device,
+                       command="pytest -m gpu tests/fused/test_fused_fuzz_gpu.py")

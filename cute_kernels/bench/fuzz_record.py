@@ -17,7 +17,10 @@ class FuzzReport:
     cases: int = 0
     wrong: int = 0
     errors: int = 0  # calls that raised (counted in `wrong`)
-    worst: float = 0.0
+    worst: float = 0.0  # the worst passing case, in `measure`
+    # "rel_err": relative error against float64; "error/bound": each case's error over its own
+    # bound (a fuzz whose bar scales with the problem's conditioning; 1 is the bar)
+    measure: str = "rel_err"
     seconds: float = 0.0
     seed: int = 0
     failures: list[dict] = field(default_factory=list)  # the first few wrong cases
@@ -31,22 +34,32 @@ def poison(device, numel: int) -> None:
     torch.empty(max(numel, 1 << 20), dtype=torch.float32, device=device).fill_(math.nan)
 
 
-def fuzz_result(report: FuzzReport, suite: str, impl: str, settings: dict, device: str = "cuda"):
-    """The `suite` BenchResult of `report`: one record of ours with cases, wrong, errors, seed,
-    seconds and the first failures."""
+def fuzz_result(report: FuzzReport, suite: str, impl: str, settings: dict, device: str = "cuda", *,
+                command: str, classes: dict[str, tuple[str, FuzzReport]] | None = None):
+    """The `suite` BenchResult of `report`, made by `command`: one record of ours with cases,
+    wrong, errors, seed, seconds and the first failures; or, with `classes` (case name ->
+    (dtype, that class's report)), one such record per class of problems."""
     import datetime
 
     from .environment import device_name, versions
     from .records import BenchResult, Record
 
-    rec = Record(case=f"random_{report.cases}", impl=impl, dtype="mixed", tflops=None, ms=None,
-                 rel_err=report.worst, ok=report.wrong == 0, kind="ours",
-                 extra=dict(cases=report.cases, wrong=report.wrong, errors=report.errors, seed=report.seed,
-                            seconds=report.seconds, failures=report.failures))
+    def record(case: str, dtype: str, r: FuzzReport) -> Record:
+        by_ratio = r.measure == "error/bound"
+        extra = dict(cases=r.cases, wrong=r.wrong, errors=r.errors, seed=r.seed, seconds=r.seconds,
+                     failures=r.failures)
+        if by_ratio:
+            extra["worst_error_to_bound"] = r.worst
+        return Record(case=case, impl=impl, dtype=dtype, tflops=None, ms=None,
+                      rel_err=None if by_ratio else r.worst, ok=r.wrong == 0, kind="ours", extra=extra)
+
+    rows = classes if classes is not None else {f"random_{report.cases}": ("mixed", report)}
     now = datetime.datetime.now(datetime.timezone.utc)
     return BenchResult(date=now.strftime("%Y-%m-%d"), timestamp=now.isoformat(timespec="seconds"),
-                       device=device_name(device), versions=versions(device), suite=suite, records=[rec],
-                       settings=settings)
+                       device=device_name(device), versions=versions(device), suite=suite,
+                       records=[record(case, dtype, r) for case, (dtype, r) in rows.items()],
+                       settings={"command": command, "cases": report.cases, "wrong": report.wrong,
+                                 "seed": report.seed, **settings})
 
 
 def write_to_results_dir(result) -> Path | None:

@@ -253,5 +253,5 @@ def trace(seed: int = 0, n: int = 2000, device: str = "cuda") -> None:
 
 def result(report: FuzzReport, device: str = "cuda"):
     """The `gemm_fuzz` BenchResult: one record with `cases` and `wrong` (ok when none is)."""
-    return fuzz_result(report, "gemm_fuzz", "auto", dict(seed=report.seed, cases=report.cases, max_size=5000),
-                       device)
+    return fuzz_result(report, "gemm_fuzz", "auto", dict(max_size=5000), device,
+                       command="pytest -m gpu tests/gemm/test_gemm_fuzz_gpu.py")

@@ -82,7 +82,7 @@ SPECS: dict[str, ModelSpec] = {s.name: s for s in (
               dict(model_name="vit_base_patch16_224", img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=4,
                    num_classes=10), batch=64, tiny_batch=2),
     ModelSpec("eva02_b14", "timm", "image", "timm eva02_base_patch14_224 (rotary embeddings, SwiGLU)",
-              dict(model_name="eva02_base_patch14_224"),
+              dict(model_name="eva02_base_patch14_224", num_classes=1000),  # timm's default has no head
               dict(model_name="eva02_base_patch14_224", img_size=28, patch_size=7, embed_dim=48, depth=2, num_heads=4,
                    num_classes=10), batch=64, tiny_batch=2),
 )}

@@ -23,9 +23,10 @@ from cute_kernels.bench.impls import (Unsupported, _our_copy_available, _prepare
                                       _prepare_gemm_rung, _prepare_our_copy, our_attention_kernels, our_gemm_rungs)
 from cute_kernels.bench.runner import check_correctness
 
-# Small cases, tried in order until the kernel takes one: odd sizes first, tile multiples last.
-GEMM_CASES = [GemmCase(m, n, k, dt) for dt in ("bf16", "fp16", "fp32")
-              for m, n, k in ((200, 136, 72), (256, 256, 128))]
+# Small cases, tried in order until the kernel takes one: odd sizes first, tile multiples last,
+# then a skinny odd case for the specialists that take only a side of at most 16 (gemv).
+GEMM_CASES = [GemmCase(m, n, k, dt) for m, n, k in ((200, 136, 72), (256, 256, 128), (7, 136, 200))
+              for dt in ("bf16", "fp16", "fp32")]
 ATTENTION_CASES = [AttentionCase(1, 2, s, d, True, "bf16") for d in (128, 64) for s in (200, 256)]
 COPY_CASES = [CopyCase(1_000_003, "bf16"), CopyCase(1 << 20, "bf16")]
 

@@ -31,11 +31,35 @@ def row(r: Record) -> tuple[str, ...]:
             _num(r.pct_ceiling, ".1f"), ratio, _num(r.rel_err, ".1e"), spread, status)
 
 
+FUZZ_HEADERS = ("case", "dtype", "impl", "cases", "wrong", "errors", "worst rel_err", "worst error/bound", "seed")
+
+
+def is_fuzz(records: Iterable[Record]) -> bool:
+    """A fuzz run's records count problems (`cases`, `wrong`) instead of timing one."""
+    records = list(records)
+    return bool(records) and all("wrong" in r.extra and r.ms is None for r in records)
+
+
+def fuzz_row(r: Record) -> tuple[str, ...]:
+    """The cells of one fuzz record: how many problems ran, how many were wrong or raised, and
+    the worst passing one (as a relative error, or as its error over its own bound)."""
+    impl = r.impl + ("*" if r.kind == "ours" else "")
+    seed = r.extra.get("seed")
+    return (r.case, r.dtype, impl, str(r.extra.get("cases", "-")), str(r.extra["wrong"]),
+            str(r.extra.get("errors", 0)), _num(r.rel_err, ".1e"), _num(r.extra.get("worst_error_to_bound"), ".2f"),
+            "-" if seed is None else str(seed))
+
+
 def format_table(records: Iterable[Record]) -> str:
-    """A Markdown table with aligned columns; `*` marks our implementations."""
-    rows = [HEADERS] + [row(r) for r in records]
-    widths = [max(len(rw[i]) for rw in rows) for i in range(len(HEADERS))]
-    numeric = {3, 4, 5, 6, 7, 8, 9}
+    """A Markdown table with aligned columns; `*` marks our implementations. Fuzz records get
+    their own columns (`FUZZ_HEADERS`)."""
+    records = list(records)
+    if is_fuzz(records):
+        headers, rows, numeric = FUZZ_HEADERS, [fuzz_row(r) for r in records], {3, 4, 5, 6, 7, 8}
+    else:
+        headers, rows, numeric = HEADERS, [row(r) for r in records], {3, 4, 5, 6, 7, 8, 9}
+    rows = [headers] + rows
+    widths = [max(len(rw[i]) for rw in rows) for i in range(len(headers))]
 
     def line(cells: tuple[str, ...]) -> str:
         return "| " + " | ".join(c.rjust(w) if i in numeric else c.ljust(w)

@@ -15,7 +15,7 @@ from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_sig
 
 from .host import check_same_device, check_tensor, compile_tvm_ffi, dtype_name, nograd, rows_view, sm_count, tensor_vec
 
-__all__ = ["norm_forward", "norm_backward"]
+__all__ = ["norm_forward", "norm_backward", "forward_plan_for"]
 
 KINDS = ("rms", "layer")
 _FWD_PLANS = PlanCache("fused.norm_forward")
@@ -61,16 +61,9 @@ def norm_forward(x, weight=None, bias=None, residual=None, *, kind: str = "rms",
     and mean (LayerNorm only) are fp32 of shape x.shape[:-1] when `save_stats`, else None. The
     math is fp32 (module docstring of `cute_kernels.fused.norms`).
     """
-    sig = None
-    if plain_tensors(x, weight, bias, residual):
-        try:
-            sig = (kind, float(offset), bool(save_stats), out_dtype, tensor_signature(x),
-                   None if weight is None else tensor_signature(weight),
-                   None if bias is None else tensor_signature(bias),
-                   None if residual is None else tensor_signature(residual))
-            plan = _FWD_PLANS.get(sig)
-        except TypeError:
-            plan = sig = None
+    sig = _forward_signature(x, weight, bias, residual, kind, offset, save_stats, out_dtype)
+    if sig is not None:
+        plan = _FWD_PLANS.get(sig)
         if plan is not None:
             return plan(x, weight, bias, residual, eps)
     op = f"cute_kernels.fused.{'rms' if kind == 'rms' else 'layer'}_norm"
@@ -79,6 +72,28 @@ def norm_forward(x, weight=None, bias=None, residual=None, *, kind: str = "rms",
     if sig is not None:
         _FWD_PLANS.put(sig, plan)
     return plan(x, weight, bias, residual, eps)
+
+
+def _forward_signature(x, weight, bias, residual, kind, offset, save_stats, out_dtype):
+    """The key of a forward call's plan, or None for a call that gets no plan (not plain tensors)."""
+    if not plain_tensors(x, weight, bias, residual):
+        return None
+    try:
+        return (kind, float(offset), bool(save_stats), out_dtype, tensor_signature(x),
+                None if weight is None else tensor_signature(weight),
+                None if bias is None else tensor_signature(bias),
+                None if residual is None else tensor_signature(residual))
+    except TypeError:
+        return None
+
+
+def forward_plan_for(x, weight=None, bias=None, residual=None, *, kind: str = "rms", offset: float = 0.0,
+                     save_stats: bool = True, out_dtype=None):
+    """The plan `norm_forward` stored for a call with these arguments (a checked call made
+    first), `plan(x, weight, bias, residual, eps) -> (y, s, rstd, mean)`, or None: what the
+    eager direct path (`ops.eager_fused`) replays."""
+    sig = _forward_signature(x, weight, bias, residual, kind, offset, save_stats, out_dtype)
+    return None if sig is None else _FWD_PLANS.get(sig)
 
 
 def _flat(t):

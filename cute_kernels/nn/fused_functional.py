@@ -2,9 +2,10 @@
 one exists (`rms_norm`, `layer_norm`, `softmax`, `cross_entropy`), plus `fused_add_rms_norm`,
 `fused_add_layer_norm`, `linear_cross_entropy`, `rotary_embedding` and `swiglu`.
 
-Each calls a `cute_kernels::` operator (`cute_kernels.ops.fused`), so it compiles to one opaque op,
-differentiates through the op's backward, and takes `fallback` ("none": input the kernels do not
-take raises; "torch": PyTorch computes it, with a `FallbackWarning`).
+Each calls a `cute_kernels::` operator (`cute_kernels.ops.fused`; the norms through its eager
+direct path, `ops.eager_fused`, which a warm eager call takes instead of the op), so it compiles
+to one opaque op, differentiates through the op's backward, and takes `fallback` ("none": input
+the kernels do not take raises; "torch": PyTorch computes it, with a `FallbackWarning`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 import torch
 
 from cute_kernels.ops import fused as fops
+from cute_kernels.ops.eager_fused import norm as norm_entry
 
 __all__ = ["rms_norm", "layer_norm", "fused_add_rms_norm", "fused_add_layer_norm", "softmax", "cross_entropy",
            "linear_cross_entropy", "rotary_embedding", "swiglu", "REDUCTIONS"]
@@ -38,7 +40,7 @@ def _norm(x, normalized_shape, weight, bias, residual, kind, eps, offset, out_dt
     r2 = None if residual is None else residual.reshape(x2.shape)
     if eps is None:
         eps = torch.finfo(x.dtype).eps
-    y, s, _, _ = fops.norm(x2, w, b, r2, kind, float(eps), float(offset), out_dtype, fallback)
+    y, s, _, _ = norm_entry(x2, w, b, r2, kind, float(eps), float(offset), out_dtype, fallback)
     if restore is not None:
         y = y.reshape(restore)
         s = s.reshape(restore) if residual is not None else s

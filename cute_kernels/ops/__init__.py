@@ -39,7 +39,7 @@ from .gemm import ACTIVATIONS, linear, matmul, scaled_mm
 from . import fused
 from .fused import (cross_entropy, cross_entropy_backward, linear_cross_entropy, linear_cross_entropy_backward, norm,
                     norm_backward, rotary, rotary_, softmax, softmax_backward, swiglu, swiglu_backward)
-from . import eager_attention, eager_gemm  # noqa: E402,F401 (the eager entries; they register the autocast rules)
+from . import eager_attention, eager_fused, eager_gemm  # noqa: E402,F401 (the eager entries; they register the autocast rules)
 
 FUSED_OPS = ("norm", "norm_backward", "softmax", "softmax_backward", "cross_entropy", "cross_entropy_backward", "rotary",
              "rotary_", "swiglu", "swiglu_backward", "linear_cross_entropy", "linear_cross_entropy_backward")

@@ -112,13 +112,19 @@ def _norm_setup(ctx, inputs, output):
 
 
 def _norm_grad(ctx, dy, ds_out, drstd, dmean):
+    return norm_grads(ctx, dy, ds_out, norm_backward)
+
+
+def norm_grads(ctx, dy, ds_out, backward):
+    """The gradients of `norm`'s 9 inputs from what `_norm_setup` saved, with `backward` (the
+    `norm_backward` op, or its body on the eager direct path) computing them."""
     s, weight, rstd, mean = ctx.saved_tensors
     if dy is None:
         dy = torch.zeros_like(s)
     dsum = ds_out if ctx.has_residual and ds_out is not None else None
     want_w = bool(ctx.needs_input_grad[1] or ctx.needs_input_grad[2])
-    dx, dw, db = norm_backward(dy.to(s.dtype) if dy.dtype != s.dtype else dy, s, weight, rstd, mean, dsum, ctx.kind,
-                               ctx.offset, ctx.has_bias, want_w, ctx.fallback)
+    dx, dw, db = backward(dy.to(s.dtype) if dy.dtype != s.dtype else dy, s, weight, rstd, mean, dsum, ctx.kind,
+                          ctx.offset, ctx.has_bias, want_w, ctx.fallback)
     dw, db = _none_if_empty(dw), _none_if_empty(db)
     x_dtype, r_dtype = ctx.dtypes
     # ds is the gradient of both x and the residual (each in its own dtype).

@@ -19,16 +19,16 @@ one none. lse within 2e-3 + 1e-3 |lse|; rows that see no key must match exactly 
 -inf, or the sink). Forward outputs are NaN-poisoned and backward results come from a NaN-filled
 allocator, so an unwritten element fails.
 
-The run writes `<dir>/<date>-attention_fuzz-<device>.json` (suite `attention_fuzz`, settings
-`cases` and `wrong`, one record per class) through `cute_kernels.bench.records`, dir from
-CUTE_KERNELS_RESULTS_DIR (default: the test's tmp dir; as the GEMM fuzz); CUTE_KERNELS_FUZZ_CASES
+The run writes `<date>-attention_fuzz-<device>.json` (suite `attention_fuzz`, settings `cases`
+and `wrong`, one record per class with its worst error over its bound) through
+`cute_kernels.bench.fuzz_record` into CUTE_KERNELS_RESULTS_DIR (else the test's tmp dir), as the
+GEMM and fused fuzzes do; CUTE_KERNELS_FUZZ_CASES
 (default 1200) and CUTE_KERNELS_FUZZ_SEED (default: a fresh seed, printed and recorded) set the run. Compiles are cached under
 CUTE_KERNELS_CACHE_DIR like every kernel: set it to a persistent folder to time only the run.
 """
 
 from __future__ import annotations
 
-import datetime
 import math
 import os
 import random
@@ -37,6 +37,8 @@ import time
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from cute_kernels.bench.fuzz_record import FuzzReport, fuzz_result, write_to_results_dir  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -197,21 +199,6 @@ def check(p: dict, device="cuda") -> tuple[list[str], float]:
     return failed, worst
 
 
-def _write_result(out_dir, per_class: dict, cases: int, wrong: int, settings: dict):
-    from cute_kernels.bench import environment
-    from cute_kernels.bench.records import BenchResult, Record, result_stem
-
-    date = datetime.date.today().isoformat()
-    device = environment.device_name("cuda")
-    records = [Record(case=name, impl="cute_kernels", dtype=str(CLASSES[name][0]).removeprefix("torch."),
-                      tflops=None, ms=None, rel_err=stats["worst"], ok=stats["wrong"] == 0, kind="ours",
-                      extra={"cases": stats["cases"], "wrong": stats["wrong"]})
-               for name, stats in per_class.items()]
-    result = BenchResult(date=date, device=device, versions=environment.versions("cuda"), suite="attention_fuzz",
-                         records=records, settings={"cases": cases, "wrong": wrong, **settings})
-    return result.write(os.path.join(out_dir, result_stem(date, "attention_fuzz", device) + ".json"))
-
-
 def test_attention_fuzz(tmp_path):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
         pytest.skip("needs an sm_80+ GPU")
@@ -222,27 +209,31 @@ def test_attention_fuzz(tmp_path):
     rng = random.Random(seed)
     torch.manual_seed(seed)
     names = list(CLASSES)
-    per_class = {nm: {"cases": 0, "wrong": 0, "worst": 0.0} for nm in names}
-    failures, start, first_done = [], time.perf_counter(), None
+    per_class = {nm: FuzzReport(seed=seed, measure="error/bound") for nm in names}
+    total = FuzzReport(seed=seed, measure="error/bound")
+    start, first_done = time.perf_counter(), None
     for i in range(n):
         p = draw_problem(rng, names[i % len(names)])
         failed, worst = check(p)
-        stats = per_class[p["name"]]
-        stats["cases"] += 1
-        stats["worst"] = max(stats["worst"], worst)
-        if failed:
-            stats["wrong"] += 1
-            failures.append(f"{describe(p)}: {', '.join(failed)}")
+        for r in (per_class[p["name"]], total):
+            r.cases += 1
+            if not failed:
+                r.worst = max(r.worst, worst)
+            else:
+                r.wrong += 1
+                if len(r.failures) < 10:
+                    r.failures.append({"problem": describe(p), "why": ", ".join(failed)})
         if i == len(names) - 1:
             torch.cuda.synchronize()
             first_done = time.perf_counter()  # every class compiled
     torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    wrong = sum(s["wrong"] for s in per_class.values())
-    # CUTE_KERNELS_RESULTS_DIR: where the GPU check collects result files (as the GEMM fuzz)
-    path = _write_result(os.environ.get("CUTE_KERNELS_RESULTS_DIR", str(tmp_path)), per_class, n, wrong,
-                         {"seed": seed, "seconds": round(elapsed, 1),
-                          "seconds_first_pass": round((first_done or time.perf_counter()) - start, 1)})
-    print(f"attention fuzz: {n} problems, {wrong} wrong, {elapsed:.1f} s -> {path}")
+    total.seconds = round(time.perf_counter() - start, 1)
+    result = fuzz_result(total, "attention_fuzz", "cute_kernels",
+                         {"seconds_first_pass": round((first_done or time.perf_counter()) - start, 1)},
+                         command="pytest -m gpu tests/attention/test_attention_fuzz_gpu.py",
+                         classes={nm: (str(CLASSES[nm][0]).removeprefix("torch."), r) for nm, r in per_class.items()})
+    path = write_to_results_dir(result) or result.write(tmp_path / "attention_fuzz.json")
+    print(f"attention fuzz: {n} problems, {total.wrong} wrong, {total.seconds} s -> {path}")
     assert n >= 1000 or "CUTE_KERNELS_FUZZ_CASES" in os.environ
-    assert wrong == 0, f"{wrong} of {n} problems wrong (seed {seed}); first: " + "; ".join(failures[:10])
+    assert total.wrong == 0, (f"{total.wrong} of {n} problems wrong (seed {seed}); first: "
+                              + "; ".join(f"{f['problem']}: {f['why']}" for f in total.failures))

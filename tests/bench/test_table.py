@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cute_kernels.bench.records import Record
-from cute_kernels.bench.table import HEADERS, format_table
+from cute_kernels.bench.table import FUZZ_HEADERS, HEADERS, format_table
 
 
 def test_table_rows_and_formatting():
@@ -31,3 +31,18 @@ def test_copy_rows_show_no_tflops():
     rec = Record("256MiB", "torch_copy", "bf16", tflops=0.0, ms=0.125, rel_err=0.0, flops=0.0, gbps=4294.0)
     cells = [c.strip() for c in format_table([rec]).splitlines()[2].strip("|").split("|")]
     assert cells[4] == "-" and cells[5] == "4294"
+
+
+def test_fuzz_records_get_the_fuzz_columns():
+    recs = [Record("random_2000", "auto", "mixed", tflops=None, ms=None, rel_err=2.5e-3, kind="ours",
+                   extra={"cases": 2000, "wrong": 0, "errors": 1, "seed": 17}),
+            Record("fp16_d64", "cute_kernels", "float16", tflops=None, ms=None, rel_err=None, kind="ours",
+                   extra={"cases": 150, "wrong": 3, "worst_error_to_bound": 0.814})]
+    lines = format_table(recs).splitlines()
+    assert [c.strip() for c in lines[0].strip("|").split("|")] == list(FUZZ_HEADERS)
+    assert [c.strip() for c in lines[2].strip("|").split("|")] == ["random_2000", "mixed", "auto*", "2000", "0", "1",
+                                                                   "2.5e-03", "-", "17"]
+    assert [c.strip() for c in lines[3].strip("|").split("|")][3:] == ["150", "3", "0", "-", "0.81", "-"]
+    # a timed record among them keeps the timing columns for the whole table
+    timed = Record("1x1x1", "cublas", "bf16", tflops=1.0, ms=0.5, rel_err=0.0)
+    assert [c.strip() for c in format_table(recs + [timed]).splitlines()[0].strip("|").split("|")] == list(HEADERS)

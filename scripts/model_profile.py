@@ -1,0 +1,120 @@
+"""Where a patched model's time goes: each part of `nn.patch` alone, and the kernels of a step.
+
+    python3 scripts/model_profile.py [--models vit_b16,llama_gqa_padded] [--out FILE.json]
+
+For each model of the models suite (bench size, bf16): the infer and train steps of the stock
+model and of copies patched with everything, linear layers only, norms only and attention only,
+timed in one process (CUDA events, interleaved rounds, `bench.models`' steps); then one profiled
+infer step of stock and of the full patch: the top CUDA kernels by total time, the step's summed
+kernel time against its wall time (a wall time well above the kernel time is a host-bound step).
+Prints the tables; writes them as JSON with --out."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+import cute_kernels.nn as cnn  # noqa: E402
+from cute_kernels.bench import model_specs  # noqa: E402
+from cute_kernels.bench.models import _infer_step, _train_step  # noqa: E402
+from cute_kernels.bench.timing import interleaved  # noqa: E402
+
+VARIANTS = {  # name: nn.patch options (None: the stock model)
+    "stock": None,
+    "patched": {},
+    "linear_only": dict(sdpa=False, norms=False),
+    "norms_only": dict(linear=False, sdpa=False),
+    "sdpa_only": dict(linear=False, norms=False),
+}
+
+
+def _timer(iters: int):
+    def timer(fn, label=""):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / iters
+    return timer
+
+
+def _profile(step) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    kernels = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(e.name[:90], [0.0, 0])
+            k[0] += e.device_time_total / 1e3 if hasattr(e, "device_time_total") else e.cuda_time_total / 1e3
+            k[1] += 1
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:18]
+    return {"wall_ms": round(wall_ms, 3), "kernel_ms": round(sum(v[0] for v in kernels.values()), 3),
+            "launches": sum(v[1] for v in kernels.values()),
+            "top": [{"kernel": n, "ms": round(v[0], 4), "calls": v[1]} for n, v in top]}
+
+
+def run(name: str, rounds: int, iters: int) -> dict:
+    spec = model_specs.spec(name)
+    stock = model_specs.build(spec, device="cuda", dtype=torch.bfloat16)
+    batch = model_specs.make_batch(spec, device="cuda", dtype=torch.bfloat16)
+    models = {}
+    for variant, options in VARIANTS.items():
+        m = stock if options is None else cnn.patch(copy.deepcopy(stock), **options)
+        models[variant] = m
+    out = {"model": name, "patch": repr(models["patched"].cute_kernels_patch)}
+    for mode, step in (("infer", _infer_step), ("train", _train_step)):
+        fns = {v: (lambda m=m, step=step: step(spec, m, batch)) for v, m in models.items()}
+        for fn in fns.values():
+            fn(), fn()
+        t = interleaved(fns, _timer(iters), rounds)
+        out[mode] = {v: round(t[v].median, 3) for v in fns}
+        print(f"{name} {mode}: " + ", ".join(f"{v} {ms:.2f} ms" for v, ms in out[mode].items()), flush=True)
+    for variant in ("stock", "patched"):
+        prof = _profile(lambda m=models[variant]: _infer_step(spec, m, batch))
+        out[f"profile_infer_{variant}"] = prof
+        print(f"{name} infer {variant}: wall {prof['wall_ms']} ms, kernels {prof['kernel_ms']} ms, "
+              f"{prof['launches']} launches")
+        for k in prof["top"]:
+            print(f"    {k['ms']:8.3f} ms {k['calls']:5d}x  {k['kernel']}")
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="vit_b16,llama_gqa_padded")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    rows = []
+    for name in args.models.split(","):
+        try:
+            rows.append(run(name, args.rounds, args.iters))
+        except Exception as err:  # noqa: BLE001 - the other models still run; the row says why
+            print(f"{name}: {type(err).__name__}: {err}", flush=True)
+            rows.append({"model": name, "error": f"{type(err).__name__}: {err}"[:500]})
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
