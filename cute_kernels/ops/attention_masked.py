@@ -13,8 +13,11 @@ reused by every layer and by the backward.
 
 Outputs: out (B, Sq, Hq, Dv) contiguous, the layout models reshape into their output
 projection; lse (Hq, B * Sq) fp32, not differentiable (rows of padded queries hold -inf). The
-plan decides the path: no padding and one sequence per row runs the dense `sdpa` operator;
-otherwise `sdpa_varlen` runs on the real rows. Padded query rows get out 0.
+plan decides the path: no padding and one sequence per row runs the dense `sdpa` operator; so
+does a causal batch padded on the right only (Sq == Sk': each row's real tokens are its prefix,
+so under causality a real query sees no padded key, and the dense kernel needs neither the
+gathers nor the host reads of unpadding), its padded query rows overwritten after; otherwise
+`sdpa_varlen` runs on the real rows. Padded query rows get out 0.
 
 Which queries are real: with causality, a query's position among the real keys decides what it
 sees, so queries are unpadded too: by the same mask when Sq == Sk', one per row when Sq == 1
@@ -51,7 +54,8 @@ class Plan:
     """How a masked batch runs. `dense`: no padding and one sequence per row, so the dense
     operator runs on k, v cut to `keys_used` rows. Otherwise the varlen operator runs on the
     rows `rows_q` / `rows_k` of the flattened (B * S) batch (None: every row, in order),
-    delimited by int32 `cu_q` / `cu_k` (B' + 1,)."""
+    delimited by int32 `cu_q` / `cu_k` (B' + 1,). `real_q` (B, Sq) bool: on the dense path
+    of a right-padded causal batch, its real query rows (the others get out 0, lse -inf)."""
 
     dense: bool
     keys_used: int
@@ -61,6 +65,7 @@ class Plan:
     cu_k: Optional[Tensor] = None
     max_q: int = 0
     max_k: int = 0
+    real_q: Optional[Tensor] = None
 
 
 # One plan per mask object: every layer of a forward (and the backward) hands the same mask.
@@ -129,7 +134,17 @@ def _padding_plan(key_mask: Tensor, seqlen_q: int, seqlen_k: int, causal: bool) 
         raise TypeError(f"cute_kernels.sdpa_masked: key_mask must be bool (True = a real token), got {key_mask.dtype}")
     if used > seqlen_k:
         raise ValueError(f"cute_kernels.sdpa_masked: key_mask covers {used} keys but key has {seqlen_k}")
-    if bool(key_mask.all()):
+    if causal and seqlen_q == used:
+        # one read of the device answers both: no padding at all, or padding on the right only
+        # (every row a prefix of real tokens), which the dense kernel runs as it is
+        lengths = key_mask.sum(-1, dtype=torch.int32)
+        prefix = key_mask == (torch.arange(used, device=key_mask.device) < lengths[:, None])
+        no_padding, right_padded = torch.stack((key_mask.all(), prefix.all())).tolist()
+        if no_padding:
+            return Plan(True, used)
+        if right_padded:
+            return Plan(True, used, real_q=key_mask)
+    elif bool(key_mask.all()):
         return Plan(True, used)
     rows_k, cu_k, max_k = _rows(key_mask)
     if not causal:
@@ -195,7 +210,11 @@ def sdpa_masked(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], seg
         align = causal if causal is None or ks.shape[2] != sq else "top_left"
         out, lse = attention_ops.sdpa(q, ks, vs, align, scale, hq != k.shape[1], window_left, window_right,
                                       rung=rung, fallback=fallback, **features)
-        return out.transpose(1, 2).contiguous(), lse.permute(1, 0, 2).reshape(hq, b * sq).contiguous()
+        out, lse = out.transpose(1, 2).contiguous(), lse.permute(1, 0, 2).reshape(hq, b * sq).contiguous()
+        if plan.real_q is not None:
+            out.masked_fill_(~plan.real_q[:, :, None, None], 0)
+            lse.masked_fill_(~plan.real_q.reshape(1, -1), float("-inf"))
+        return out, lse
     qp = _packed(q, plan.rows_q, sq)
     kp, vp = _packed(k, plan.rows_k, plan.keys_used), _packed(v, plan.rows_k, plan.keys_used)
     align = None if causal is None else "bottom_right"
@@ -261,6 +280,11 @@ def sdpa_masked_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
         used = plan.keys_used
         ks, vs = k[:, :, :used], v[:, :, :used]
         align = causal if causal is None or used != sq else "top_left"
+        if plan.real_q is not None:
+            # the padded query rows' out is a constant 0: no gradient reaches their scores. An
+            # lse of +inf gives those rows probabilities of exactly 0 (-inf would give inf * 0).
+            grad_out = grad_out.masked_fill(~plan.real_q[:, :, None, None], 0)
+            lse = lse.masked_fill(~plan.real_q.reshape(1, -1), float("inf"))
         gq, gk, gv = attention_ops.sdpa_backward(
             grad_out.transpose(1, 2), q, ks, vs, out.transpose(1, 2), lse.view(hq, b, sq).permute(1, 0, 2).contiguous(),
             align, scale, hq != k.shape[1], window_left, window_right, rung=rung, fallback=fallback, **features)

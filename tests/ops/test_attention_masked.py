@@ -129,11 +129,52 @@ def test_softcap_and_sinks_on_a_padded_batch_with_their_gradients():
 
 def test_the_plan_is_computed_once_per_mask():
     key_mask = torch.ones(2, 6, dtype=torch.bool)
-    key_mask[0, 4:] = False
+    key_mask[0, 2:] = False
+    key_mask[1, :1] = False
     first = am.plan_for(key_mask, None, 6, 6, "bottom_right")
     assert am.plan_for(key_mask, None, 6, 6, "bottom_right") is first and not first.dense
-    key_mask[0, 4:] = True  # changed in place: the version counter says so
-    assert am.plan_for(key_mask, None, 6, 6, "bottom_right").dense
+    key_mask[1, :1] = True  # changed in place (now right padding only): the version counter says so
+    second = am.plan_for(key_mask, None, 6, 6, "bottom_right")
+    assert second.dense and torch.equal(second.real_q, key_mask)
+    key_mask[0, 2:] = True
+    third = am.plan_for(key_mask, None, 6, 6, "bottom_right")
+    assert third.dense and third.real_q is None
+
+
+@pytest.mark.parametrize("left", [-1, 2])
+@pytest.mark.parametrize("features", [False, True])
+def test_a_right_padded_causal_batch_runs_the_dense_operator(left, features):
+    """Right padding only, Sq == Sk: the dense kernel on the whole batch (no unpadding), padded
+    query rows zeroed; values and gradients as the unpadded definition, whatever gradient the
+    padded rows' outputs are handed."""
+    b, s, hq = 3, 9, 4
+    q, k, v = _qkv(b, hq, 2, s, s, seed=7)
+    key_mask = torch.ones(b, s, dtype=torch.bool)
+    key_mask[0, 5:] = False
+    key_mask[2, 8:] = False
+    sinks = torch.randn(hq, dtype=F64).requires_grad_() if features else None
+    kw = dict(softcap=5.0, sinks=sinks) if features else {}
+    ops.FALLBACK_COUNTS.clear()
+    out, lse = ops.sdpa_masked(q, k, v, key_mask, None, "bottom_right", None, left, -1, fallback="torch", **kw)
+    assert {op for op, _ in ops.FALLBACK_COUNTS} == {"sdpa"}  # the dense operator alone, no varlen
+    keep, rows = _dense_keep(key_mask, s, s, True, left)
+    kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    scores = (q @ kr.transpose(-1, -2)) / 8 ** 0.5
+    if features:
+        scores = 5.0 * torch.tanh(scores / 5.0)
+    scores = scores.masked_fill(~keep, float("-inf"))
+    if features:
+        scores = torch.cat([scores, sinks.view(1, hq, 1, 1).expand(b, hq, s, 1)], -1)
+    want = (torch.softmax(scores, -1)[..., :s] @ vr).transpose(1, 2)
+    assert _rel(out[rows], want[rows]) < 1e-12
+    assert torch.all(out[~rows] == 0) and torch.all(torch.isneginf(lse.view(hq, b, s)[:, ~rows]))
+    assert torch.isfinite(lse.view(hq, b, s)[:, rows]).all()
+    wrt = (q, k, v) + ((sinks,) if features else ())
+    seed = torch.randn_like(out)  # the padded rows' share of it must reach nothing
+    got = torch.autograd.grad(out, wrt, seed)
+    ref = torch.autograd.grad(want, wrt, seed.masked_fill(~rows[..., None, None], 0))
+    for g, r in zip(got, ref):
+        assert torch.isfinite(g).all() and _rel(g, r) < (1e-6 if g.dim() == 1 else 1e-11)
 
 
 def test_bad_input_is_refused():
