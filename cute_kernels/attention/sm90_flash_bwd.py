@@ -51,7 +51,8 @@ across heads), summing dK and dV in its registers: no fp32 buffers (at B4 Hq32 H
 1 GiB of them) and no host sum, deterministic too, but `group` times fewer CTAs. It compiles
 without spills (168 registers, as the default) and has GPU tests
 (`test_gqa_loop_sums_the_group_in_the_kernel`) and a timing script
-(`scripts/attn_bwd_gqa_loop.py`); it stays opt-in (`config=`) until both have run on the H200.
+(`scripts/attn_bwd_gqa_loop.py`); the default takes it where its grid still fills the GPU
+(`gqa_loop_fills`, from that script's H200 figures).
 
 Pre-processing (D and lse in base 2, empty rows' lse = -inf mapped to +inf so that their P is
 0, both padded to whole Q blocks, and the zeroed fp32 dQ accumulator) is the small
@@ -388,10 +389,38 @@ def _check_supported(problem) -> None:
     _SUPPORTED.put(key, True)
 
 
+def gqa_loop_fills(problem, sms: int) -> bool:
+    """Whether the default backward of a GQA problem sums dK, dV in the kernel (`gqa_loop`):
+    when its grid, a CTA per (128 keys, key/value head, batch), still fills the GPU's `sms` SMs.
+    Measured on the H200 at B4 Hq32 Hkv8 S4096 D128 (1024 CTAs): 0.99x the per-query-head path's
+    time causal, 1.09x not, 452 MiB peak against 1028 MiB (FA4: 580). A smaller grid leaves SMs
+    idle where the per-query-head path has `group` times more CTAs, so it keeps that path; so
+    does a soft cap, whose combination with the loop has not run on a GPU yet."""
+    ctas = -(-problem.seqlen_k // 128) * problem.heads_kv * problem.batch
+    return problem.softcap is None and sms > 0 and ctas >= sms
+
+
+def _sm_count() -> int:
+    """The current CUDA device's SM count (0 without CUDA), cached per device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    device = torch.cuda.current_device()
+    n = _SM_COUNTS.get(device)
+    if n is None:
+        n = _SM_COUNTS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
+
+
+_SM_COUNTS: dict = {}
+
+
 def _launch_for(problem, config) -> _Launch:
     """The `_Launch` of `problem` with `config` (None: `bwd_config_for` the problem), cached in
     `_LAUNCHES` (at most `_MAX_LAUNCHES` entries; it then starts afresh)."""
-    key = (problem, config)
+    sms = _sm_count() if config is None else 0
+    key = (problem, config, sms)
     launch = _LAUNCHES.get(key)
     if launch is not None:
         return launch
@@ -407,8 +436,9 @@ def _launch_for(problem, config) -> _Launch:
             raise ValueError(f"config {config} does not match the problem (head_dim, dtype, causal, local, "
                              f"dkv_fp32, softcap) = {want}")
     else:
-        config = bwd_config_for(problem.head_dim, dtype_name, upper, dkv_fp32=group > 1, local=local,
-                                softcap=softcap)
+        loop = group > 1 and gqa_loop_fills(problem, sms)
+        config = bwd_config_for(problem.head_dim, dtype_name, upper, dkv_fp32=group > 1 and not loop, local=local,
+                                softcap=softcap, gqa_loop=loop)
     scale, offset, _ = launch_scalars(problem)
     offset_lo, _ = window_scalars(problem)
     b, hq, sq, sk, d = problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k, problem.head_dim

@@ -155,19 +155,23 @@ def _measure_timing():
     return {"method": TIMING_METHOD, "ms": res, "ncu": _ncu_summary()}
 
 
-# The method of the warm rows (2: calls enqueued back to back, so no launch gap enters an event
-# pair; the first measurement synchronized after each call, which added the host's launch latency
-# and showed the warm copy slower than the flushed one). Data of another version is not drawn.
-TIMING_METHOD = 2
+# The method of the warm rows (3: the GPU is held busy while the calls are enqueued, so no
+# launch gap enters an event pair. Method 1 synchronized after each call; method 2 enqueued them
+# back to back, but a copy's host path outlasts an 8 MiB copy, so the GPU still waited for the
+# host inside each pair, and both showed the warm copy slower than the flushed one). Data of
+# another version is not drawn.
+TIMING_METHOD = 3
 
 
 def _back_to_back(fn, calls: int = 50) -> list:
-    """ms of each of `calls` calls of `fn`, each in its own event pair, all enqueued before one
-    synchronize (the GPU never waits for the host, and what a call leaves in the L2 stays)."""
+    """ms of each of `calls` calls of `fn`, each in its own event pair, all enqueued behind a
+    spin kernel that keeps the GPU busy until they are (the GPU never waits for the host, and
+    what a call leaves in the L2 stays)."""
     import torch
 
     fn()
     pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+    torch.cuda._sleep(50_000_000)  # ~25 ms of spinning: longer than enqueueing `calls` calls
     for e0, e1 in pairs:
         e0.record()
         fn()

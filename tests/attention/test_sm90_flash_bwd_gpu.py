@@ -162,3 +162,24 @@ def test_gqa_loop_sums_the_group_in_the_kernel(case, schedule):
         assert not got.isnan().any(), f"{name} has unwritten (NaN) elements"
         assert rel_err(got, want) < TOL[dtype], name
         assert rel_err(got, other.float()) < TOL[dtype] / 3, f"{name} differs from the per-query-head path"
+
+
+@pytest.mark.parametrize("causal", ["top_left", None])
+def test_default_backward_sums_the_group_in_the_kernel_where_the_grid_fills_the_gpu(causal):
+    """The default config of a GQA problem whose per-kv-head grid fills the SMs is `gqa_loop`
+    (`gqa_loop_fills`); its gradients, through the public path, match fp32 autograd, and a
+    problem too small to fill the GPU keeps the per-query-head buffers."""
+    bwd = _sm90()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    b, hq, hkv, s, d = 2, 8, 2, -(-sms // 4) * 128, 128  # 2 x 2 x ceil(sms / 4) key blocks >= sms
+    case = (b, hq, hkv, s, s, d, causal, torch.bfloat16)
+    q = torch.empty(b, hq, s, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.empty(b, hkv, s, d, device="cuda", dtype=torch.bfloat16)
+    problem = check_inputs(q, k, k, causal=causal, scale=None, enable_gqa=True)
+    assert bwd.gqa_loop_fills(problem, sms) and bwd._launch_for(problem, None).config.gqa_loop
+    small = check_inputs(q[:1, :, :256], k[:1, :, :256], k[:1, :, :256], causal=causal, scale=None, enable_gqa=True)
+    assert not bwd._launch_for(small, None).config.gqa_loop and bwd._launch_for(small, None).config.dkv_fp32
+    dout, grads, ref, dtype = _run(case)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
+        assert got.shape == want.shape and not got.isnan().any(), name
+        assert rel_err(got, want) < TOL[dtype], name
