@@ -5,7 +5,7 @@
 For each model of the models suite (bench size, bf16): the infer and train steps of the stock
 model and of copies patched with everything, linear layers only, norms only and attention only,
 timed in one process (CUDA events, interleaved rounds, `bench.models`' steps); then one profiled
-infer step of stock and of the full patch: the top CUDA kernels by total time, the step's summed
+infer and one train step of stock and of the full patch: the top CUDA kernels by total time, the step's summed
 kernel time against its wall time (a wall time well above the kernel time is a host-bound step).
 Prints the tables; writes them as JSON with --out."""
 
@@ -87,13 +87,14 @@ def run(name: str, rounds: int, iters: int) -> dict:
         t = interleaved(fns, _timer(iters), rounds)
         out[mode] = {v: round(t[v].median, 3) for v in fns}
         print(f"{name} {mode}: " + ", ".join(f"{v} {ms:.2f} ms" for v, ms in out[mode].items()), flush=True)
-    for variant in ("stock", "patched"):
-        prof = _profile(lambda m=models[variant]: _infer_step(spec, m, batch))
-        out[f"profile_infer_{variant}"] = prof
-        print(f"{name} infer {variant}: wall {prof['wall_ms']} ms, kernels {prof['kernel_ms']} ms, "
-              f"{prof['launches']} launches")
-        for k in prof["top"]:
-            print(f"    {k['ms']:8.3f} ms {k['calls']:5d}x  {k['kernel']}")
+    for mode, step in (("infer", _infer_step), ("train", _train_step)):
+        for variant in ("stock", "patched"):
+            prof = _profile(lambda m=models[variant], step=step: step(spec, m, batch))
+            out[f"profile_{mode}_{variant}"] = prof
+            print(f"{name} {mode} {variant}: wall {prof['wall_ms']} ms, kernels {prof['kernel_ms']} ms, "
+                  f"{prof['launches']} launches")
+            for k in prof["top"]:
+                print(f"    {k['ms']:8.3f} ms {k['calls']:5d}x  {k['kernel']}")
     return out
 
 
