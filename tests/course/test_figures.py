@@ -89,7 +89,7 @@ _FAKE = {
     "ilp_throughput": {"rows": [{"chains": 1, "warps_per_sm": 16, "tflops": 5.0},
                                 {"chains": 8, "warps_per_sm": 16, "tflops": 40.0}], "spilled_64": 10.0},
     "stream_overlap": {"gemm": 2.0, "h2d_copy": 5.0, "serial": 7.0, "overlapped": 5.1},
-    "timing_methods": {"method": 2, "ms": {"wall clock, no synchronize": 0.01},
+    "timing_methods": {"method": 3, "ms": {"wall clock, no synchronize": 0.01},
                        "ncu": {"available": False, "reason": "absent"}},
     "pipeline_stages": {"shape": [8192, 8192, 8192], "tile": [128, 256, 64],
                         "rows": [{"stages": 1, "error": "stages must be at least 2"},
@@ -145,7 +145,7 @@ def test_a_failed_measurement_is_shown_as_a_failure_not_as_numbers(tree):
 def test_data_of_an_earlier_probe_method_is_not_drawn(tree):
     """A figure whose probe changed ignores data measured the old way (it shows the placeholder)."""
     for name, old in (("divergence", {k: v for k, v in _FAKE["divergence"].items() if k != "method"}),
-                      ("timing_methods", {**_FAKE["timing_methods"], "method": 1})):
+                      ("timing_methods", {**_FAKE["timing_methods"], "method": 2})):
         gpu = {"date": "2026-12-01", "device": "NVIDIA H200", "figures": {name: old}}
         assert "Not measured yet" in FIGURES[name].make(Context(tree, gpu=gpu, current=name))
         gpu["figures"][name] = _FAKE[name]
