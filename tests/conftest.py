@@ -66,3 +66,31 @@ def pytest_configure(config):
         import tempfile
 
         os.environ["CUTE_KERNELS_CACHE_DIR"] = tempfile.mkdtemp(prefix="cute_kernels_test_cache_")
+
+
+@pytest.fixture
+def enqueue_only():
+    """`run(fn, calls=100) -> µs of host time per call` of a warm `fn`, the calls made under
+    torch's CUDA sync debug mode "error": a call that waits for the device (a synchronize, a
+    device-to-host copy, `.item()`, `nonzero`) raises RuntimeError there, so a test of "a warm
+    call never waits for the GPU" fails on the wait itself, not on a race between the host and a
+    queued GPU spin. The time is for printing only (the `overhead` bench measures it)."""
+    import time
+
+    import torch
+
+    def run(fn, calls: int = 100) -> float:
+        fn()  # compile or load, allocate the placeholders
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            elapsed = time.perf_counter() - start
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        return elapsed / calls * 1e6
+
+    return run

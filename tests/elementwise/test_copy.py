@@ -264,21 +264,12 @@ def test_copy_through_dsl_tensors_without_tvm_ffi(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_warm_copy_call_costs_little_host_time():
-    """The DSL-tensor path cost ~116 us per call on the H200 host against 6.6 us for torch's copy;
-    through TVM-FFI a warm call must stay well below that (30 us leaves room for a busy host)."""
-    import time
-
+def test_warm_copy_call_never_waits_for_the_gpu(enqueue_only):
+    """A warm copy only enqueues (a wait for the device raises under `enqueue_only`) and copies
+    every bit. Its host time (the DSL-tensor path cost ~116 us per call on the H200 host against
+    6.6 us for torch's copy) is printed; the `overhead` bench is where host time is measured."""
     src = torch.randn(1 << 20, device="cuda")
     dst = torch.empty_like(src)
-    copy(src, dst)  # compiles (or loads) once
-    times = []
-    for _ in range(201):
-        start = time.perf_counter()
-        copy(src, dst)
-        times.append(time.perf_counter() - start)
-    torch.cuda.synchronize()
-    median = sorted(times)[100] * 1e6
-    print(f"\nwarm copy host time (4 MB): {median:.1f} us")
+    us = enqueue_only(lambda: copy(src, dst), 201)
+    print(f"\nwarm copy host time (4 MB): {us:.1f} us")
     assert _same_bits(dst, src)
-    assert median < 30.0, f"a warm copy call took {median:.1f} us of host time"
