@@ -48,6 +48,7 @@ import cutlass.cute as cute
 
 from cute_kernels.layouts import Layout
 from cute_kernels.runtime import to_cute
+from cute_kernels.runtime.arch import sm_count
 from cute_kernels.runtime.plan_cache import WarmCache, memo
 
 from .decode_checks import checked_length, checked_page
@@ -617,21 +618,9 @@ class DecodeRung:
         return out
 
 
-# The warm path's caches (`runtime.plan_cache`): one kernel object per config; the device's SM
-# count once per device.
+# The warm path's caches (`runtime.plan_cache`): one kernel object per config.
 _SPLIT = WarmCache("attention.decode.split_kernels")
 _COMBINE = WarmCache("attention.decode.combine_kernels")
-_SM_COUNTS = WarmCache("attention.decode.sm_counts")
-
-
-def sm_count(device) -> int:
-    """The device's SM count, asked once per device."""
-    count = _SM_COUNTS.get(device)
-    if count is None:
-        import torch
-
-        count = _SM_COUNTS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return count
 
 
 def _split_kernel(config):

@@ -102,6 +102,7 @@ import cutlass
 
 from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP
 from cute_kernels.runtime import compile_kernel, tvm_ffi_available
+from cute_kernels.runtime.arch import sm_count
 from cute_kernels.runtime.plan_cache import WarmCache, memo
 
 from . import sm90_bwd_prep as _prep
@@ -401,19 +402,10 @@ def gqa_loop_fills(problem, sms: int) -> bool:
 
 
 def _sm_count() -> int:
-    """The current CUDA device's SM count (0 without CUDA), cached per device."""
+    """The current CUDA device's SM count (0 without CUDA: the default keeps the fp32 buffers)."""
     import torch
 
-    if not torch.cuda.is_available():
-        return 0
-    device = torch.cuda.current_device()
-    n = _SM_COUNTS.get(device)
-    if n is None:
-        n = _SM_COUNTS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return n
-
-
-_SM_COUNTS: dict = {}
+    return sm_count() if torch.cuda.is_available() else 0
 
 
 def _launch_for(problem, config) -> _Launch:

@@ -9,12 +9,10 @@ current stream); without apache-tvm-ffi a call raises RuntimeError saying so.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 __all__ = ["DTYPE_NAMES", "dtype_name", "check_tensor", "check_same_device", "rows_view", "tensor_vec",
-           "sm_count", "compile_tvm_ffi", "nograd"]
+           "compile_tvm_ffi", "nograd"]
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -88,9 +86,6 @@ def tensor_vec(width: int, tensors) -> int:
     return vec
 
 
-@functools.cache
-def sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def compile_tvm_ffi(kernel, fake_args: tuple, key: tuple):

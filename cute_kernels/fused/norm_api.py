@@ -13,7 +13,9 @@ import torch
 
 from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_signature
 
-from .host import check_same_device, check_tensor, compile_tvm_ffi, dtype_name, nograd, rows_view, sm_count, tensor_vec
+from cute_kernels.runtime.arch import sm_count
+
+from .host import check_same_device, check_tensor, compile_tvm_ffi, dtype_name, nograd, rows_view, tensor_vec
 
 __all__ = ["norm_forward", "norm_backward", "forward_plan_for"]
 
@@ -241,7 +243,7 @@ def _backward_plan(dy, s, weight, rstd, mean, dsum, kind, offset, has_bias, weig
     fn = compile_tvm_ffi(NormBackward(config), backward_args(config), ("fused.norm_bwd", config))
     rows = s2.shape[0]
     blocks = -(-rows // tiling.rows_per_cta)
-    grid = max(1, min(blocks, sm_count(s.device.index or 0) * min_blocks_per_sm(tiling.threads)))
+    grid = max(1, min(blocks, sm_count(s.device) * min_blocks_per_sm(tiling.threads)))
     parts = grid * tiling.rows_per_cta
     shape, device, dx_dtype = s.shape, s.device, s.dtype
     layer = kind == "layer"

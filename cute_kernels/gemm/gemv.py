@@ -53,6 +53,7 @@ from cute_kernels.gemm.gemv_config import (
 )
 from cute_kernels.hopper.epilogue import EpilogueSpec, fuse
 from cute_kernels.runtime import to_cute
+from cute_kernels.runtime.arch import sm_count
 
 __all__ = ["GemvKernel", "GemvRung", "RUNG", "build_variant", "fake_operands", "load_peer_f32"]
 
@@ -448,16 +449,6 @@ _register()
 # ---- the torch-facing side ---------------------------------------------------------------------
 
 _compiled: dict = {}
-_sm_counts: dict = {}
-
-
-def _sm_count(device) -> int:
-    n = _sm_counts.get(device)
-    if n is None:
-        import torch
-
-        n = _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return n
 
 
 def _dtype_name(dtype) -> str:
@@ -576,7 +567,7 @@ class GemvRung:
         L, M, K = a.shape
         N = b.shape[2]
         s, r = (M, N) if role == "m" else (N, M)
-        sms = _sm_count(out.device) if out.is_cuda else 132
+        sms = sm_count(out.device) if out.is_cuda else 132
         fields = {f: v for f, v in fields.items() if f != "s16"}
         return pick_config(s, r, K, L, sms=sms, **fields)
 

@@ -1,6 +1,6 @@
 """The bridge from cute-kernels to the CuTe DSL and the GPU.
 
-- `target_arch()`, `has_cuda()`: what kernels compile for.
+- `target_arch()`, `has_cuda()`: what kernels compile for; `sm_count(device)`: its SMs.
 - `compile_kernel(jit_fn, *args, key=..., options=...)`: `cute.compile` cached in memory
   and on disk, keyed by kernel, static config, dtypes, arch and DSL version; sizes are
   dynamic, so new problem sizes never recompile.
@@ -23,6 +23,7 @@ import importlib
 _EXPORTS = {
     "target_arch": "arch",
     "has_cuda": "arch",
+    "sm_count": "arch",
     "dsl_version": "arch",
     "arch_from_capability": "arch",
     "compile_kernel": "cache",

@@ -124,3 +124,19 @@ def dsl_version() -> str:
         import cutlass
 
         return str(getattr(cutlass, "__version__", "unknown"))
+
+
+def sm_count(device=None) -> int:
+    """The SM count of a CUDA device (a torch.device, an index, or None: the current one),
+    asked of the driver once per device (the warm paths that size grids by it read a dict)."""
+    import torch
+
+    index = device if isinstance(device, int) else getattr(device, "index", None)
+    return _sm_count_of(torch.cuda.current_device() if index is None else index)
+
+
+@functools.cache
+def _sm_count_of(index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(index).multi_processor_count
