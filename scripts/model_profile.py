@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 import cute_kernels.nn as cnn  # noqa: E402
 from cute_kernels.bench import model_specs  # noqa: E402
-from cute_kernels.bench.models import _infer_step, _train_step  # noqa: E402
+from cute_kernels.bench.models import _event_timer, _infer_step, _train_step  # noqa: E402
 from cute_kernels.bench.timing import interleaved  # noqa: E402
 
 VARIANTS = {  # name: nn.patch options (None: the stock model)
@@ -34,19 +34,6 @@ VARIANTS = {  # name: nn.patch options (None: the stock model)
     "norms_only": dict(linear=False, sdpa=False),
     "sdpa_only": dict(linear=False, norms=False),
 }
-
-
-def _timer(iters: int):
-    def timer(fn, label=""):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / iters
-    return timer
 
 
 def _profile(step) -> dict:
@@ -84,7 +71,7 @@ def run(name: str, rounds: int, iters: int) -> dict:
         fns = {v: (lambda m=m, step=step: step(spec, m, batch)) for v, m in models.items()}
         for fn in fns.values():
             fn(), fn()
-        t = interleaved(fns, _timer(iters), rounds)
+        t = interleaved(fns, _event_timer(iters, "cuda"), rounds)
         out[mode] = {v: round(t[v].median, 3) for v in fns}
         print(f"{name} {mode}: " + ", ".join(f"{v} {ms:.2f} ms" for v, ms in out[mode].items()), flush=True)
     for mode, step in (("infer", _infer_step), ("train", _train_step)):

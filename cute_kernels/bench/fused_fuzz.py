@@ -405,13 +405,8 @@ def run(seed: int = 0, n: int = 1200, *, device: str = "cuda", fallback: str = "
         try:
             why, worst = check(p, t, fallback)
         except Exception as exc:  # noqa: BLE001 - a raising case is a wrong case; say why
-            report.errors += 1
-            why, worst = f"{type(exc).__name__}: {exc}"[:300], 0.0
-        if why is not None:
-            report.wrong += 1
-            if len(report.failures) < max_failures:
-                report.failures.append(dict(problem=p.name, why=why, **asdict(p)))
-        report.worst = max(report.worst, worst)
+            why, worst = report.raised(exc), 0.0
+        report.tally(why, worst, lambda: dict(problem=p.name, why=why, **asdict(p)), max_failures)
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
     report.seconds = round(time.perf_counter() - start, 2)

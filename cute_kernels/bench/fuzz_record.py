@@ -25,6 +25,22 @@ class FuzzReport:
     seed: int = 0
     failures: list[dict] = field(default_factory=list)  # the first few wrong cases
 
+    def raised(self, exc: BaseException) -> str:
+        """Count a case whose call raised (it is wrong too); returns its `why`."""
+        self.errors += 1
+        return f"{type(exc).__name__}: {exc}"[:300]
+
+    def tally(self, why: str | None, worst: float, failure, max_failures: int) -> None:
+        """Count one checked case's verdict: wrong when `why` says why (`failure()`, the
+        description kept, among the first `max_failures`), else passing, its `worst` joining
+        the worst passing case."""
+        if why is None:
+            self.worst = max(self.worst, worst)
+            return
+        self.wrong += 1
+        if len(self.failures) < max_failures:
+            self.failures.append(failure())
+
 
 def poison(device, numel: int) -> None:
     """Fill free memory of the caching allocator with NaN, so a result it hands out next

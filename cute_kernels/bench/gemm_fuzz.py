@@ -221,18 +221,12 @@ def run(seed: int = 0, n: int = 2000, *, device: str = "cuda", max_failures: int
                 err = (diff.norm() / ref.norm().clamp_min(1e-30)).item()
                 elem = (diff.abs().max() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
         except Exception as exc:  # noqa: BLE001 - a raising case is a wrong case; say why
-            report.errors += 1
-            err, why = math.inf, f"{type(exc).__name__}: {exc}"[:300]
+            err, why = math.inf, report.raised(exc)
         else:
             why = "non-finite output" if not finite else \
                 f"rel_err {err:.3g}" if err > tolerance(p) else \
                 f"max element error {elem:.3g} rms" if elem > element_tolerance(p) else None
-        if why is not None:
-            report.wrong += 1
-            if len(report.failures) < max_failures:
-                report.failures.append(dict(problem=p.name, why=why, **{k: v for k, v in asdict(p).items()}))
-        elif err > report.worst:
-            report.worst = err
+        report.tally(why, err, lambda: dict(problem=p.name, why=why, **asdict(p)), max_failures)
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
     report.seconds = round(time.perf_counter() - start, 2)

@@ -217,12 +217,8 @@ def test_attention_fuzz(tmp_path):
         failed, worst = check(p)
         for r in (per_class[p["name"]], total):
             r.cases += 1
-            if not failed:
-                r.worst = max(r.worst, worst)
-            else:
-                r.wrong += 1
-                if len(r.failures) < 10:
-                    r.failures.append({"problem": describe(p), "why": ", ".join(failed)})
+            r.tally(", ".join(failed) if failed else None, worst,
+                    lambda: {"problem": describe(p), "why": ", ".join(failed)}, 10)
         if i == len(names) - 1:
             torch.cuda.synchronize()
             first_done = time.perf_counter()  # every class compiled

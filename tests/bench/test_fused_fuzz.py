@@ -73,3 +73,15 @@ def test_the_record_lands_in_the_results_dir(monkeypatch, tmp_path):
     assert back.suite == "fused_fuzz" and path.name.startswith(back.date)
     (rec,) = back.records
     assert rec.extra["cases"] == 6 and rec.extra["wrong"] == report.wrong and rec.ok == (report.wrong == 0)
+
+
+def test_the_report_tallies_wrong_raised_and_worst_passing_cases():
+    from cute_kernels.bench.fuzz_record import FuzzReport
+
+    r = FuzzReport()
+    r.tally(None, 0.25, lambda: pytest.fail("a passing case keeps no failure"), 1)
+    r.tally("rel_err 0.9", 0.9, lambda: {"problem": "a"}, 1)  # wrong: its error is not the worst passing
+    r.tally(r.raised(ValueError("bad " + "x" * 400)), 0.0, lambda: {"problem": "b"}, 1)  # beyond max_failures
+    r.tally(None, 0.125, lambda: {}, 1)
+    assert (r.wrong, r.errors, r.worst, r.failures) == (2, 1, 0.25, [{"problem": "a"}])
+    assert r.raised(KeyError("k")) == "KeyError: 'k'" and len(r.raised(ValueError("x" * 400))) == 300
