@@ -1,113 +1,154 @@
-"""Time sm90_persistent over a set of configs on mid-size and model shapes, beside cuBLAS, in
-one process (L2 flushed, medians), to ground `sm90_config.pick_config`'s tile choice.
+"""Time sm90_persistent over a set of configs (and split-K factors) on model shapes, beside
+cuBLAS, in one process (L2 flushed, medians), to ground `sm90_config.pick_config`'s choices.
 
-    python3 scripts/gemm_config_sweep.py [--out FILE.json] [--shapes 12608x768x3072,...]
+    python3 scripts/gemm_config_sweep.py [--out FILE.json] [--shapes 12608x768x3072,768x3072x12608_am_bn,...]
+                                         [--configs 128x256c2,128x192c1x2,...] [--splits 1,2,4]
 
-Prints, per shape, each config's time relative to cuBLAS (ratio = cuBLAS ms / ours ms) and the
-one the heuristic picks; writes every time to the JSON file.
+Shapes are `bench.cases.GemmCase` names (layout suffix _bn: B read N-major, the input gradient;
+_am_bn: A M-major too, the weight gradient). Prints, per shape, each (config, split) time
+relative to cuBLAS (ratio = cuBLAS ms / ours ms) and the one the heuristic picks; writes every
+time to the JSON file. A split other than 1 forces `pick_split_k`'s answer for that run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-SHAPES = [
-    # ViT-B/16 and ViT-L/16 at B64 (M = 12608): qkv, proj, fc1, fc2
-    (12608, 2304, 768), (12608, 768, 768), (12608, 3072, 768), (12608, 768, 3072),
-    (12608, 3072, 1024), (12608, 1024, 1024), (12608, 4096, 1024), (12608, 1024, 4096),
-    # Llama-3 1B at M = 8192: q/o, k/v, gate/up, down, lm_head
-    (8192, 2048, 2048), (8192, 512, 2048), (8192, 8192, 2048), (8192, 2048, 8192), (8192, 128256, 2048),
-    # Llama-3 8B / Mistral at M = 4096 and 16384
-    (4096, 4096, 4096), (4096, 1024, 4096), (4096, 14336, 4096), (4096, 4096, 14336),
-    (16384, 4096, 4096), (16384, 14336, 4096), (16384, 4096, 14336),
-    # Qwen2.5-7B
-    (8192, 3584, 3584), (8192, 18944, 3584), (8192, 3584, 18944), (8192, 512, 3584),
-    # the public suite's big ones
-    (8192, 8192, 8192), (8192, 28672, 8192),
+import torch  # noqa: E402
+
+VIT = [  # ViT-B/16 at B64 (M = 12608): forward, input gradient, weight gradient of qkv, proj, fc1, fc2
+    f"{m}x{n}x{k}{sfx}" for n, k in ((2304, 768), (768, 768), (3072, 768), (768, 3072))
+    for m, n, k, sfx in ((12608, n, k, ""), (12608, k, n, "_bn"), (n, k, 12608, "_am_bn"))
 ]
 
 
-def configs():
-    from cute_kernels.gemm.sm90_config import Sm90GemmConfig
+def _cfgs():
+    from cute_kernels.gemm.sm90_config import Sm90GemmConfig as c
 
-    c = Sm90GemmConfig
     return {
         "128x256c2": c(tile_m=128, tile_n=256, cluster_m=2),
-        "128x256c2s8": c(tile_m=128, tile_n=256, cluster_m=2, swizzle=8, raster="n"),
         "128x256c1x2": c(tile_m=128, tile_n=256, cluster_m=1, cluster_n=2),
-        "256x128c2": c(tile_m=256, tile_n=128, cluster_m=2),
+        "128x256c1": c(tile_m=128, tile_n=256, cluster_m=1),
+        "256x128c1x2": c(tile_m=256, tile_n=128, cluster_m=1, cluster_n=2),
+        "256x128c1": c(tile_m=256, tile_n=128, cluster_m=1),
+        "128x192c1": c(tile_m=128, tile_n=192, cluster_m=1),
+        "128x192c1x2": c(tile_m=128, tile_n=192, cluster_m=1, cluster_n=2),
         "128x192c2": c(tile_m=128, tile_n=192, cluster_m=2),
         "128x128c2": c(tile_m=128, tile_n=128, cluster_m=2),
+        "128x128c1x2": c(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2),
         "128x128pp": c(tile_m=128, tile_n=128, cluster_m=1, schedule="pingpong"),
-        "128x160c2": c(tile_m=128, tile_n=160, cluster_m=2),
-        "128x224c2": c(tile_m=128, tile_n=224, cluster_m=2),
+        "128x160c1": c(tile_m=128, tile_n=160, cluster_m=1),
+        "128x224c1": c(tile_m=128, tile_n=224, cluster_m=1),
     }
 
 
-def trace(shapes: list) -> None:
+@contextlib.contextmanager
+def _forced_split(split: int | None):
+    from cute_kernels.gemm import sm90_skinny
+
+    saved = sm90_skinny.pick_split_k
+    if split is not None:
+        sm90_skinny.pick_split_k = lambda *a, **k: split
+    try:
+        yield
+    finally:
+        sm90_skinny.pick_split_k = saved
+
+
+def _problem(name: str):
+    from cute_kernels.bench.cases import GemmCase
+
+    case = GemmCase.parse(name, "bf16")
+    t = case.make_inputs("cuda", seed=0)
+    a, bt = t["a"], t["b"]  # (M, K), (N, K) views with the layout's strides
+    return case, a.unsqueeze(0), bt.t().unsqueeze(0)
+
+
+def _runs(names, cfg_names, splits):
+    for name in names:
+        for cfg in cfg_names:
+            for s in splits:
+                yield name, cfg, s
+
+
+def trace(names, cfg_names, splits) -> None:
     """The launches `main` makes, for runtime.precompile's workers."""
     from cute_kernels.gemm.sm90_persistent import rung
+    from cute_kernels.runtime import plan_cache
 
-    for m, n, k in shapes[:1]:
-        a = torch.randn(1, m, k, device="cuda").to(torch.bfloat16)
-        b = torch.randn(1, n, k, device="cuda").to(torch.bfloat16).transpose(1, 2)
-        out = torch.empty(1, m, n, device="cuda", dtype=torch.bfloat16)
-        for cfg in configs().values():
-            try:
-                rung(a, b, out, config=cfg)
-            except Exception:  # noqa: BLE001
-                pass
+    cfgs = _cfgs()
+    for name, cfg, s in _runs(names, cfg_names, splits):
+        _, a, b = _problem(name)
+        out = torch.empty(1, a.shape[1], b.shape[2], device="cuda", dtype=torch.bfloat16)
+        plan_cache.invalidate()
+        with contextlib.suppress(Exception), _forced_split(s):
+            rung(a, b, out, config=cfgs[cfg])
 
 
 def main(argv=None) -> int:
     import triton.testing
 
-    from cute_kernels.gemm.sm90_config import pick_config
+    from cute_kernels.gemm.sm90_config import pick_config, pick_split_k
     from cute_kernels.gemm.sm90_persistent import rung
+    from cute_kernels.runtime import plan_cache
     from cute_kernels.runtime.precompile import precompile
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
-    p.add_argument("--shapes", default=None)
+    p.add_argument("--shapes", default=",".join(VIT))
+    p.add_argument("--configs", default=",".join(_cfgs()))
+    p.add_argument("--splits", default="1")
+    p.add_argument("--no-precompile", action="store_true")
     args = p.parse_args(argv)
-    shapes = SHAPES if not args.shapes else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    print(precompile("scripts.gemm_config_sweep:trace", shapes), flush=True)
+    names, cfg_names = args.shapes.split(","), args.configs.split(",")
+    splits = [int(s) for s in args.splits.split(",")]
+    cfgs = _cfgs()
+    if not args.no_precompile:
+        print(precompile("scripts.gemm_config_sweep:trace", names, cfg_names, splits), flush=True)
     results = []
-    for m, n, k in shapes:
-        a = torch.randn(1, m, k, device="cuda").to(torch.bfloat16)
-        w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
-        b = w.t().unsqueeze(0)
-        out = torch.empty(1, m, n, device="cuda", dtype=torch.bfloat16)
-        ref = a[0].float() @ w.float().t()
+    for name in names:
+        case, a, b = _problem(name)
+        M, K, N = a.shape[1], a.shape[2], b.shape[2]
+        out = torch.empty(1, M, N, device="cuda", dtype=torch.bfloat16)
+        ref = a[0].double() @ b[0].double()
 
         def bench(fn):  # do_bench clears the L2 before every timed call
             return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
 
-        t_cublas = bench(lambda: torch.matmul(a[0], w.t(), out=out[0]))
-        row = {"shape": f"{m}x{n}x{k}", "cublas_ms": t_cublas, "configs": {}}
-        picked = pick_config(m, n, k)
-        for name, cfg in configs().items():
-            try:
-                out.fill_(float("nan"))
-                rung(a, b, out, config=cfg)
-                err = ((out[0].float() - ref).norm() / ref.norm()).item()
-                if not err < 1e-2:
-                    row["configs"][name] = {"error": f"rel_err {err}"}
-                    continue
-                t = bench(lambda: rung(a, b, out, config=cfg))
-                row["configs"][name] = {"ms": t, "ratio": t_cublas / t, "picked": cfg == picked}
-            except Exception as e:  # noqa: BLE001
-                row["configs"][name] = {"error": f"{type(e).__name__}: {str(e)[:120]}"}
-        best = max((v["ratio"], k_) for k_, v in row["configs"].items() if "ratio" in v)
+        t_cublas = bench(lambda: torch.matmul(a[0], b[0], out=out[0]))
+        picked = pick_config(M, N, K)
+        row = {"shape": name, "cublas_ms": t_cublas, "picked": str(picked),
+               "picked_split": pick_split_k(M, N, K, 1, picked), "configs": {}}
+        for cfg in cfg_names:
+            for s in splits:
+                key = cfg if s == 1 else f"{cfg}/s{s}"
+                try:
+                    plan_cache.invalidate()  # a stored plan would replay another variant's launch
+                    with _forced_split(s):
+                        out.fill_(float("nan"))
+                        rung(a, b, out, config=cfgs[cfg])
+                        err = ((out[0].double() - ref).norm() / ref.norm()).item()
+                        if not err < 1e-2:
+                            row["configs"][key] = {"error": f"rel_err {err}"}
+                            continue
+                        t = bench(lambda: rung(a, b, out, config=cfgs[cfg]))
+                    row["configs"][key] = {"ms": t, "ratio": t_cublas / t,
+                                           "picked": cfgs[cfg] == picked and s == row["picked_split"]}
+                except Exception as e:  # noqa: BLE001 - the row says why
+                    row["configs"][key] = {"error": f"{type(e).__name__}: {str(e)[:120]}"}
+        ok = [(v["ratio"], k_) for k_, v in row["configs"].items() if "ratio" in v]
+        best = max(ok) if ok else (0.0, "-")
         pick = next((k_ for k_, v in row["configs"].items() if v.get("picked")), "?")
         line = " ".join(f"{k_}={v['ratio']:.3f}" if "ratio" in v else f"{k_}=ERR" for k_, v in row["configs"].items())
-        print(f"{row['shape']:>18} cublas {t_cublas:.4f} best {best[1]} {best[0]:.3f} pick {pick} | {line}", flush=True)
+        print(f"{name:>20} cublas {t_cublas:.4f} best {best[1]} {best[0]:.3f} pick {pick} | {line}", flush=True)
         results.append(row)
-        del a, w, b, out, ref
+        del a, b, out, ref
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -5,8 +5,10 @@
 For each model of the models suite (bench size, bf16): the infer and train steps of the stock
 model and of copies patched with everything, linear layers only, norms only and attention only,
 timed in one process (CUDA events, interleaved rounds, `bench.models`' steps); then one profiled
-infer and one train step of stock and of the full patch: the top CUDA kernels by total time, the step's summed
-kernel time against its wall time (a wall time well above the kernel time is a host-bound step).
+infer and one train step of stock and of the full patch: the top CUDA kernels by total time, the aten ops
+that launched GPU time (with their input shapes), the step's summed kernel time against its wall
+time; and each variant's host time per step (the GPU kept busy, so the step only queues: a host
+time near the GPU time is a host-bound step).
 Prints the tables; writes them as JSON with --out."""
 
 from __future__ import annotations
@@ -53,9 +55,30 @@ def _profile(step) -> dict:
             k[0] += e.device_time_total / 1e3 if hasattr(e, "device_time_total") else e.cuda_time_total / 1e3
             k[1] += 1
     top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:18]
+    # which CPU ops (with their input shapes) launched the GPU time: copies and casts show here
+    ops = []
+    for e in prof.key_averages(group_by_input_shape=True):
+        dev = getattr(e, "self_device_time_total", 0) / 1e3
+        if dev > 0 and e.key.startswith("aten::"):
+            ops.append({"op": e.key, "shapes": str(e.input_shapes)[:120], "self_ms": round(dev, 4), "calls": e.count})
+    ops.sort(key=lambda o: -o["self_ms"])
     return {"wall_ms": round(wall_ms, 3), "kernel_ms": round(sum(v[0] for v in kernels.values()), 3),
             "launches": sum(v[1] for v in kernels.values()),
-            "top": [{"kernel": n, "ms": round(v[0], 4), "calls": v[1]} for n, v in top]}
+            "top": [{"kernel": n, "ms": round(v[0], 4), "calls": v[1]} for n, v in top], "aten": ops[:16]}
+
+
+def _host_ms(step, reps: int = 3) -> float:
+    """Host time of one step: the GPU is first given a long sleep so that the step only queues
+    (its launches never wait); the median wall time of `reps` steps so timed."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(400_000_000)
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return round(sorted(times)[len(times) // 2], 3)
 
 
 def run(name: str, rounds: int, iters: int) -> dict:
@@ -73,7 +96,10 @@ def run(name: str, rounds: int, iters: int) -> dict:
             fn(), fn()
         t = interleaved(fns, _event_timer(iters, "cuda"), rounds)
         out[mode] = {v: round(t[v].median, 3) for v in fns}
+        out[f"{mode}_host"] = {v: _host_ms(fn) for v, fn in fns.items()}
         print(f"{name} {mode}: " + ", ".join(f"{v} {ms:.2f} ms" for v, ms in out[mode].items()), flush=True)
+        print(f"{name} {mode} host only: " + ", ".join(f"{v} {ms:.2f} ms" for v, ms in out[f'{mode}_host'].items()),
+              flush=True)
     for mode, step in (("infer", _infer_step), ("train", _train_step)):
         for variant in ("stock", "patched"):
             prof = _profile(lambda m=models[variant], step=step: step(spec, m, batch))
@@ -82,6 +108,8 @@ def run(name: str, rounds: int, iters: int) -> dict:
                   f"{prof['launches']} launches")
             for k in prof["top"]:
                 print(f"    {k['ms']:8.3f} ms {k['calls']:5d}x  {k['kernel']}")
+            for o in prof["aten"]:
+                print(f"    aten {o['self_ms']:8.3f} ms {o['calls']:5d}x  {o['op']} {o['shapes']}")
     return out
 
 

@@ -40,7 +40,7 @@ from .features import check_sinks, check_softcap, sinks_gradient
 from .mask_rule import canonical_window
 
 __all__ = ["AttentionProblem", "scaled_dot_product_attention", "attention_forward", "attention_backward",
-           "check_inputs", "plan_for", "backward_plan_for"]
+           "check_inputs", "plan_for", "backward_plan_for", "new_out"]
 
 _CAUSAL = (None, "top_left", "bottom_right")
 
@@ -197,12 +197,27 @@ def _device_reason(q, k, v) -> str | None:
     return None
 
 
-def _result(t, name: str, shape: tuple, dtype, device, unbatched: bool):
-    """A preallocated result checked (and viewed 4-D / 3-D), or a fresh one."""
+def new_out(shape: tuple, dtype, device):
+    """A fresh attention output of `shape` (B, H, S, D), stored (B, S, H, D): the result is the
+    (B, H, S, D) view of it, as torch's flash and cuDNN attention return theirs.
+
+    Why: models reshape the output to (B, S, H * D) right after (`out.transpose(1, 2).reshape`);
+    stored so, that is a view, not a copy kernel per layer, and the output gradient that comes
+    back has the same storage order, which the backward reads in place. The kernels take any
+    strides that are multiples of 8 elements outside the head dim."""
+    import torch
+
+    b, h, s, d = shape
+    return torch.empty((b, s, h, d), dtype=dtype, device=device).transpose(1, 2)
+
+
+def _result(t, name: str, shape: tuple, dtype, device, unbatched: bool, fresh=None):
+    """A preallocated result checked (and viewed 4-D / 3-D), or a fresh one (`fresh(shape,
+    dtype, device)`, default torch.empty)."""
     import torch
 
     if t is None:
-        return torch.empty(shape, dtype=dtype, device=device)
+        return (fresh or torch.empty)(shape, dtype=dtype, device=device)
     want = shape[1:] if unbatched else shape
     if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(want) or t.dtype != dtype or t.device != device:
         got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
@@ -225,7 +240,8 @@ def attention_forward(q, k, v, *, causal: str | None = None, scale=None, enable_
     causality). Query head h reads key/value head h // (Hq / Hkv). The shape conventions and
     errors are those of `scaled_dot_product_attention`.
     out, lse: optional preallocated results (contiguous, shapes and dtypes as returned), which
-    every launch overwrites entirely (tests pass NaN-poisoned ones to prove it).
+    every launch overwrites entirely (tests pass NaN-poisoned ones to prove it). A fresh out is
+    stored (B, Sq, Hq, Dv) and returned as its (B, Hq, Sq, Dv) view (`new_out`).
     A call without out and lse whose signature was checked before replays its launch
     (`runtime.plan_cache`).
     """
@@ -258,7 +274,7 @@ def _forward(q, k, v, causal, scale, enable_gqa, kernel, out, lse, window_size=N
     q4, k4, v4 = (t.unsqueeze(0) if unbatched else t for t in (q, k, v))
     p = problem
     out_shape = (p.batch, p.heads_q, p.seqlen_q, p.head_dim_v)
-    out = _result(out, "out", out_shape, q.dtype, q.device, unbatched)
+    out = _result(out, "out", out_shape, q.dtype, q.device, unbatched, fresh=new_out)
     lse = _result(lse, "lse", out_shape[:3], torch.float32, q.device, unbatched)
     if lse.numel() and p.seqlen_k == 0:
         # Softmax over no keys: an empty sum, so out is 0 and lse is log(0) (with sinks, the
@@ -335,7 +351,7 @@ def _keep_plan(sig, q, k, v, rung, problem, sinks=None) -> None:
     convert = sinks is not None and (sinks.dtype != fp32 or not sinks.is_contiguous())
 
     def plan(q, k, v, sinks=None):
-        out = empty(out_shape, dtype=dtype, device=device)
+        out = new_out(out_shape, dtype, device)
         lse = empty(lse_shape, dtype=fp32, device=device)
         if detach:
             q, k, v = q.detach(), k.detach(), v.detach()

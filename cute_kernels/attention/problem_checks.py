@@ -6,11 +6,23 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["MAX_GRID_YZ", "common_reason", "launch_scalars", "mask_flags", "window_scalars", "varlen_window_scalars",
-           "bottom_right_flag", "softcap_scalars", "config_of"]
+__all__ = ["MAX_GRID_YZ", "rows_aligned", "common_reason", "launch_scalars", "mask_flags", "window_scalars",
+           "varlen_window_scalars", "bottom_right_flag", "softcap_scalars", "config_of"]
 
 # The launch grid puts heads and batch on y and z.
 MAX_GRID_YZ = 65535
+
+
+def rows_aligned(t):
+    """`t` itself when each of its head-dim rows is whole 16-byte vectors on 16-byte boundaries
+    (pointer 16-byte aligned, unit last stride, every other stride of a mode longer than 1 a
+    multiple of 8 elements: what TMA and 128-bit loads read), else a contiguous copy. The
+    (B, S, H, D) storage of attention outputs and their gradients passes as it is."""
+    if t.is_contiguous() and not t.data_ptr() & 15 and t.shape[-1] % 8 == 0:
+        return t  # the common case, decided without walking the strides
+    if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s % 8 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
+        return t.contiguous()
+    return t
 
 
 def common_reason(problem, dtypes) -> str | None:

@@ -15,7 +15,7 @@ import cutlass
 from cute_kernels.runtime.plan_cache import WarmCache, memo
 
 from .features import feature_reason
-from .problem_checks import (bottom_right_flag, config_of, launch_scalars, varlen_window_scalars,
+from .problem_checks import (bottom_right_flag, config_of, launch_scalars, rows_aligned, varlen_window_scalars,
                              window_scalars)
 from .sm80_flash_bwd import (_CUTLASS, FlashAttentionSm80BwdDKDV, FlashAttentionSm80BwdDQ, FlashSm80BwdConfig,
                              bwd_config_for)
@@ -68,14 +68,6 @@ def _kernel(cls, config):
     return memo(_KERNELS, (cls, config), cls, config)
 
 
-def _rows_aligned(t):
-    """`t` itself when every non-unit stride is a multiple of 8 elements, its last stride 1 and
-    its pointer 16-byte aligned (what the 128-bit loads need), else a contiguous copy."""
-    if any(s % 8 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1) or t.stride(-1) != 1 or t.data_ptr() % 16:
-        return t.contiguous()
-    return t
-
-
 def _prep(dout, out, lse):
     """(D, lse') fp32: D = rowwise dO . O over the last mode, lse' = lse with -inf -> +inf."""
     import torch
@@ -102,7 +94,7 @@ def backward(dout, q, k, v, out, lse, problem):
 
     _check(problem)
     config = config_for_problem(problem)
-    dout = _rows_aligned(dout)
+    dout = rows_aligned(dout)
     d_rows, lse_b = _prep(dout, out, lse)
     d_rows = d_rows.contiguous()
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -140,7 +132,7 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
 
     _check(problem)
     config = config_for_problem(problem)
-    dout = _rows_aligned(dout)
+    dout = rows_aligned(dout)
     if max_seqlen_q == 0 or max_seqlen_k == 0 or 0 in (q.shape[0], q.shape[1], k.shape[0], problem.batch):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     # Every row is written: the grids cover the longest sequences, and a block whose rows see

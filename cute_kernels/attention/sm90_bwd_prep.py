@@ -12,8 +12,10 @@ fp32 dQ accumulator (B * H * padded rows of D) set to 0 (it is added to with ato
 reduce-adds), so that no separate memset runs. One CTA of 128
 threads covers 128 * 8 / D rows: each thread reads 8 contiguous elements of dO and of O (one
 16-byte load each) and zeroes 8 floats of the row's dQ accumulator (two 16-byte stores), and the
-D / 8 threads of a row sum with butterfly shuffles. dO, O and lse
-are taken flat (contiguous (B, H, Sq, D) and (B, H, Sq)); the caller makes them so.
+D / 8 threads of a row sum with butterfly shuffles. dO and O are (B, H, Sq, D) with any strides
+that are multiples of 8 elements (so each thread's 8 elements are one aligned 16-byte load: the
+(B, S, H, D) storage that attention outputs and their gradients have is read in place, not
+copied first); lse is taken flat (contiguous (B, H, Sq)).
 
 Host side (`preprocess`, `preprocess_flat`): D, lse2 and the accumulator are one allocation;
 with TVM-FFI the kernel is built once per (head dim, dtype) from fake tensors and takes the
@@ -27,6 +29,7 @@ import cutlass.cute as cute
 
 from cute_kernels.runtime.plan_cache import WarmCache, memo
 
+from .problem_checks import rows_aligned
 from .softmax import LOG2_E
 
 __all__ = ["BwdPrep", "THREADS", "preprocess", "preprocess_flat"]
@@ -52,8 +55,8 @@ class BwdPrep:
     @cute.jit
     def __call__(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mDrow: cute.Tensor,
                  mLSE2: cute.Tensor, mdQacc: cute.Tensor, seqlen_q: cutlass.Int32, padded: cutlass.Int32, stream):
-        """mdO, mO: flat (B * H * Sq * D,); mLSE: flat (B * H * Sq,); mDrow, mLSE2: flat
-        (B * H * padded,) outputs; mdQacc: flat (B * H * padded * D,) fp32, zeroed."""
+        """mdO, mO: (B, H, Sq, D), unit head-dim stride; mLSE: flat (B * H * Sq,); mDrow, mLSE2:
+        flat (B * H * padded,) outputs; mdQacc: flat (B * H * padded * D,) fp32, zeroed."""
         grid = (cute.ceil_div(mDrow.shape[0], self.rows_per_cta), 1, 1)
         self.kernel(mdO, mO, mLSE, mDrow, mLSE2, mdQacc, seqlen_q, padded).launch(
             grid=grid, block=[THREADS, 1, 1], stream=stream)
@@ -77,10 +80,12 @@ class BwdPrep:
             cute.autovec_copy(r_zero, g_dq)
         if prow < total and s < seqlen_q:
             row = bh * seqlen_q + s
-            # (D,) slices of the flat tensors, then this thread's 8 elements: the offsets are
-            # row * D + 8 t with D static, so the 16-byte alignment is provable.
-            g_do = cute.local_tile(cute.local_tile(mdO, (self.head_dim,), (row,)), (_VEC,), (t,))
-            g_o = cute.local_tile(cute.local_tile(mO, (self.head_dim,), (row,)), (_VEC,), (t,))
+            b = bh // mdO.shape[1]
+            h = bh - b * mdO.shape[1]
+            # the row's (D,) slice, then this thread's 8 elements: strides divisible by 8 and
+            # the offset 8 t make the 16-byte alignment provable
+            g_do = cute.local_tile(mdO[b, h, s, None], (_VEC,), (t,))
+            g_o = cute.local_tile(mO[b, h, s, None], (_VEC,), (t,))
             r_do = cute.make_rmem_tensor((_VEC,), self.dtype)
             r_o = cute.make_rmem_tensor((_VEC,), self.dtype)
             cute.autovec_copy(g_do, r_do)
@@ -116,14 +121,14 @@ def _compile_tvm_ffi(head_dim: int, dtype: str):
     """Compile (or load) the TVM-FFI `BwdPrep` for (head_dim, dtype) ("float16" | "bfloat16")
     from fake tensors (`preprocess` keeps it in `_COMPILED` per (head dim, torch dtype)).
 
-    The fake tensors are what `preprocess`'s `from_torch` path wraps: flat dO and O (16-byte
-    aligned), flat fp32 lse (4-byte aligned), flat fp32 D, lse2 and dQ accumulator (16-byte
-    aligned). The function takes torch tensors and Python ints and launches on torch's current
-    stream."""
+    The fake tensors: dO and O 4-D with the head dim contiguous, other strides multiples of 8
+    (16-byte aligned), flat fp32 lse (4-byte aligned), flat fp32 D, lse2 and dQ accumulator
+    (16-byte aligned). The function takes torch tensors and Python ints and launches on torch's
+    current stream."""
     from cute_kernels.runtime import TVM_FFI_OPTION, compile_kernel, fake_stream, fake_tensor
 
     t = _CUTLASS[dtype]
-    do, o = [fake_tensor(t, 1, leading_dim=0, assumed_align=16) for _ in range(2)]
+    do, o = [fake_tensor(t, 4, leading_dim=3, assumed_align=16, stride_divisibility=_VEC) for _ in range(2)]
     lse = fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=4)
     d_rows, lse2, dq_acc = [fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=16) for _ in range(3)]
     fn = compile_kernel(_kernel_for(head_dim, dtype), do, o, lse, d_rows, lse2, dq_acc, cutlass.Int32(1),
@@ -157,26 +162,29 @@ def preprocess_flat(dout, out, lse, block_m: int, tvm_ffi: bool):
         raise ValueError(f"preprocess: block_m must be a multiple of 4 (16-byte aligned buffers), got {block_m}")
     b, h, sq, d = dout.shape
     padded = -(-sq // block_m) * block_m
-    dout, out, lse = dout.contiguous(), out.contiguous(), lse.contiguous().float()
+    lse = lse.contiguous().float()
     n = b * h * padded
     # One allocation instead of three: D, lse2 and the dQ accumulator are all written by the kernel.
     buf = torch.empty(n * (2 + d), dtype=torch.float32, device=dout.device)
     d_rows, lse2, dq_flat = buf[:n], buf[n:2 * n], buf[2 * n:]
     if tvm_ffi:
+        dout, out = rows_aligned(dout), rows_aligned(out)
         key = (d, dout.dtype)
         fn = _COMPILED.get(key)
         if fn is None:
             fn = _COMPILED[key] = _compile_tvm_ffi(d, str(dout.dtype).removeprefix("torch."))
-        fn(dout.view(-1), out.view(-1), lse.view(-1), d_rows, lse2, dq_flat, sq, padded)
+        fn(dout, out, lse.view(-1), d_rows, lse2, dq_flat, sq, padded)
         return d_rows, lse2, dq_flat, dq_flat.view(b, h, padded, d)
     from cute_kernels.runtime import compile_kernel, current_stream, from_torch
 
+    # without TVM-FFI the wrapped strides carry no divisibility: contiguous rows keep the loads aligned
     flat = lambda t, align: from_torch(t.view(-1), assumed_align=align, leading_dim=0)  # noqa: E731
-    args = (flat(dout, 16), flat(out, 16), flat(lse, 4), flat(d_rows, 16), flat(lse2, 16),
+    rows = lambda t: from_torch(t.contiguous(), assumed_align=16, leading_dim=3)  # noqa: E731
+    args = (rows(dout), rows(out), flat(lse, 4), flat(d_rows, 16), flat(lse2, 16),
             flat(dq_flat, 16), cutlass.Int32(sq), cutlass.Int32(padded))
     stream = current_stream()
     kernel = _kernel_for(d, str(dout.dtype).removeprefix("torch."))
-    fn = compile_kernel(kernel, *args, stream, key=("attention.sm90_bwd_prep", 2, d, str(dout.dtype)))
+    fn = compile_kernel(kernel, *args, stream, key=("attention.sm90_bwd_prep", 3, d, str(dout.dtype)))
     fn(*args, stream)
     return d_rows, lse2, dq_flat, dq_flat.view(b, h, padded, d)
 
@@ -185,15 +193,16 @@ def preprocess_flat(dout, out, lse, block_m: int, tvm_ffi: bool):
 
 
 def build_variant(head_dim: int = 128, dtype: str = "bfloat16"):
-    """A CompileJob for `BwdPrep` over fake flat tensors with symbolic sizes."""
+    """A CompileJob for `BwdPrep` over fake tensors with symbolic sizes (dO and O 4-D with
+    strides divisible by 8, as the TVM-FFI build takes them)."""
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
     t = _CUTLASS[dtype]
-    do, o = [fake_tensor(t, 1, leading_dim=0, assumed_align=16) for _ in range(2)]
+    do, o = [fake_tensor(t, 4, leading_dim=3, assumed_align=16, stride_divisibility=_VEC) for _ in range(2)]
     lse = fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=4)
     d_rows, lse2, dq_acc = [fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=16) for _ in range(3)]
     args = (do, o, lse, d_rows, lse2, dq_acc, cutlass.Int32(1), cutlass.Int32(64), fake_stream())
-    return CompileJob(BwdPrep(head_dim, t), args, ("attention.sm90_bwd_prep", head_dim, dtype))
+    return CompileJob(BwdPrep(head_dim, t), args, ("attention.sm90_bwd_prep", 4, head_dim, dtype))
 
 
 VARIANT_CONFIGS = {"d64_float16": {"head_dim": 64, "dtype": "float16"},
@@ -203,8 +212,8 @@ VARIANT_CONFIGS = {"d64_float16": {"head_dim": 64, "dtype": "float16"},
 def _register() -> None:
     from cute_kernels.runtime import register_variant
 
-    # 16-byte loads of dO and O, and the shuffle sum.
-    register_variant("attention.sm90_bwd_prep", build_variant, configs=VARIANT_CONFIGS, requires={"SHFL"})
+    # 16-byte loads of dO and O (strided rows read in place), and the shuffle sum.
+    register_variant("attention.sm90_bwd_prep", build_variant, configs=VARIANT_CONFIGS, requires={"SHFL", "LDG.E.128"})
 
 
 _register()

@@ -107,7 +107,7 @@ from cute_kernels.runtime.plan_cache import WarmCache, memo
 
 from . import sm90_bwd_prep as _prep
 from .features import feature_reason
-from .problem_checks import launch_scalars, mask_flags, window_scalars
+from .problem_checks import launch_scalars, mask_flags, rows_aligned, window_scalars
 from .softmax import LOG2_E
 from .sm90_bwd_mainloop import CUTLASS_DTYPES as _CUTLASS
 from .sm90_bwd_mainloop import FlashAttentionSm90Bwd
@@ -410,12 +410,14 @@ def _sm_count() -> int:
 
 def _launch_for(problem, config) -> _Launch:
     """The `_Launch` of `problem` with `config` (None: `bwd_config_for` the problem), cached in
-    `_LAUNCHES` (at most `_MAX_LAUNCHES` entries; it then starts afresh)."""
-    sms = _sm_count() if config is None else 0
-    key = (problem, config, sms)
+    `_LAUNCHES` (at most `_MAX_LAUNCHES` entries; it then starts afresh). The key leaves out the
+    device: its SM count only chooses between two schedules that compute the same gradients
+    (`gqa_loop_fills`), so a warm call asks the driver nothing."""
+    key = (problem, config)
     launch = _LAUNCHES.get(key)
     if launch is not None:
         return launch
+    sms = _sm_count() if config is None else 0
     group = problem.heads_q // problem.heads_kv
     dtype_name = str(problem.dtype).removeprefix("torch.")
     upper, local = mask_flags(problem)
@@ -440,16 +442,6 @@ def _launch_for(problem, config) -> _Launch:
                      prep=config.prep_kernel and b * hq * sq_pad * d < 2**31,
                      dkv_shape=(b, hq if config.dkv_fp32 else problem.heads_kv, sk, d))
     return _LAUNCHES.put(key, launch)
-
-
-def _tma_ready(t):
-    """`t` itself when TMA can read it (16-byte aligned pointer, unit last stride, other strides
-    multiples of 8 elements), else a contiguous copy."""
-    if t.is_contiguous() and not t.data_ptr() & 15 and t.shape[-1] % 8 == 0:
-        return t  # the common case, decided without walking the strides
-    if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s % 8 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
-        return t.contiguous()
-    return t
 
 
 def _dsl_args(launch: _Launch, q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h) -> tuple:
@@ -501,7 +493,7 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
     launch = _launch_for(problem, config)
     config = launch.config
     tvm = tvm_ffi_available()
-    q, k, v, dout = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(dout)
+    q, k, v, dout = rows_aligned(q), rows_aligned(k), rows_aligned(v), rows_aligned(dout)
     if tvm and (q.requires_grad or k.requires_grad or v.requires_grad or out.requires_grad
                 or dout.requires_grad or lse.requires_grad):
         # DLPack export refuses tensors that require grad; detached aliases share the storage.

@@ -8,6 +8,9 @@ Cases (bf16), named `linear_<label>_<M>x<N>x<K>[_bias]/<mode>` and `sdpa_B.._H..
   2048) . 2048 (a 1B-class Llama projection, batch 4 x 2048 tokens). The input keeps its 3-D
   (batch, tokens, features) shape where the model has one.
 - SDPA: B1 H8 S256 D64 and ViT-B/16's B64 H12 S197 D64.
+- Norms, `norm_<kind>_<label>_<rows>x<width>/<mode>`: LayerNorm with weight and bias over ViT-B/16's
+  (64 x 197) x 768 tokens, RMSNorm over a 1B-class Llama's (4 x 2048) x 2048 and over a decode
+  step's 8 x 4096 (`cute_kernels.nn.LayerNorm` / `RMSNorm.from_module` beside the torch modules).
 Modes: `fwd` is one call under torch.no_grad() (what inference pays, weights requiring grad as a
 model's do); `fwd_bwd` is the call with autograd, then torch.autograd.grad of the output for a
 fixed gradient (dx and dW, db; dq, dk, dv), the result checked being dx (dq). Impls: `stock`
@@ -156,6 +159,72 @@ class SdpaCase:
         return out.detach()
 
 
+@dataclass(frozen=True)
+class NormCase:
+    """A torch.nn.LayerNorm (weight and bias) or torch.nn.RMSNorm (weight) over x (*lead, width)."""
+
+    kind: str  # "layer" or "rms"
+    label: str
+    lead: tuple
+    width: int
+    mode: str = "fwd"
+    dtype: str = "bf16"
+
+    family = "norm"
+
+    @property
+    def name(self) -> str:
+        return f"norm_{self.kind}_{self.label}_{math.prod(self.lead)}x{self.width}/{self.mode}"
+
+    @property
+    def result_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def tolerance(self) -> float:
+        return TOLERANCE[self.dtype] * (2 if self.mode == "fwd_bwd" else 1)
+
+    @property
+    def calls(self) -> int:
+        return CALLS[self.mode]
+
+    @property
+    def flops(self) -> float:
+        return 8.0 * math.prod(self.lead) * self.width
+
+    @property
+    def bytes(self) -> float:
+        return 2.0 * 2 * math.prod(self.lead) * self.width * (2 if self.mode == "fwd_bwd" else 1)
+
+    def make_inputs(self, device: str, seed: int = 0) -> dict[str, Any]:
+        import torch
+
+        gen = _generator(device, seed)
+        dt = torch_dtype(self.dtype)
+        layer = torch.nn.LayerNorm(self.width, device=device, dtype=dt) if self.kind == "layer" else \
+            torch.nn.RMSNorm(self.width, eps=1e-6, device=device, dtype=dt)
+        with torch.no_grad():  # weights away from their initial ones and zeros
+            for p in layer.parameters():
+                p.copy_(_randn(p.shape, self.dtype, device, gen) * 0.5 + 1.0)
+        return {"x": _randn((*self.lead, self.width), self.dtype, device, gen),
+                "g": _randn((*self.lead, self.width), self.dtype, device, gen), "layer": layer}
+
+    def reference(self, inputs: dict[str, Any]):
+        import torch
+
+        layer = inputs["layer"]
+        x = inputs["x"].double().requires_grad_(self.mode == "fwd_bwd")
+        w = layer.weight.double()
+        with torch.enable_grad():
+            if self.kind == "layer":
+                y = torch.nn.functional.layer_norm(x, (self.width,), w, layer.bias.double(), layer.eps)
+            else:
+                y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + layer.eps) * w
+            if self.mode == "fwd_bwd":
+                return torch.autograd.grad(y, x, inputs["g"].double())[0].float()
+        return y.detach().float()
+
+
 LINEAR_CASES = tuple(LinearCase(label, lead, k, n, bias, mode) for label, lead, k, n, bias in (
     ("square", (256,), 256, 256, True),
     ("decode", (8,), 4096, 4096, False),
@@ -163,6 +232,11 @@ LINEAR_CASES = tuple(LinearCase(label, lead, k, n, bias, mode) for label, lead, 
     ("llama", (4, 2048), 2048, 2048, False),
 ) for mode in MODES)
 SDPA_CASES = tuple(SdpaCase(b, h, s, d, mode) for b, h, s, d in ((1, 8, 256, 64), (64, 12, 197, 64)) for mode in MODES)
+NORM_CASES = tuple(NormCase(kind, label, lead, width, mode) for kind, label, lead, width in (
+    ("layer", "vit", (64, 197), 768),
+    ("rms", "llama", (4, 2048), 2048),
+    ("rms", "decode", (8,), 4096),
+) for mode in MODES)
 
 
 def _linear_prepare(ours: bool):
@@ -211,6 +285,30 @@ def _sdpa_prepare(ours: bool):
     return prepare
 
 
+def _norm_prepare(ours: bool):
+    def prepare(case: NormCase, inputs) -> Prepared:
+        import torch
+
+        layer = inputs["layer"]
+        if ours:
+            from cute_kernels.nn import norms
+
+            layer = (norms.LayerNorm if case.kind == "layer" else norms.RMSNorm).from_module(layer)
+        x, g = inputs["x"], inputs["g"]
+        if case.mode == "fwd":
+            def fn():
+                with torch.no_grad():
+                    return layer(x)
+            return Prepared(fn)
+        xg = x.detach().requires_grad_()
+        wrt = (xg, *layer.parameters())
+
+        def fn():
+            return torch.autograd.grad(layer(xg), wrt, g)[0]
+        return Prepared(fn)
+    return prepare
+
+
 def _ours_available() -> str | None:
     try:
         import cute_kernels.nn  # noqa: F401
@@ -228,6 +326,9 @@ def layer_impls() -> dict[Any, dict[str, Impl]]:
     for case in SDPA_CASES:
         impls[case] = {"stock": Impl("stock", "peer", _sdpa_prepare(False)),
                        "cute_kernels": Impl("cute_kernels", "ours", _sdpa_prepare(True), _ours_available)}
+    for case in NORM_CASES:
+        impls[case] = {"stock": Impl("stock", "peer", _norm_prepare(False)),
+                       "cute_kernels": Impl("cute_kernels", "ours", _norm_prepare(True), _ours_available)}
     return impls
 
 

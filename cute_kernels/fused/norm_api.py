@@ -248,18 +248,27 @@ def _backward_plan(dy, s, weight, rstd, mean, dsum, kind, offset, has_bias, weig
     shape, device, dx_dtype = s.shape, s.device, s.dtype
     layer = kind == "layer"
 
+    partials = int(want_w) + int(want_b)
+
     def plan(dy, s, weight, rstd, mean, dsum):
         dx = torch.empty(shape, dtype=dx_dtype, device=device)
-        pw = torch.empty((parts, n), dtype=torch.float32, device=device) if want_w else None
-        pb = torch.empty((parts, n), dtype=torch.float32, device=device) if want_b else None
+        # the weight's and the bias's per-CTA partial rows in one buffer summed by one reduction
+        # (each torch op is several µs of host time on a warm call); each gradient then gets its
+        # own storage (a copy even in fp32): the op's returns must not alias one another
+        parts_wb = torch.empty((partials, parts, n), dtype=torch.float32, device=device) if partials else None
+        pw = parts_wb[0] if want_w else None
+        pb = parts_wb[-1] if want_b else None
         if rows:
             fn(rows_view(s, n), _flat(weight), rows_view(dy, n), nograd(rstd).reshape(-1),
                nograd(mean).reshape(-1) if layer else None, rows_view(dsum, n) if fuse_dsum else None,
                dx.view(-1, n), pw, pb, grid)
         if dsum is not None and not fuse_dsum:
             dx.add_(dsum)
-        dw = None if pw is None else (pw.sum(0) if rows else pw.new_zeros(n)).to(weight.dtype)
-        db = None if pb is None else (pb.sum(0) if rows else pb.new_zeros(n)).to(weight.dtype)
+        if not partials:
+            return dx, None, None
+        sums = parts_wb.sum(1) if rows else parts_wb.new_zeros((partials, n))
+        dw = sums[0].to(weight.dtype, copy=True) if want_w else None
+        db = sums[-1].to(weight.dtype, copy=True) if want_b else None
         return dx, dw, db
 
     return plan

@@ -161,9 +161,14 @@ def pick_config(m: int, n: int, k: int, in_bytes: int = 2, swap_ab: bool = True)
     (ViT's M = 12608 is an odd 99 M tiles, so a 2x1 cluster idles a CTA); with an odd count of N
     tiles a 2x1 cluster, rastered along N in bands of 8 on large outputs so the B panels of
     running CTAs stay in L2. With both counts odd and a short K (ViT's 768 x 768 and 768 x 2304
-    layers) a cluster-less ping-pong 128x128 won (0.93-0.98x against 0.80-0.97x). Skinny M
-    (<= SKINNY_M) computes C^T (`pick_skinny_config`); with `swap_ab=False` (a path that cannot
-    swap) it uses 128x64 tiles (a full wave at N = 8192).
+    layers) a cluster-less ping-pong 128x128 won (0.93-0.98x against 0.80-0.97x). Those classes
+    give way to 128x192 tiles where the time model (`split_seconds`: whole waves, the split of
+    K `pick_split_k` would take) says they are more than 3% faster: ViT's layers at N or K = 768
+    (measured 0.96-1.01x cuBLAS with 128x192 against 0.70-0.94x with the classes' tiles; the
+    weight gradients 0.66-0.69x -> 0.90-0.94x, and 0.64x -> 0.81x at 768x768x12608 with K split
+    in 4). Skinny M (<= SKINNY_M) computes C^T (`pick_skinny_config`); with `swap_ab=False` (a
+    path that cannot swap) it uses 128x64 tiles (a full wave at N = 8192). The batch count is not
+    part of the choice: tiles are those of one batch.
     """
     if m <= SKINNY_M and swap_ab:
         return pick_skinny_config(m, n, k, in_bytes)
@@ -173,41 +178,117 @@ def pick_config(m: int, n: int, k: int, in_bytes: int = 2, swap_ab: bool = True)
         # measured (H200, N = K = 8192): 128x64 tiles without split-K beat 128x128 + split-K 4
         # by 1.9x at M = 16 and 2.0x at M = 64 (same call path, same run)
         return Sm90GemmConfig(tile_m=128, tile_n=64, cluster_m=1, cluster_n=1)
+    base = _pick_wide(m, n, k)
+    m_tiles, n_tiles = -(-m // 128), -(-n // 192)
+    # under one wave no CTA waits for a panel another loaded, so a cluster only adds its
+    # handshakes: measured 0.90-0.92x cuBLAS cluster-less against 0.87-0.91x with 1x2 on ViT's
+    # weight gradients (0.81x against 0.76x with K split in 4)
+    narrow = _NARROW[False, False] if m_tiles * n_tiles < 132 else _NARROW[n_tiles % 2 == 0, m_tiles % 2 == 0]
+    # the measured classes stand unless another tile (with its best split of K) is estimated
+    # faster by more than the noise margin
+    best_t = estimated_seconds(m, n, k, base, in_bytes) / _SWITCH
+    return narrow if estimated_seconds(m, n, k, narrow, in_bytes) < best_t else base
+
+
+def _pick_wide(m: int, n: int, k: int) -> Sm90GemmConfig:
+    """The 128x256 / 128x128 classes (measured on 26 model shapes; `pick_config`)."""
     m_tiles, n_tiles = -(-m // 128), -(-n // 256)
     if m_tiles * n_tiles < 118:  # under 0.9 of a wave of 128x256 tiles
-        return Sm90GemmConfig(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1)
+        return _WIDE["small"]
     if n_tiles % 2 == 0:
-        return Sm90GemmConfig(tile_m=128, tile_n=256, cluster_m=1, cluster_n=2)
+        return _WIDE["1x2"]
     if m_tiles % 2 and k <= 1024:
-        return Sm90GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1, schedule="pingpong")
-    if m * n >= 8192 * 8192:
-        return Sm90GemmConfig(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, swizzle=8, raster="n")
-    return Sm90GemmConfig(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1)
+        return _WIDE["pingpong"]
+    return _WIDE["2x1_swizzled" if m * n >= 8192 * 8192 else "2x1"]
+
+
+_WIDE = {
+    "small": Sm90GemmConfig(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1),
+    "1x2": Sm90GemmConfig(tile_m=128, tile_n=256, cluster_m=1, cluster_n=2),
+    "pingpong": Sm90GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1, schedule="pingpong"),
+    "2x1_swizzled": Sm90GemmConfig(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, swizzle=8, raster="n"),
+    "2x1": Sm90GemmConfig(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1),
+}
+# 128x192 tiles by (even count of N tiles, even count of M tiles): the cluster goes where it
+# tiles the grid (as for 128x256), none when both counts are odd
+_NARROW = {
+    (True, True): Sm90GemmConfig(tile_m=128, tile_n=192, cluster_m=1, cluster_n=2),
+    (True, False): Sm90GemmConfig(tile_m=128, tile_n=192, cluster_m=1, cluster_n=2),
+    (False, True): Sm90GemmConfig(tile_m=128, tile_n=192, cluster_m=2, cluster_n=1),
+    (False, False): Sm90GemmConfig(tile_m=128, tile_n=192, cluster_m=1, cluster_n=1),
+}
+_SWITCH = 1.03  # another tile replaces the measured classes only past this estimated gain (noise)
+
+# The time model behind the choices above (`estimated_seconds`), fitted to H200 sweeps
+# (scripts/gemm_config_sweep.py, ViT-B/16's forward, input- and weight-gradient GEMMs, each
+# config and split timed beside cuBLAS in one process): the model ranks the 16 (config, split)
+# pairs of each weight-gradient shape in the measured order and puts times within 15%.
+_SM_FLOPS = 6.0e12  # 16-bit FLOP/s one SM sustains in a 128x256 cooperative tile
+# relative speed of a tile class at equal waves (measured where the wave terms are equal):
+# 128x192 within 3% of 128x256, ping-pong 128x128 3% ahead of both at K <= 1024 (its epilogue
+# hides under the other warpgroup's main loop) and far behind beyond, cooperative 128x128 behind
+_TILE_SPEED = {(256, "cooperative"): 1.0, (192, "cooperative"): 0.97, (128, "pingpong"): 1.03,
+               (128, "cooperative"): 0.88}
+_PARTIALS_BYTES_PER_S = 3.0e12  # split-K's fp32 partials: written, summed, cast (HBM streaming)
+_SPLIT_FIXED_S = 6e-6  # the sum and the cast: two more kernels
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def _tile_speed(config: Sm90GemmConfig, k: int) -> float:
+    if config.schedule == "pingpong" and k > 1024:
+        return 0.8  # measured 0.71x cuBLAS at K = 3072 where 128x192 gave 0.96x
+    return _TILE_SPEED.get((config.tile_n, config.schedule), 0.9)
+
+
+def split_seconds(m: int, n: int, k: int, config: Sm90GemmConfig, splits: int, in_bytes: int = 2,
+                  num_sms: int = 132) -> float:
+    """Estimated GPU seconds of an M x N x K problem with `config` and K cut into `splits`: whole
+    waves of (tile, chunk) units over the SMs, the last one partly idle (why: ViT's M = 12608
+    makes 99 x 3 = 297 tiles of 128x256 at N = 768, 2.25 waves of 132 SMs, so a quarter of the
+    machine idles in the last one; 128x192 tiles make 396, 3.0 waves: 0.77x cuBLAS against 0.96x
+    measured at 12608x768x3072), each unit a tile's FLOPs at `_SM_FLOPS` times its class speed,
+    plus, when split, the fp32 partials' traffic (8 bytes per output element per split, written
+    and read, then the sum's and the cast's 10) and two launches. Tiles are counted in the
+    kernel's orientation (N x M for a `swap_ab` config)."""
+    rows, cols = (n, m) if config.swap_ab else (m, n)
+    units = -(-rows // config.tile_m) * -(-cols // config.tile_n) * splits
+    waves = -(-units // num_sms)
+    flops = 2.0 * config.tile_m * config.tile_n * -(-k // splits)
+    t = waves * flops / (_SM_FLOPS * _tile_speed(config, k) * (2 if in_bytes == 1 else 1))
+    if splits > 1:
+        t += (8 * splits + 10) * m * n / _PARTIALS_BYTES_PER_S + _SPLIT_FIXED_S
+    return t
+
+
+def valid_split(k: int, splits: int, config: Sm90GemmConfig, in_bytes: int = 2) -> bool:
+    """Whether K cuts into `splits` equal chunks the kernel can take as its batch mode: chunks
+    of at least 8 k-tiles whose length keeps TMA's 16-byte stride alignment."""
+    ks = k // splits
+    return splits == 1 or (k % splits == 0 and (ks * in_bytes) % 16 == 0 and ks >= 8 * config.tile_k)
+
+
+def estimated_seconds(m: int, n: int, k: int, config: Sm90GemmConfig, in_bytes: int = 2, num_sms: int = 132) -> float:
+    """`split_seconds` at the split `pick_split_k` would take for `config`."""
+    return split_seconds(m, n, k, config, pick_split_k(m, n, k, 1, config, in_bytes, num_sms), in_bytes, num_sms)
 
 
 def pick_split_k(m: int, n: int, k: int, l: int, config: Sm90GemmConfig, in_bytes: int = 2,
                  num_sms: int = 132) -> int:
-    """How many K chunks to split a problem with less than half a wave of tiles into (1 = none).
-
-    Splits only unbatched problems (the split becomes the kernel's batch mode), aiming at about
-    two waves of (tile, chunk) work units, with chunks of at least 8 k-tiles whose length keeps
-    TMA's 16-byte stride alignment. Tiles are counted in the kernel's orientation (N x M for a
-    `swap_ab` config).
-    """
+    """How many K chunks to split an unbatched problem with less than half a wave of tiles into
+    (1 = none), among the splits `valid_split` admits. The split becomes the kernel's batch mode,
+    so a batched problem is not split; with half a wave or more the partials cost more than the
+    split gains (measured). A 16-bit problem takes the split of least `split_seconds`; a swap-AB
+    (small-M, memory-bound) or fp8 one, which the FLOP model does not describe, the most splits
+    that keep within two waves of (tile, chunk) units. Tiles are counted in the kernel's
+    orientation (N x M for a `swap_ab` config)."""
     rows, cols = (n, m) if config.swap_ab else (m, n)
     tiles = -(-rows // config.tile_m) * -(-cols // config.tile_n)
-    # Measured: with half a wave or more the extra fp32 pass costs more than the split gains.
     if l != 1 or 2 * tiles > num_sms:
         return 1
-    best = 1
-    for s in (2, 3, 4, 6, 8, 12, 16):
-        if tiles * s > 2 * num_sms:
-            break
-        ks = k // s
-        if k % s or (ks * in_bytes) % 16 or ks < 8 * config.tile_k:
-            continue
-        best = s
-    return best
+    valid = [s for s in SPLITS if valid_split(k, s, config, in_bytes)]
+    if config.swap_ab or in_bytes == 1:
+        return max(s for s in valid if s == 1 or tiles * s <= 2 * num_sms)
+    return min(valid, key=lambda s: split_seconds(m, n, k, config, s, in_bytes, num_sms))
 
 
 def with_overrides(config: Sm90GemmConfig, **kw) -> Sm90GemmConfig:

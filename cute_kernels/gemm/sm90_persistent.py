@@ -375,6 +375,10 @@ VARIANTS = {
     "fp32_out": {"out_dtype": "fp32"},
     "cluster_1x2": {"cluster_m": 1, "cluster_n": 2},
     "tile_128x128": {"tile_n": 128},
+    # the 128x192 class pick_config takes where 128x256 tiles leave a partial wave (ViT's N = 768)
+    "tile_128x192_1x2_bias_gelu": {"tile_n": 192, "cluster_m": 1, "cluster_n": 2, "bias": "n",
+                                   "activation": "gelu_tanh"},
+    "tile_128x192_a_m_major_b_n_major": {"tile_n": 192, "cluster_m": 1, "a_major": "MN", "b_major": "MN"},
     "a_m_major": {"a_major": "MN"},
     "b_n_major": {"b_major": "MN"},
     "c_m_major": {"c_major": "M"},

@@ -114,7 +114,8 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, causal: Optional[str] = None, scale: O
          fallback: str = "none", softcap: Optional[float] = None,
          sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """(out, lse): attention of q (B, Hq, Sq, D) over k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv) (or
-    all without B); out (B, Hq, Sq, Dv) in q's dtype, lse (B, Hq, Sq) fp32 (not differentiable).
+    all without B); out (B, Hq, Sq, Dv) in q's dtype, stored (B, Sq, Hq, Dv) (`_new_out`), lse
+    (B, Hq, Sq) fp32 contiguous (not differentiable).
     causal: None, "top_left" or "bottom_right"; scale default 1/sqrt(D); window_left/right: a
     sliding window, -1 unbounded (module docstring); rung: an attention rung
     (`cute_kernels.attention.KERNELS`) or "auto"; softcap, sinks (Hq,): the score features
@@ -125,7 +126,7 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, causal: Optional[str] = None, scale: O
     features = _features("sdpa", q, softcap, sinks)
     if fallback == "torch" and not on_cuda(q, k, v):
         note_fallback("sdpa", f"inputs on {q.device}")
-        return reference.forward(q, k, v, causal, scale, enable_gqa, window, softcap, sinks)
+        return _stored_as_kernels(*reference.forward(q, k, v, causal, scale, enable_gqa, window, softcap, sinks))
     if sinks is not None:
         features["sinks"] = sinks.detach()
     try:
@@ -136,7 +137,23 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, causal: Optional[str] = None, scale: O
         if fallback != "torch":
             raise_unsupported("sdpa", err)
         note_fallback("sdpa", str(err))
-        return reference.forward(q, k, v, causal, scale, enable_gqa, window, softcap, sinks)
+        return _stored_as_kernels(*reference.forward(q, k, v, causal, scale, enable_gqa, window, softcap, sinks))
+
+
+def _new_out(shape, dtype, device) -> Tensor:
+    """An empty `sdpa` output of `shape` (4-D or 3-D) stored as the kernels store theirs
+    (`attention.api.new_out`: (B, S, H, D) under the (B, H, S, D) view), so that the op's
+    every path and its fake agree on strides (a compiled graph indexes the output by the
+    fake's)."""
+    from cute_kernels.attention.api import new_out
+
+    if len(shape) == 3:
+        return new_out((1, *shape), dtype, device)[0]
+    return new_out(tuple(shape), dtype, device)
+
+
+def _stored_as_kernels(out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
+    return _new_out(out.shape, out.dtype, out.device).copy_(out), lse
 
 
 def _check_ranks(op: str, *tensors) -> None:
@@ -153,7 +170,7 @@ def _sdpa_fake(q, k, v, causal=None, scale=None, enable_gqa=False, window_left=-
     _window("sdpa", causal, window_left, window_right)
     _check_ranks("sdpa", q, k, v)
     _features("sdpa", q, softcap, sinks)
-    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    out = _new_out((*q.shape[:-1], v.shape[-1]), q.dtype, q.device)
     return out, q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 

@@ -54,6 +54,47 @@ def test_split_k_keeps_chunks_aligned_and_waves_bounded(m, n, k, l):
     if l != 1 or 2 * tiles > 132:
         assert s == 1
     assert k % s == 0 and (k // s * 2) % 16 == 0
-    assert s == 1 or (tiles * s <= 264 and k // s >= 8 * cfg.tile_k)
+    assert s == 1 or k // s >= 8 * cfg.tile_k
+    if cfg.swap_ab:  # memory-bound: the most splits within two waves of units
+        assert s == 1 or tiles * s <= 264
     if (m, n, k, l) == (16, 8192, 8192, 1):
         assert pick_split_k(m, n, k, l, Sm90GemmConfig(tile_m=128, tile_n=128, cluster_m=1)) > 1
+
+
+# (M, N, K, (tile_m, tile_n), (cluster_m, cluster_n), split): ViT-B/16's GEMMs at batch 64, where
+# 128x256 tiles leave a partial last wave (the H200 sweeps behind `split_seconds`), and shapes
+# the measured 128x256 classes keep
+VIT_AND_LARGE = [
+    (12608, 768, 3072, (128, 192), (1, 2), 1),    # fc2: 99 x 4 tiles = 3.0 waves (128x256: 2.25)
+    (12608, 768, 768, (128, 192), (1, 2), 1),     # attention projection
+    (768, 768, 12608, (128, 192), (1, 1), 4),     # its weight gradient: 24 tiles, K split in 4
+    (3072, 768, 12608, (128, 192), (1, 1), 1),    # fc1's weight gradient: 96 tiles, no split
+    (2304, 768, 12608, (128, 128), (2, 1), 1),    # qkv's weight gradient: 108 tiles of 128x128
+    (12608, 2304, 768, (128, 128), (1, 1), 1),    # qkv: ping-pong at short K
+    (8192, 8192, 8192, (128, 256), (1, 2), 1),
+    (4096, 14336, 4096, (128, 256), (1, 2), 1),
+    (8192, 2048, 2048, (128, 256), (1, 2), 1),
+]
+
+
+@pytest.mark.parametrize("m,n,k,tile,cluster,split", VIT_AND_LARGE)
+def test_heuristic_picks_tiles_and_splits_by_waves(m, n, k, tile, cluster, split):
+    cfg = pick_config(m, n, k)
+    assert ((cfg.tile_m, cfg.tile_n), (cfg.cluster_m, cfg.cluster_n)) == (tile, cluster)
+    assert pick_split_k(m, n, k, 1, cfg) == split
+    cfg.validate().resolved_stages(2, 16)
+
+
+def test_split_seconds_counts_waves_and_partials():
+    from cute_kernels.gemm.sm90_config import split_seconds, valid_split
+
+    c192 = Sm90GemmConfig(tile_m=128, tile_n=192, cluster_m=1)
+    # 297 tiles of 128x256 take 3 waves, 396 of 128x192 too: the narrower tile does 3/4 the work
+    wide = split_seconds(12608, 768, 3072, Sm90GemmConfig(), 1)
+    assert split_seconds(12608, 768, 3072, c192, 1) < 0.8 * wide
+    # splitting adds the fp32 partials' traffic: 16x more units in one wave is not 16x faster
+    one, four = split_seconds(768, 768, 12608, c192, 1), split_seconds(768, 768, 12608, c192, 4)
+    assert four < one < 4 * four
+    assert valid_split(12608, 4, c192) and not valid_split(12608, 3, c192) and not valid_split(1024, 4, c192)
+    # batched problems are never split (the split is the batch mode)
+    assert pick_split_k(768, 768, 12608, 2, c192) == 1

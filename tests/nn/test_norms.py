@@ -142,3 +142,26 @@ def test_each_hugging_face_rms_norm_is_replaced_by_an_equal_module(family, name,
         (gx,) = torch.autograd.grad(got, x, g)
         (wx,) = torch.autograd.grad(want, x, g)
         assert _rel(gx, wx) < (1e-5 if x_dtype == torch.float32 and weight_dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_replaced_native_norms_call_torch_below_the_size_where_the_kernel_pays(kind, monkeypatch):
+    """A replacement of torch's own fused module runs torch's native op on inputs under
+    `native_below` elements and the fused op at and above it (with a residual, always ours);
+    modules built directly, and Hugging Face RMSNorm replacements, never defer."""
+    from cute_kernels.nn import fused_functional as ff
+    from cute_kernels.nn import norms
+
+    torch.manual_seed(2)
+    ref = torch.nn.LayerNorm(8, dtype=F64) if kind == "layer" else torch.nn.RMSNorm(8, eps=1e-6, dtype=F64)
+    ours = cnn.replacement_for(ref, fallback="torch")
+    assert ours.native_below == norms.NATIVE_BELOW > 0
+    assert cnn.LayerNorm(8).native_below == 0 and cnn.RMSNorm(8).native_below == 0
+    calls = []
+    entry = "layer_norm" if kind == "layer" else "rms_norm"
+    real = getattr(ff, entry)
+    monkeypatch.setattr(ff, entry, lambda *a, **k: calls.append(a[0].numel()) or real(*a, **k))
+    ours.native_below = 40
+    small, large = torch.randn(4, 8, dtype=F64), torch.randn(5, 8, dtype=F64)
+    assert _rel(ours(small), ref(small)) < 1e-12 and calls == []
+    assert _rel(ours(large), ref(large)) < 1e-12 and calls == [40]

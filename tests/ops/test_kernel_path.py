@@ -60,7 +60,8 @@ def attention_calls(monkeypatch):
     def forward(q, k, v, *, causal, scale, enable_gqa, window_size, kernel):
         _detached(q, k, v)
         calls.append(("forward", causal, window_size, kernel))
-        return reference.forward(q, k, v, causal, scale, enable_gqa, window_size)
+        # stored as the kernels store a fresh output: (B, S, H, D) under the (B, H, S, D) view
+        return attention_ops._stored_as_kernels(*reference.forward(q, k, v, causal, scale, enable_gqa, window_size))
 
     def backward(grad_out, q, k, v, out, lse, *, causal, scale, enable_gqa, window_size, kernel):
         _detached(grad_out, q, k, v, out, lse)
@@ -135,6 +136,8 @@ def test_kernel_layer_errors_propagate_or_fall_back(monkeypatch):
 def test_sdpa_kernel_path_forward_and_backward(attention_calls, causal):
     q, k, v = randn(2, 4, 5, 8, grad=True), randn(2, 2, 6, 8, grad=True), randn(2, 2, 6, 8, grad=True)
     out, lse = ops.sdpa(q, k, v, causal, None, True, rung="sm80_flash")
+    # out is the (B, H, S, D) view of (B, S, H, D) storage: a model's transpose + reshape is a view
+    assert out.transpose(1, 2).is_contiguous() and lse.is_contiguous()
     out.backward(randn(*out.shape))
     assert attention_calls == [("forward", causal, None, "sm80_flash"), ("backward", causal, None, "sm80_flash")]
     assert not lse.requires_grad

@@ -1,0 +1,88 @@
+"""Where the host time of a layer's warm call goes: cProfile over many calls of the overhead
+suite's layer cases (`bench.overhead_layers`), the GPU kept busy so that no call waits for it.
+
+    python3 scripts/host_profile.py [--cases norm_layer_vit_12608x768/fwd_bwd,...] [--calls 200]
+                                    [--impl cute_kernels|stock] [--top 30] [--out FILE.json]
+
+Prints, per case, the host µs per call and the functions with the most time of their own
+(tottime) and in total (cumtime), per call; writes them as JSON with --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from cute_kernels.bench.overhead_layers import layer_impls  # noqa: E402
+
+DEFAULT = "norm_layer_vit_12608x768/fwd_bwd,norm_layer_vit_12608x768/fwd,sdpa_B64_H12_S197_D64/fwd_bwd"
+
+
+def _rows(stats: pstats.Stats, key: str, calls: int, top: int) -> list[dict]:
+    entries = []
+    for (path, line, fn), (cc, nc, tt, ct, _) in stats.stats.items():
+        entries.append({"fn": f"{Path(path).name}:{line}:{fn}", "calls": nc / calls,
+                        "tottime_us": tt / calls * 1e6, "cumtime_us": ct / calls * 1e6})
+    entries.sort(key=lambda e: -e[key])
+    return entries[:top]
+
+
+def profile_case(case, impl, calls: int, top: int) -> dict:
+    inputs = case.make_inputs("cuda")
+    fn = impl.prepare(case, inputs).fn
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # the GPU busy for about a second: every call only queues
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    plain_us = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof)
+    return {"case": case.name, "impl": impl.name, "host_us": round(plain_us, 1),
+            "tottime": _rows(stats, "tottime_us", calls, top), "cumtime": _rows(stats, "cumtime_us", calls, top)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cases", default=DEFAULT)
+    p.add_argument("--impl", default="cute_kernels")
+    p.add_argument("--calls", type=int, default=100)
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    by_name = {case.name: (case, impls) for case, impls in layer_impls().items()}
+    rows = []
+    for name in args.cases.split(","):
+        case, impls = by_name[name]
+        row = profile_case(case, impls[args.impl], args.calls, args.top)
+        rows.append(row)
+        print(f"== {row['case']} [{row['impl']}]: {row['host_us']} us per call (unprofiled)")
+        for key in ("tottime", "cumtime"):
+            print(f"  by {key} (us per call):")
+            for e in row[key]:
+                print(f"    {e['tottime_us']:8.1f} {e['cumtime_us']:8.1f} {e['calls']:6.1f}x  {e['fn']}")
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
