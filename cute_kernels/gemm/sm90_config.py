@@ -221,8 +221,9 @@ _SWITCH = 1.03  # another tile replaces the measured classes only past this esti
 
 # The time model behind the choices above (`estimated_seconds`), fitted to H200 sweeps
 # (scripts/gemm_config_sweep.py, ViT-B/16's forward, input- and weight-gradient GEMMs, each
-# config and split timed beside cuBLAS in one process): the model ranks the 16 (config, split)
-# pairs of each weight-gradient shape in the measured order and puts times within 15%.
+# config and split timed beside cuBLAS in one process): it ranks the 16 (config, split) pairs of
+# each weight-gradient shape in the measured order but for near-ties (within 5% measured), and
+# puts times within 15%.
 _SM_FLOPS = 6.0e12  # 16-bit FLOP/s one SM sustains in a 128x256 cooperative tile
 # relative speed of a tile class at equal waves (measured where the wave terms are equal):
 # 128x192 within 3% of 128x256, ping-pong 128x128 3% ahead of both at K <= 1024 (its epilogue
