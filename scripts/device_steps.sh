@@ -26,6 +26,26 @@ BENCH_ARGS=${BENCH_ARGS:-"--rounds 3 --warmup-ms 10 --rep-ms 50"}
 SUMMARY=()
 FAILED=0
 
+capped() {  # CAP LOG COMMAND...: run COMMAND into LOG, killed with everything it started at CAP s
+  local cap=$1 log=$2; shift 2
+  if ! command -v setsid > /dev/null; then  # no util-linux: the command alone is capped
+    timeout --kill-after=10 "$cap" "$@" > "$log" 2>&1
+    return
+  fi
+  # Its own process group, killed whole when the command ends or hits the cap: a pytest cut at
+  # its cap otherwise leaves xdist workers running kernels on the GPU while the next step times.
+  setsid "$@" > "$log" 2>&1 &
+  local pid=$!
+  ( sleep "$cap"; kill -TERM -- "-$pid" 2>/dev/null; sleep 10; kill -KILL -- "-$pid" 2>/dev/null ) &
+  local watchdog=$!
+  wait "$pid"
+  local rc=$?
+  pkill -P "$watchdog" sleep 2>/dev/null; kill "$watchdog" 2>/dev/null; wait "$watchdog" 2>/dev/null
+  kill -KILL -- "-$pid" 2>/dev/null
+  { [ $rc -eq 143 ] || [ $rc -eq 137 ]; } && return 124  # killed at the cap: as timeout(1) reports it
+  return $rc
+}
+
 run_step() {  # NAME CAP COMMAND...
   local name=$1 cap=$2; shift 2
   # the log is named after the step, cut to a length any file system takes (a step naming
@@ -33,7 +53,7 @@ run_step() {  # NAME CAP COMMAND...
   STEP_NO=$((${STEP_NO:-0} + 1))
   local log="$OUTDIR/logs/$(printf '%02d' "$STEP_NO")-$(echo "$name" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-80).log" t0=$SECONDS
   echo "=== $name (cap ${cap}s)"
-  timeout --kill-after=10 "$cap" "$@" > "$log" 2>&1
+  capped "$cap" "$log" "$@"
   local rc=$?
   [ $rc -eq 0 ] || FAILED=1
   tail -n 4 "$log"
