@@ -15,7 +15,6 @@ import cProfile
 import json
 import pstats
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -39,15 +38,11 @@ def _rows(stats: pstats.Stats, key: str, calls: int, top: int) -> list[dict]:
 def profile_case(case, impl, calls: int, top: int) -> dict:
     inputs = case.make_inputs("cuda")
     fn = impl.prepare(case, inputs).fn
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(2_000_000_000)  # the GPU busy for about a second: every call only queues
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    plain_us = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
+    from cute_kernels.bench.overhead import cuda_busy_probe, make_host_timer
+
+    timer = make_host_timer(calls=calls, warmup=20, busy=cuda_busy_probe(), sync=torch.cuda.synchronize)
+    plain_us = timer(fn, case.name) * 1e3  # the overhead suite's figure
+    # profiled calls run slower: a sleep of about a second keeps the GPU busy through them
     torch.cuda._sleep(2_000_000_000)
     prof = cProfile.Profile()
     prof.enable()
@@ -57,6 +52,7 @@ def profile_case(case, impl, calls: int, top: int) -> dict:
     torch.cuda.synchronize()
     stats = pstats.Stats(prof)
     return {"case": case.name, "impl": impl.name, "host_us": round(plain_us, 1),
+            "drained": bool(timer.drained.get(case.name)),
             "tottime": _rows(stats, "tottime_us", calls, top), "cumtime": _rows(stats, "cumtime_us", calls, top)}
 
 

@@ -68,17 +68,13 @@ def _profile(step) -> dict:
 
 
 def _host_ms(step, reps: int = 3) -> float:
-    """Host time of one step: the GPU is first given a long sleep so that the step only queues
-    (its launches never wait); the median wall time of `reps` steps so timed."""
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(400_000_000)
-        t0 = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - t0) * 1e3)
-    torch.cuda.synchronize()
-    return round(sorted(times)[len(times) // 2], 3)
+    """Host time of one step (`bench.overhead`'s method: the GPU given a long sleep first, so
+    the step only queues); the median of `reps` steps."""
+    from cute_kernels.bench.overhead import cuda_busy_probe, make_host_timer
+
+    timer = make_host_timer(calls=1, warmup=0, busy=cuda_busy_probe(), sync=torch.cuda.synchronize)
+    times = sorted(timer(step) for _ in range(reps))
+    return round(times[len(times) // 2], 3)
 
 
 def run(name: str, rounds: int, iters: int) -> dict:

@@ -199,7 +199,8 @@ def _device_reason(q, k, v) -> str | None:
 
 def new_out(shape: tuple, dtype, device):
     """A fresh attention output of `shape` (B, H, S, D), stored (B, S, H, D): the result is the
-    (B, H, S, D) view of it, as torch's flash and cuDNN attention return theirs.
+    (B, H, S, D) view of it, as torch's flash and cuDNN attention return theirs (an unbatched
+    (H, S, D) shape: stored (S, H, D)).
 
     Why: models reshape the output to (B, S, H * D) right after (`out.transpose(1, 2).reshape`);
     stored so, that is a view, not a copy kernel per layer, and the output gradient that comes
@@ -207,8 +208,8 @@ def new_out(shape: tuple, dtype, device):
     strides that are multiples of 8 elements outside the head dim."""
     import torch
 
-    b, h, s, d = shape
-    return torch.empty((b, s, h, d), dtype=dtype, device=device).transpose(1, 2)
+    *b, h, s, d = shape
+    return torch.empty((*b, s, h, d), dtype=dtype, device=device).transpose(-3, -2)
 
 
 def _result(t, name: str, shape: tuple, dtype, device, unbatched: bool, fresh=None):

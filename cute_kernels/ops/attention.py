@@ -142,13 +142,10 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, causal: Optional[str] = None, scale: O
 
 def _new_out(shape, dtype, device) -> Tensor:
     """An empty `sdpa` output of `shape` (4-D or 3-D) stored as the kernels store theirs
-    (`attention.api.new_out`: (B, S, H, D) under the (B, H, S, D) view), so that the op's
-    every path and its fake agree on strides (a compiled graph indexes the output by the
-    fake's)."""
+    (`attention.api.new_out`), so that the op's every path and its fake agree on strides (a
+    compiled graph indexes the output by the fake's)."""
     from cute_kernels.attention.api import new_out
 
-    if len(shape) == 3:
-        return new_out((1, *shape), dtype, device)[0]
     return new_out(tuple(shape), dtype, device)
 
 

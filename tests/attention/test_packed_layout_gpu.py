@@ -29,10 +29,9 @@ def _poison(numel: int = 1 << 26):
     torch.empty(numel, device="cuda").fill_(math.nan)
 
 
-def _packed_qkv(b, s, h, d, dtype):
-    qkv = torch.randn(b, s, 3 * h * d, device="cuda", dtype=dtype)
-    q, k, v = qkv.reshape(b, s, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0)
-    return qkv, q, k, v
+def _heads(qkv, b, s, h, d):
+    """timm's split of a packed (B, S, 3 H D) projection into q, k, v (B, H, S, D) views."""
+    return qkv.reshape(b, s, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0)
 
 
 def _reference(q, k, v, g, causal):
@@ -57,9 +56,8 @@ def test_packed_qkv_forward_backward_match_float64(rung, capability, b, s, h, d,
     _needs(capability)
     torch.manual_seed(s * h + d)
     dtype = torch.bfloat16
-    qkv, q, k, v = _packed_qkv(b, s, h, d, dtype)
-    qkv.requires_grad_()
-    q, k, v = qkv.reshape(b, s, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0)
+    qkv = torch.randn(b, s, 3 * h * d, device="cuda", dtype=dtype, requires_grad=True)
+    q, k, v = _heads(qkv, b, s, h, d)
     g = torch.randn(b, s, h, d, device="cuda", dtype=dtype).transpose(1, 2) if grad_storage == "bshd" else \
         torch.randn(b, h, s, d, device="cuda", dtype=dtype)
     _poison()
@@ -68,7 +66,7 @@ def test_packed_qkv_forward_backward_match_float64(rung, capability, b, s, h, d,
     assert out.transpose(1, 2).is_contiguous() and lse.is_contiguous()
     assert out.transpose(1, 2).reshape(b, s, h * d).data_ptr() == out.data_ptr()
     (dqkv,) = torch.autograd.grad(out, qkv, g)
-    dq, dk, dv = dqkv.reshape(b, s, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0)
+    dq, dk, dv = _heads(dqkv, b, s, h, d)
     ref_out, ref_dq, ref_dk, ref_dv = _reference(q, k, v, g, causal)
     assert not out.isnan().any() and not dqkv.isnan().any()
     tol = TOL[dtype]
