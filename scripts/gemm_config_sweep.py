@@ -43,6 +43,9 @@ def _cfgs():
         "128x128c2": c(tile_m=128, tile_n=128, cluster_m=2),
         "128x128c1x2": c(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2),
         "128x128pp": c(tile_m=128, tile_n=128, cluster_m=1, schedule="pingpong"),
+        "128x128pp1x2": c(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, schedule="pingpong"),
+        "128x128pp2": c(tile_m=128, tile_n=128, cluster_m=2, schedule="pingpong"),
+        "256x128c2": c(tile_m=256, tile_n=128, cluster_m=2),
         "128x160c1": c(tile_m=128, tile_n=160, cluster_m=1),
         "128x224c1": c(tile_m=128, tile_n=224, cluster_m=1),
     }

@@ -125,8 +125,12 @@ class FlashAttentionSm90Bwd:
         # warpgroup 1's half starts where the second "stage" does).
         smem_dq_layout = smem_layouts.staged_smem_layout(self.dq_atom, bm, d // 2, 2)
         smem_dq_full = smem_layouts.staged_smem_layout(self.dq_atom, bm, d, 1)
-        mdQ2 = cute.make_tensor(mdQacc.iterator, cute.make_layout((mdQacc.shape[0] // d, d), stride=(d, 1)))
-        tma_dq, tdQ = cpasync.make_tiled_tma_atom(cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ2,
+        # The dQ accumulator is (B * Hq, Sq, D) unpadded (the backward's post-processing converts
+        # it whole); as (Sq, D, B * Hq) the reduce-add's tensor map clips each head's last block.
+        sq = mQ.shape[0]
+        mdQ3 = cute.make_tensor(mdQacc.iterator, cute.make_layout((sq, d, mdQacc.shape[0] // (sq * d)),
+                                                                  stride=(d, 1, sq * d)))
+        tma_dq, tdQ = cpasync.make_tiled_tma_atom(cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ3,
                                                   cute.slice_(smem_dq_layout, (None, None, 0)), (bm, d // 2))
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_lse, tLSE = cpasync.make_tiled_tma_atom(g2s, mLSE2, cute.make_layout(bm), (bm,))
@@ -181,7 +185,7 @@ class FlashAttentionSm90Bwd:
     def kernel(self, tma_k: cute.CopyAtom, mK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor,
                tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_do: cute.CopyAtom, mdO: cute.Tensor,
                tma_lse: cute.CopyAtom, mLSE2: cute.Tensor, tma_drow: cute.CopyAtom, mDrow: cute.Tensor,
-               tma_dq: cute.CopyAtom, mdQ2: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+               tma_dq: cute.CopyAtom, mdQ3: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
                scale: cutlass.Float32, scale_log2: cutlass.Float32, causal_offset: cutlass.Int32,
                offset_lo: cutlass.Int32, qhead_per_kvhead: cutlass.Int32, seqlen_q: cutlass.Int32,
                smem_kv_layout: cute.ComposedLayout, smem_qdo_layout: cute.ComposedLayout,
@@ -227,10 +231,11 @@ class FlashAttentionSm90Bwd:
             n_block, seqlen_q, causal_offset, block_m=bm, block_n=bn, causal=c.causal, maximum=cutlass.max,
             offset_lo=offset_lo, local=c.local, minimum=cutlass.min)
         m_count = cutlass.max(m_block_max - m_block_min, 0)
-        # (batch, q_head0)'s first row in the flat, padded lse2 / D / dQ accumulator; the next
-        # query head's rows follow after sq_pad.
+        # (batch, q_head0)'s index among the (batch, query head) pairs, and its first row in the
+        # flat lse2 / D (padded to whole Q blocks); the next query head's rows follow after sq_pad.
         sq_pad = (seqlen_q + bm - 1) // bm * bm
-        rows_base = (batch * mQ.shape[2] + q_head0) * sq_pad
+        head_row = batch * mQ.shape[2] + q_head0
+        rows_base = head_row * sq_pad
         cute.arch.sync_threads()  # the mbarrier inits are visible to every warp
 
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
@@ -246,12 +251,11 @@ class FlashAttentionSm90Bwd:
                              (q_head0, q_heads, batch, sq_pad // bm))
         else:
             self.roles.become_consumer()
-            gdQ2 = cute.local_tile(mdQ2, (bm, d // 2), (None, None))
-            self.consume((tma_dq, gdQ2, sdQ, sdQ_full), mma_sdp0, mma_sdp, mma_dkv, mma_dq0, mma_dq, sK, sV, sQ, sdO,
+            self.consume((tma_dq, mdQ3, sdQ, sdQ_full), mma_sdp0, mma_sdp, mma_dkv, mma_dq0, mma_dq, sK, sV, sQ, sdO,
                          sdS, pipe_kv, pipe_qdo,
                          sLSE, sDrow, mdQacc, mdK[None, None, head, batch], mdV[None, None, head, batch], scale,
                          (scale_log2, score_scale), (causal_offset, offset_lo), n_block, seqlen_q, seqlen_k,
-                         m_block_min, m_count, (rows_base, q_heads, sq_pad), tidx - THREADS_PER_WARPGROUP)
+                         m_block_min, m_count, (head_row, q_heads), tidx - THREADS_PER_WARPGROUP)
 
     @cute.jit
     def produce(self, tma_k, gK, sK, tma_v, gV, sV, tma_q, mQ, sQ, tma_do, mdO, sdO, tma_lse, gLSE, sLSE,
@@ -305,9 +309,9 @@ class FlashAttentionSm90Bwd:
                 seqlen_k: cutlass.Int32, m_block_min: cutlass.Int32, m_count: cutlass.Int32,
                 rows, ctidx: cutlass.Int32):
         """Consumer warpgroups (ctidx in [0, 256): keys 64 (ctidx // 128) .. + 63 of the block).
-        rows: (the first query head's first row in the flat lse2 / D / dQ accumulator, the
-        query heads this CTA walks, the rows between two heads)."""
-        rows_base, q_heads, sq_pad = rows
+        rows: (the first query head's index among the (batch, query head) pairs, the query
+        heads this CTA walks)."""
+        head_row, q_heads = rows
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
         mma_sdp0.set(warpgroup.Field.ACCUMULATE, False)
@@ -359,10 +363,10 @@ class FlashAttentionSm90Bwd:
         # thread's warp issues the copies). The whole first warp of each warpgroup takes the
         # issuing branch: the TMA copy elects its lane with elect.sync over the full warp, which
         # never returns when a single lane enters it alone (the hang of the first GPU run).
-        tma_dq, gdQ2, sdQ, sdQ_full = dq_tma
+        tma_dq, mdQ3, sdQ, sdQ_full = dq_tma
         wg = ctidx // THREADS_PER_WARPGROUP
         issuer_warp = cute.arch.make_warp_uniform((ctidx % THREADS_PER_WARPGROUP) // 32) == 0
-        dq_red = (tma_dq, gdQ2, sdQ, thr_dq.partition_C(sdQ_full[None, None, 0]),
+        dq_red = (tma_dq, mdQ3, sdQ, thr_dq.partition_C(sdQ_full[None, None, 0]),
                   [pipeline.NamedBarrier(barrier_id=_DQ_BARRIER + i, num_threads=THREADS_PER_WARPGROUP)
                    for i in (0, 1)], wg, issuer_warp)
 
@@ -377,7 +381,7 @@ class FlashAttentionSm90Bwd:
                               tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, acc_s, acc_dp, acc_dv, acc_dk,
                               acc_dq, r_p, r_ds, t_p, t_ds, s_mn, dp_mn, coord_s, coord_dq, thr_r2s,
                               stmatrix, sdS, ds_ready, pipe_qdo, sLSE, sDrow, gdQacc, scale, scales,
-                              offsets, key_base, rows_base + h * sq_pad, seqlen_k, dq_red)
+                              offsets, key_base, head_row + h, seqlen_q, seqlen_k, dq_red)
         if cutlass.const_expr(c.defer_dkv_wait):
             wgmma.wait_group(0)  # the last dV, dK GEMMs
             if q_heads * m_count > 0:
@@ -400,17 +404,17 @@ class FlashAttentionSm90Bwd:
              tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, acc_s, acc_dp, acc_dv, acc_dk, acc_dq, r_p, r_ds,
              t_p, t_ds, s_mn, dp_mn, coord_s, coord_dq, thr_r2s, stmatrix, sdS, ds_ready, pipe_qdo,
              sLSE, sDrow, gdQacc, scale: cutlass.Float32, scales,
-             offsets, key_base: cutlass.Int32, rows_base: cutlass.Int32,
+             offsets, key_base: cutlass.Int32, head_row: cutlass.Int32, seqlen_q: cutlass.Int32,
              seqlen_k: cutlass.Int32, dq_red):
         """Q block m against this CTA's keys; dS^T goes through smem buffer `buf`. Returns the
         advanced pipeline state and this step's (whose slot a deferred release frees), both
         loop-carried by the caller. scales: (P^T's exponent scale in log2 units, the soft cap's
-        pre-tanh scale)."""
+        pre-tanh scale); head_row: the (batch, query head) pair's index (its dQ rows start at
+        head_row * seqlen_q)."""
         c = self.config
         scale_log2, score_scale = scales
         bm = c.block_m
         row_base = m * bm
-        first = rows_base + row_base
         t_row, t_col = coord_s[0, 0]
         row_offs, col_offs = mn_offsets(bm)
         pipe_qdo.consumer_wait(state)
@@ -496,19 +500,22 @@ class FlashAttentionSm90Bwd:
         wgmma.commit_group()
         wgmma.wait_group(1)  # dQ_blk landed (and an early dV); dK (and dV) still in flight
 
-        # The fp32 accumulator is padded to whole Q blocks (rows past Sq receive dS = 0), so
-        # neither path needs a predicate.
+        # The fp32 accumulator holds Sq rows per head (no padding, so the post-processing
+        # converts it in one contiguous pass): rows of the last block past Sq are skipped (the
+        # TMA reduce-add's tensor map clips them).
         if cutlass.const_expr(c.dq_tma_reduce):
-            self.reduce_dq_tma(acc_dq, scale, (rows_base + row_base) // bm, dq_red)
+            self.reduce_dq_tma(acc_dq, scale, m, head_row, dq_red)
         else:
             # Values 2p and 2p + 1 of the accumulator are adjacent columns: one 8-byte
             # red.global.add.v2.f32 each, so a warp's reduction fills whole 32-byte sectors.
             t_q, t_d = coord_dq[0]
-            base = gdQacc.iterator + (cutlass.Int64(first + t_q) * c.head_dim + t_d)
+            base = gdQacc.iterator + (cutlass.Int64(head_row * seqlen_q + row_base + t_q) * c.head_dim + t_d)
+            room = seqlen_q - row_base - t_q  # this thread's rows r exist while r < room
             dq_offs = acc_offsets(c.head_dim // 2, c.head_dim)
             for p in cutlass.range_constexpr(cute.size(acc_dq) // 2):
-                cute.arch.red(base + dq_offs[2 * p], _f32x2(acc_dq[2 * p] * scale, acc_dq[2 * p + 1] * scale),
-                              op="add", dtype=cutlass.Float32, sem="relaxed", scope="gpu")
+                if cutlass.Int32(dq_offs[2 * p] // c.head_dim) < room:
+                    cute.arch.red(base + dq_offs[2 * p], _f32x2(acc_dq[2 * p] * scale, acc_dq[2 * p + 1] * scale),
+                                  op="add", dtype=cutlass.Float32, sem="relaxed", scope="gpu")
         if cutlass.const_expr(not c.defer_dkv_wait):
             wgmma.wait_group(0)
             pipe_qdo.consumer_release(state)
@@ -517,11 +524,12 @@ class FlashAttentionSm90Bwd:
         return state, prev
 
     @cute.jit
-    def reduce_dq_tma(self, acc_dq, scale: cutlass.Float32, row_block: cutlass.Int32, dq_red):
+    def reduce_dq_tma(self, acc_dq, scale: cutlass.Float32, m: cutlass.Int32, head_row: cutlass.Int32, dq_red):
         """scale * dQ_blk -> this warpgroup's half of the smem tile -> one TMA reduce-add into
-        rows [64 row_block, + 64) of the flat accumulator. The tile is rewritten only after the
-        previous step's reduce has read it (bulk wait by the issuing warp, then the barrier)."""
-        tma_dq, gdQ2, sdQ, tdQsdQ, bars, wg, issuer = dq_red
+        rows [64 m, + 64) of (batch, head) `head_row` of the accumulator (rows past Sq clipped).
+        The tile is rewritten only after the previous step's reduce has read it (bulk wait by the
+        issuing warp, then the barrier)."""
+        tma_dq, mdQ3, sdQ, tdQsdQ, bars, wg, issuer = dq_red
         if issuer:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
         self.wg_sync(bars, wg)
@@ -530,9 +538,9 @@ class FlashAttentionSm90Bwd:
         cute.arch.fence_proxy("async.shared", space="cta")
         self.wg_sync(bars, wg)
         if issuer:
+            g = cute.local_tile(mdQ3[None, None, head_row], (self.config.block_m, self.config.head_dim // 2), (m, wg))
             t_s, t_g = cpasync.tma_partition(tma_dq, 0, cute.make_layout(1),
-                                             cute.group_modes(sdQ[None, None, wg], 0, 2),
-                                             cute.group_modes(gdQ2[None, None, row_block, wg], 0, 2))
+                                             cute.group_modes(sdQ[None, None, wg], 0, 2), cute.group_modes(g, 0, 2))
             cute.copy(tma_dq, t_s, t_g)
             cute.arch.cp_async_bulk_commit_group()
 

@@ -8,8 +8,9 @@ Q block):
     rows Sq <= r < padded:  D = 0, lse2 = +inf  (so the backward's P is 0 there)
 
 written to flat fp32 buffers of B * H * padded entries, (batch, head)-major; and the backward's
-fp32 dQ accumulator (B * H * padded rows of D) set to 0 (it is added to with atomics / TMA
-reduce-adds), so that no separate memset runs. One CTA of 128
+fp32 dQ accumulator (B * H * Sq rows of D, unpadded: the backward converts it to dQ in one
+contiguous pass) set to 0 (it is added to with atomics / TMA reduce-adds), so that no separate
+memset runs. One CTA of 128
 threads covers 128 * 8 / D rows: each thread reads 8 contiguous elements of dO and of O (one
 16-byte load each) and zeroes 8 floats of the row's dQ accumulator (two 16-byte stores), and the
 D / 8 threads of a row sum with butterfly shuffles. dO and O are (B, H, Sq, D) with any strides
@@ -56,7 +57,7 @@ class BwdPrep:
     def __call__(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mDrow: cute.Tensor,
                  mLSE2: cute.Tensor, mdQacc: cute.Tensor, seqlen_q: cutlass.Int32, padded: cutlass.Int32, stream):
         """mdO, mO: (B, H, Sq, D), unit head-dim stride; mLSE: flat (B * H * Sq,); mDrow, mLSE2:
-        flat (B * H * padded,) outputs; mdQacc: flat (B * H * padded * D,) fp32, zeroed."""
+        flat (B * H * padded,) outputs; mdQacc: flat (B * H * Sq * D,) fp32, zeroed."""
         grid = (cute.ceil_div(mDrow.shape[0], self.rows_per_cta), 1, 1)
         self.kernel(mdO, mO, mLSE, mDrow, mLSE2, mdQacc, seqlen_q, padded).launch(
             grid=grid, block=[THREADS, 1, 1], stream=stream)
@@ -73,13 +74,12 @@ class BwdPrep:
         s = prow - bh * padded
         acc = cutlass.Float32(0.0)
         lse2 = cutlass.Float32.inf
-        if prow < total:
-            g_dq = cute.local_tile(cute.local_tile(mdQacc, (self.head_dim,), (prow,)), (_VEC,), (t,))
+        if prow < total and s < seqlen_q:
+            row = bh * seqlen_q + s
+            g_dq = cute.local_tile(cute.local_tile(mdQacc, (self.head_dim,), (row,)), (_VEC,), (t,))
             r_zero = cute.make_rmem_tensor((_VEC,), cutlass.Float32)
             r_zero.fill(0.0)
             cute.autovec_copy(r_zero, g_dq)
-        if prow < total and s < seqlen_q:
-            row = bh * seqlen_q + s
             b = bh // mdO.shape[1]
             h = bh - b * mdO.shape[1]
             # the row's (D,) slice, then this thread's 8 elements: strides divisible by 8 and
@@ -139,7 +139,7 @@ def _compile_tvm_ffi(head_dim: int, dtype: str):
 
 def preprocess(dout, out, lse, block_m: int, *, tvm_ffi: bool | None = None):
     """(D, lse2, dq_acc): D and lse2 as flat fp32 tensors of B * H * padded entries (padded = Sq
-    rounded up to `block_m`) and the zeroed fp32 dQ accumulator (B, H, padded, D), from dout,
+    rounded up to `block_m`) and the zeroed fp32 dQ accumulator (B, H, Sq, D), from dout,
     out (B, H, Sq, D) and lse (B, H, Sq), on torch's current stream. The three share one
     allocation (D, then lse2, then dQ; each 16-byte aligned: `block_m` must be a multiple of 4).
 
@@ -154,8 +154,8 @@ def preprocess(dout, out, lse, block_m: int, *, tvm_ffi: bool | None = None):
 
 
 def preprocess_flat(dout, out, lse, block_m: int, tvm_ffi: bool):
-    """`preprocess`'s (D, lse2, dq_flat, dq_acc), dq_flat the accumulator's flat (B * H *
-    padded * D,) view: what the backward kernel takes, without re-viewing per call."""
+    """`preprocess`'s (D, lse2, dq_flat, dq_acc), dq_flat the accumulator's flat (B * H * Sq *
+    D,) view: what the backward kernel takes, without re-viewing per call."""
     import torch
 
     if block_m % 4:
@@ -165,7 +165,7 @@ def preprocess_flat(dout, out, lse, block_m: int, tvm_ffi: bool):
     lse = lse.contiguous().float()
     n = b * h * padded
     # One allocation instead of three: D, lse2 and the dQ accumulator are all written by the kernel.
-    buf = torch.empty(n * (2 + d), dtype=torch.float32, device=dout.device)
+    buf = torch.empty(2 * n + b * h * sq * d, dtype=torch.float32, device=dout.device)
     d_rows, lse2, dq_flat = buf[:n], buf[n:2 * n], buf[2 * n:]
     if tvm_ffi:
         dout, out = rows_aligned(dout), rows_aligned(out)
@@ -174,7 +174,7 @@ def preprocess_flat(dout, out, lse, block_m: int, tvm_ffi: bool):
         if fn is None:
             fn = _COMPILED[key] = _compile_tvm_ffi(d, str(dout.dtype).removeprefix("torch."))
         fn(dout, out, lse.view(-1), d_rows, lse2, dq_flat, sq, padded)
-        return d_rows, lse2, dq_flat, dq_flat.view(b, h, padded, d)
+        return d_rows, lse2, dq_flat, dq_flat.view(b, h, sq, d)
     from cute_kernels.runtime import compile_kernel, current_stream, from_torch
 
     # without TVM-FFI the wrapped strides carry no divisibility: contiguous rows keep the loads aligned
@@ -186,7 +186,7 @@ def preprocess_flat(dout, out, lse, block_m: int, tvm_ffi: bool):
     kernel = _kernel_for(d, str(dout.dtype).removeprefix("torch."))
     fn = compile_kernel(kernel, *args, stream, key=("attention.sm90_bwd_prep", 3, d, str(dout.dtype)))
     fn(*args, stream)
-    return d_rows, lse2, dq_flat, dq_flat.view(b, h, padded, d)
+    return d_rows, lse2, dq_flat, dq_flat.view(b, h, sq, d)
 
 
 # ---- compile-only variants ------------------------------------------------------------------------

@@ -88,7 +88,7 @@ from .features import feature_reason
 from .forward_host import compile_tvm_ffi
 from .problem_checks import common_reason, config_of, launch_scalars, softcap_scalars, window_scalars
 from .softmax import LOG2_E, apply_softcap
-from .sm90_layouts import FlashSm90Config, config_for
+from .sm90_layouts import FlashSm90Config, config_for, short_rows
 from .sm90_softmax import Sm90Softmax, acc_as_a, acc_mn_view, mask_scores, to_16bit
 
 __all__ = ["FlashAttentionSm90", "FlashSm90Config", "config_for", "RUNG", "build_variant"]
@@ -585,7 +585,7 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = F
 
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
-    features = {name: tile.pop(name) for name in ("softcap", "sinks", "seqused_k") if name in tile}
+    features = {name: tile.pop(name) for name in ("softcap", "sinks", "seqused_k", "short") if name in tile}
     config = replace(config_for(head_dim, dtype, causal, local, **features), **tile).validate()
     t = _CUTLASS[dtype]
     # TMA needs 16-byte aligned strides: the rung checks it, the fake tensors state it.
@@ -624,6 +624,10 @@ VARIANT_CONFIGS["d64_bfloat16_causal_3wg"] = {"head_dim": 64, "dtype": "bfloat16
 VARIANT_CONFIGS["d128_bfloat16_causal_softcap_sinks"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True,
                                                          "softcap": True, "sinks": True}
 VARIANT_CONFIGS["d64_float16_softcap"] = {"head_dim": 64, "dtype": "float16", "softcap": True}
+# Short Q sequences at D <= 64 (`short_rows`: ViT-B/16's 197 rows) take 128-row tiles.
+VARIANT_CONFIGS["d64_bfloat16_short"] = {"head_dim": 64, "dtype": "bfloat16", "short": True}
+VARIANT_CONFIGS["d64_float16_causal_short_softcap"] = {"head_dim": 64, "dtype": "float16", "causal": True,
+                                                       "short": True, "softcap": True}
 VARIANT_CONFIGS["d256_bfloat16_causal_local_softcap_sinks"] = {"head_dim": 256, "dtype": "bfloat16", "causal": True,
                                                                "local": True, "softcap": True, "sinks": True}
 
@@ -817,9 +821,11 @@ def _kernel_for(config) -> FlashAttentionSm90:
 
 def _config_for_problem(problem, varlen: bool = False) -> FlashSm90Config:
     """`config_for` the problem's head dim, dtype, mask bounds, score features and launch (dense
-    or varlen), built once per combination (`problem_checks.config_of`)."""
+    or varlen; a dense one's Q length may ask for the short tile, `short_rows`), built once per
+    combination (`problem_checks.config_of`)."""
+    short = not varlen and short_rows(problem.seqlen_q, problem.head_dim)
     return config_of(_CONFIGS, problem, config_for, softcap=problem.softcap is not None, sinks=problem.sinks,
-                     varlen=varlen)
+                     varlen=varlen, short=short)
 
 
 def launch_order(cu_seqlens_q, cu_seqlens_k, seqused_k=None):

@@ -55,11 +55,13 @@ without spills (168 registers, as the default) and has GPU tests
 (`gqa_loop_fills`, from that script's H200 figures).
 
 Pre-processing (D and lse in base 2, empty rows' lse = -inf mapped to +inf so that their P is
-0, both padded to whole Q blocks, and the zeroed fp32 dQ accumulator) is the small
-`sm90_bwd_prep` kernel by default, torch ops otherwise; the conversion of dQ to q's dtype
-(post-processing) is one torch op. Rows and keys past the sequence ends: TMA zero-fills the
-loads, lse2 of a missing row is +inf (P = 0), and keys past Sk are masked, so a tail needs no
-separate code path.
+0, both padded to whole Q blocks, and the zeroed fp32 dQ accumulator of Sq rows per head) is
+the small `sm90_bwd_prep` kernel by default, torch ops otherwise; the conversion of dQ to q's
+dtype (post-processing) is one torch op over the contiguous accumulator (it was padded to whole
+Q blocks until 2026-12-02: the conversion of the sliced view ran torch's strided copy, 30 us at
+ViT-B/16's B64 H12 S197, and the prep zeroed the padding too). Rows and keys past the sequence
+ends: TMA zero-fills the loads, lse2 of a missing row is +inf (P = 0), keys past Sk are masked
+and dQ's reductions skip rows past Sq, so a tail needs no separate code path.
 
 Host path (`backward`): with TVM-FFI both kernels are built once per config from fake tensors
 and take the torch tensors themselves on torch's current stream (like the forward's
@@ -499,8 +501,8 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
         # DLPack export refuses tensors that require grad; detached aliases share the storage.
         q, k, v, out, dout, lse = q.detach(), k.detach(), v.detach(), out.detach(), dout.detach(), lse.detach()
     # Pre-processing: D_i = dO_i . O_i; lse in base 2, rows that saw no key enter with +inf (P = 0).
-    # All three are padded to whole Q blocks (lse2 = +inf and D = 0 in the padding, so P = 0 there)
-    # and passed flat: the kernel reads and adds without predicates.
+    # D and lse2 are padded to whole Q blocks (lse2 = +inf and D = 0 in the padding, so P = 0
+    # there) and passed flat, as is the zeroed dQ accumulator of Sq rows per head.
     b, hq, sq, sk, d = problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k, problem.head_dim
     sq_pad, group = launch.sq_pad, launch.group
     if launch.prep:  # flat D, lse2 and dQ accumulator, and the accumulator's (B, Hq, Sq_pad, D) view
@@ -510,7 +512,7 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
         d_rows[:, :, :sq] = (dout.float() * out.float()).sum(-1)
         lse2 = torch.full((b, hq, sq_pad), math.inf, dtype=torch.float32, device=q.device)
         lse2[:, :, :sq] = torch.where(torch.isneginf(lse), math.inf, lse.float() * LOG2_E)
-        dq_acc = torch.zeros((b, hq, sq_pad, d), dtype=torch.float32, device=q.device)
+        dq_acc = torch.zeros((b, hq, sq, d), dtype=torch.float32, device=q.device)
         d_rows, lse2, dq_flat = d_rows.view(-1), lse2.view(-1), dq_acc.view(-1)
     if config.dkv_fp32:
         # One buffer for both per-query-head fp32 results (they never leave this call).
@@ -533,8 +535,9 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
         fn = compile_kernel(_kernel_for(launch.kernel_config), *args, stream, _softcap_arg(launch),
                             key=("attention.sm90_flash_bwd", launch.kernel_config))
         fn(*args, stream, _softcap_arg(launch))
-    # Post-processing: dQ to q's dtype; GQA's per-query-head dK, dV summed over each group.
-    dq = (dq_acc if sq == sq_pad else dq_acc[:, :, :sq]).to(q.dtype)
+    # Post-processing: dQ to q's dtype (one contiguous, vectorized pass: the accumulator holds
+    # just the Sq rows); GQA's per-query-head dK, dV summed over each group.
+    dq = dq_acc.to(q.dtype)
     if config.dkv_fp32:
         dk = dk_h.view(b, problem.heads_kv, group, sk, d).sum(2).to(k.dtype)
         dv = dv_h.view(b, problem.heads_kv, group, sk, d).sum(2).to(v.dtype)

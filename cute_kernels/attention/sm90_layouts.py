@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from cute_kernels.layouts import Layout, composition, left_inverse
 
-__all__ = ["FlashSm90Config", "config_for", "HEAD_DIMS", "BLOCK_M", "accumulator_value_layout",
+__all__ = ["FlashSm90Config", "config_for", "short_rows", "HEAD_DIMS", "BLOCK_M", "accumulator_value_layout",
            "a_value_layout", "derive_p_as_a", "p_as_a_layout", "mn_view_layout", "num_m_blocks",
            "SMEM_LIMIT"]
 
@@ -162,10 +162,28 @@ class FlashSm90Config:
         return 2 * self.block_n * self.head_dim
 
 
+# 128 x 128 tiles run at this fraction of 192 x 128's rate at D <= 64 (measured at B8 H16 S2048:
+# 0.81x against 0.94x FA4), so they win only where 192-row tiles pad Q much more
+_ROWS_128_RATE = 0.86
+
+
+def short_rows(seqlen_q: int, head_dim: int) -> bool:
+    """Whether a dense problem of `seqlen_q` query rows at `head_dim` takes 128-row tiles
+    (`config_for`'s `short`) where the head dim would give it 192: when whole 192-row tiles
+    would pad Q by more than the 128-row tile's slower rate costs. ViT-B/16's 197 rows make
+    two 192-row tiles (51% of the rows real) against two 128-row ones (77%): measured 0.069
+    against 0.081 ms at B64 H12 D64 (H200); EVA-02's 257 rows are 384 either way and keep 192
+    (0.099 against 0.114 ms); at 577 rows the two measured within 1%, at 1024 192 won by 6%."""
+    if head_dim > 64 or seqlen_q <= 0:
+        return False
+    return -(-seqlen_q // 128) * 128 < _ROWS_128_RATE * (-(-seqlen_q // 192) * 192)
+
+
 def config_for(head_dim: int, dtype: str, causal: bool, local: bool = False, softcap: bool = False,
-               sinks: bool = False, varlen: bool = False) -> FlashSm90Config:
+               sinks: bool = False, varlen: bool = False, short: bool = False) -> FlashSm90Config:
     """The tile for a head dim: 192 x 128 with three consumer warpgroups of 160 registers up to
-    D = 64 (FA3's tile; measured 0.94x FA4 against 0.81x for 128 x 128 at B8 H16 S2048), 128 x
+    D = 64 (FA3's tile; measured 0.94x FA4 against 0.81x for 128 x 128 at B8 H16 S2048; with
+    `short`, `short_rows`' verdict for the problem's Q length, 128 x 128), 128 x
     128 up to D = 128, 128 x 96 up to 192 and 128 x 80 above (shared memory: Q plus two slots of
     K and V must fit 227 KiB, and the registers S + O + P must leave room in the consumers'
     240). `causal`: the upper diagonal is
@@ -174,7 +192,9 @@ def config_for(head_dim: int, dtype: str, causal: bool, local: bool = False, sof
     the window's width, so the plain grid serves. `softcap` takes 96-key blocks up to D = 64
     (128 spill there); otherwise the features keep the tile."""
     roles = {}
-    if head_dim <= 64:
+    if head_dim <= 64 and short:
+        block_n = 128
+    elif head_dim <= 64:
         # A soft cap's tanh needs registers the three 160-register consumers lack at 128 keys.
         block_n = 96 if softcap else 128
         roles = {"consumer_warpgroups": 3, "producer_regs": 32, "consumer_regs": 160}

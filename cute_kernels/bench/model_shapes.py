@@ -41,6 +41,8 @@ class ModelShape:
 MODELS = (
     ModelShape("vit_b16", 768, 12, 12, 64, 3072, gated=False, fused_qkv=True, tokens=(64 * 197,)),
     ModelShape("vit_l16", 1024, 16, 16, 64, 4096, gated=False, fused_qkv=True, tokens=(64 * 197,)),
+    # timm's eva02_base_patch14_224: separate q, k, v layers and a SwiGLU MLP, 257 tokens an image
+    ModelShape("eva02_b14", 768, 12, 12, 64, 2048, tokens=(64 * 257,)),
     ModelShape("llama3_1b", 2048, 32, 8, 64, 8192, vocab=128256),
     ModelShape("llama3_8b", 4096, 32, 8, 128, 14336, vocab=128256),
     ModelShape("llama3_70b", 8192, 64, 8, 128, 28672, vocab=128256),

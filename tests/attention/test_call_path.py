@@ -118,6 +118,15 @@ def rung(request, monkeypatch):
     return dict(module=module, kernel=kernel, cls=cls, tail=tail, compiler=compiler, counts=counts)
 
 
+def _config(module, sq=256):
+    """The config a dense non-causal D = 64 bf16 problem of `sq` query rows gets from `module`
+    (sm90_flash's short Q sequences take 128-row tiles, `sm90_layouts.short_rows`)."""
+    from cute_kernels.attention.sm90_layouts import short_rows
+
+    short = {"short": True} if module is sm90_flash and short_rows(sq, 64) else {}
+    return module.config_for(64, "bfloat16", False, **short)
+
+
 def _qkv(b=1, hq=8, hkv=8, sq=256, sk=256, d=64, dtype=torch.bfloat16):
     q = torch.randn(b, hq, sq, d, dtype=dtype)
     k = torch.randn(b, hkv, sk, d, dtype=dtype)
@@ -132,7 +141,7 @@ def test_warm_calls_hand_the_callers_tensors_to_one_build(rung, monkeypatch):
     assert len(compiler.builds) == 1 and counts[rung["cls"]] == 1
     build = compiler.builds[0]
     assert build["options"] == runtime.TVM_FFI_OPTION
-    config = rung["module"].config_for(64, "bfloat16", False)
+    config = _config(rung["module"])
     assert build["key"] == (f"attention.{rung['module'].__name__.rsplit('.', 1)[1]}", "tvm_ffi", config)
     assert build["kernel"].config == config
     before = dict(counts)
@@ -153,10 +162,11 @@ def test_warm_calls_hand_the_callers_tensors_to_one_build(rung, monkeypatch):
 
 def test_scalars_follow_the_problem_and_new_sizes_reuse_the_build(rung):
     compiler = rung["compiler"]
-    # Bottom-right causal, GQA 8:2, unbatched, an explicit scale, and new sizes each call.
+    # Bottom-right causal, GQA 8:2, unbatched, an explicit scale, and new sizes each call (all of
+    # them short Q sequences, one tile class of sm90_flash: `sm90_layouts.short_rows`).
     from torch.nn.attention.bias import causal_lower_right
 
-    for sq, sk in ((4, 6), (130, 200), (64, 64)):
+    for sq, sk in ((4, 6), (100, 200), (64, 64)):
         q, k, v = _qkv(hq=8, hkv=2, sq=sq, sk=sk)
         q3, k3, v3 = q[0], k[0], v[0]
         out = scaled_dot_product_attention(q3, k3, v3, attn_mask=causal_lower_right(sq, sk), scale=0.3,
@@ -253,7 +263,7 @@ def test_dsl_tensor_fallback_builds_the_kernel_once(rung, monkeypatch):
         scaled_dot_product_attention(q, k, v, kernel=rung["kernel"])
     assert counts[rung["cls"]] == 1
     name = module.__name__.rsplit(".", 1)[1]
-    assert [b["key"] for b in compiler.builds] == [(f"attention.{name}", module.config_for(64, "bfloat16", False))] * 3
+    assert [b["key"] for b in compiler.builds] == [(f"attention.{name}", _config(module))] * 3
     assert all(b["options"] is None for b in compiler.builds)
     assert [t for t, _ in wrapped[:3]] == [q, k, v] and len(wrapped) == 15
     assert "stream" in compiler.launches[-1]

@@ -40,8 +40,9 @@ def test_variant_uses_wgmma_tma_and_reductions_without_spills(config):
         assert count("REDG.E.ADD.F32x2") == 8 * d // 64 and count("REDG.E.ADD.F32.") == 0
         assert count("UTMAREDG") == 0
     else:
-        # dQ: one TMA reduce-add per warpgroup of its (64, D/2) half, in (64, 8) boxes.
-        assert count("UTMAREDG.2D.ADD") == d // 16 and count("REDG.E") == 0
+        # dQ: one TMA reduce-add per warpgroup of its (64, D/2) half, in (64, 8) boxes of the
+        # (Sq, D, B * Hq) accumulator (rows past Sq clipped).
+        assert count("UTMAREDG.3D.ADD") == d // 16 and count("REDG.E") == 0
     assert count("STSM") > 0 and count("USETMAXREG") == 2
     c = bwd.bwd_config_for(d, "bfloat16", True)
     assert kernel.dynamic_smem >= c.smem_bytes - 2048

@@ -121,10 +121,12 @@ def _problem(q, k):
 def test_no_recompile_for_new_lengths():
     from cute_kernels.runtime import cache
 
-    q, k, v = (randn(1, 2, 9, 64, dtype=torch.bfloat16) for _ in range(3))
-    scaled_dot_product_attention(q, k, v, kernel="sm90_flash")
+    # one short and one long Q sequence: D = 64 has a tile for each (`sm90_layouts.short_rows`)
+    for s in (9, 1100):
+        q, k, v = (randn(1, 2, s, 64, dtype=torch.bfloat16) for _ in range(3))
+        scaled_dot_product_attention(q, k, v, kernel="sm90_flash")
     compiled = cache.stats["compiled"]
-    for s in (3, 200, 1025):
+    for s in (3, 200, 1025, 2000):
         q2, k2, v2 = (randn(2, 2, s, 64, dtype=torch.bfloat16) for _ in range(3))
         ref, _ = reference(q2, k2, v2)
         assert rel_err(scaled_dot_product_attention(q2, k2, v2, kernel="sm90_flash"), ref) < 1e-2

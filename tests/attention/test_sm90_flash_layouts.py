@@ -126,3 +126,31 @@ def test_tuned_configs_lead_with_k_and_launch_causal_work_longest_first():
 
 def test_grid_tiles():
     assert [num_m_blocks(s) for s in (1, 127, 128, 129, 2048, 8192)] == [1, 1, 1, 2, 16, 64]
+
+
+def test_short_q_sequences_take_128_row_tiles_where_192_would_pad_more():
+    from cute_kernels.attention.sm90_layouts import short_rows
+
+    # ViT-B/16 (197 rows: 384 padded at 192 against 256 at 128) and ViT-L/16 at 384 px (577)
+    assert short_rows(197, 64) and short_rows(577, 64) and short_rows(100, 32)
+    # EVA-02's 257 rows pad to 384 either way; long sequences keep the faster 192-row tile
+    assert not short_rows(257, 64) and not short_rows(1024, 64) and not short_rows(4096, 64)
+    assert not short_rows(192, 64) and not short_rows(197, 128) and not short_rows(0, 64)
+    short = config_for(64, "bfloat16", False, short=True)
+    assert short.block_m == 128 and short.consumer_warpgroups == 2 and short.block_n == 128
+    assert config_for(64, "bfloat16", False).block_m == 192
+    assert config_for(128, "bfloat16", False, short=True) == config_for(128, "bfloat16", False)
+
+
+def test_the_rung_picks_the_short_tile_from_the_problem_q_length():
+    import torch
+
+    from cute_kernels.attention.api import AttentionProblem
+    from cute_kernels.attention.sm90_flash import _config_for_problem
+
+    def problem(sq):
+        return AttentionProblem(2, 3, 3, sq, 300, 64, 64, torch.bfloat16, None, 0.125)
+
+    assert _config_for_problem(problem(197)).block_m == 128
+    assert _config_for_problem(problem(257)).block_m == 192
+    assert _config_for_problem(problem(197), varlen=True).block_m == 192

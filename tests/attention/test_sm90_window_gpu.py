@@ -132,8 +132,10 @@ def test_window_shares_the_compiled_kernel_across_lengths_and_bounds():
     """offset_lo and the upper offset are runtime values: new windows and lengths reuse the kernel."""
     from cute_kernels.runtime import cache
 
-    q, k, v = (randn(1, 2, 200, 64, dtype=torch.bfloat16) for _ in range(3))
-    _run(q, k, v, None, 10, 10)
+    # one short and one long Q sequence: D = 64 has a tile for each (`sm90_layouts.short_rows`)
+    for s in (200, 1100):
+        q, k, v = (randn(1, 2, s, 64, dtype=torch.bfloat16) for _ in range(3))
+        _run(q, k, v, None, 10, 10)
     compiled = cache.stats["compiled"]
     for s, left, right in ((300, 50, 7), (1025, 300, 0), (64, 1, 200)):
         q2, k2, v2 = (randn(1, 2, s, 64, dtype=torch.bfloat16) for _ in range(3))
