@@ -160,8 +160,9 @@ def pick_config(m: int, n: int, k: int, in_bytes: int = 2, swap_ab: bool = True)
     of N tiles a 1x2 cluster (A multicast along N) won 19 of 26 shapes, by up to 1.33x over 2x1
     (ViT's M = 12608 is an odd 99 M tiles, so a 2x1 cluster idles a CTA); with an odd count of N
     tiles a 2x1 cluster, rastered along N in bands of 8 on large outputs so the B panels of
-    running CTAs stay in L2. With both counts odd and a short K (ViT's 768 x 768 and 768 x 2304
-    layers) a cluster-less ping-pong 128x128 won (0.93-0.98x against 0.80-0.97x). Those classes
+    running CTAs stay in L2. With a short K (<= 1024: ViT's and EVA-02's K = 768 layers) a
+    ping-pong 128x128 won (ViT-B: 0.93-0.98x against 0.80-0.97x cluster-less; EVA-02: 1.03x
+    with a 1x2 cluster where the 128-wide N tiles pair up, `_pick_wide`). Those classes
     give way to 128x192 tiles where the time model (`split_seconds`: whole waves, the split of
     K `pick_split_k` would take) says they are more than 3% faster: ViT's layers at N or K = 768
     (measured 0.96-1.01x cuBLAS with 128x192 against 0.70-0.94x with the classes' tiles; the
@@ -191,14 +192,21 @@ def pick_config(m: int, n: int, k: int, in_bytes: int = 2, swap_ab: bool = True)
 
 
 def _pick_wide(m: int, n: int, k: int) -> Sm90GemmConfig:
-    """The 128x256 / 128x128 classes (measured on 26 model shapes; `pick_config`)."""
+    """The 128x256 / 128x128 classes (measured on 26 model shapes; `pick_config`).
+
+    Short K (<= 1024): ping-pong 128x128, whose epilogue hides under the other warpgroup's main
+    loop (at K = 768 a tile's main loop is only 12 k-tiles), with a 1x2 cluster (A multicast)
+    where the 128-wide N tiles pair up. Measured on EVA-02's M = 16448 layers at K = 768 (H200,
+    L2 flushed / left warm as in a model): 1.03 / 1.12x cuBLAS at N = 768 (cluster-less
+    ping-pong 0.94 / 1.10x, 128x256 1.00 / 1.03x), 0.95 / 1.05x at N = 2048 (128x256 with a
+    1x2 cluster 0.95 / 0.98x)."""
     m_tiles, n_tiles = -(-m // 128), -(-n // 256)
     if m_tiles * n_tiles < 118:  # under 0.9 of a wave of 128x256 tiles
         return _WIDE["small"]
+    if k <= 1024:
+        return _WIDE["pingpong_1x2" if -(-n // 128) % 2 == 0 else "pingpong"]
     if n_tiles % 2 == 0:
         return _WIDE["1x2"]
-    if m_tiles % 2 and k <= 1024:
-        return _WIDE["pingpong"]
     return _WIDE["2x1_swizzled" if m * n >= 8192 * 8192 else "2x1"]
 
 
@@ -206,6 +214,7 @@ _WIDE = {
     "small": Sm90GemmConfig(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1),
     "1x2": Sm90GemmConfig(tile_m=128, tile_n=256, cluster_m=1, cluster_n=2),
     "pingpong": Sm90GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1, schedule="pingpong"),
+    "pingpong_1x2": Sm90GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, schedule="pingpong"),
     "2x1_swizzled": Sm90GemmConfig(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, swizzle=8, raster="n"),
     "2x1": Sm90GemmConfig(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1),
 }

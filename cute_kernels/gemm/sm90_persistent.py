@@ -384,6 +384,11 @@ VARIANTS = {
     "c_m_major": {"c_major": "M"},
     "pingpong_128x128": {"tile_n": 128, "schedule": "pingpong"},
     "pingpong_128x128_1x2": {"tile_n": 128, "schedule": "pingpong", "cluster_m": 1, "cluster_n": 2},
+    # pick_config's short-K class (EVA-02's K = 768 layers) as nn.Linear runs it: the forward
+    # with its bias fused, the input gradient with B read N-major
+    "pingpong_128x128_1x2_bias": {"tile_n": 128, "schedule": "pingpong", "cluster_m": 1, "cluster_n": 2, "bias": "n"},
+    "pingpong_128x128_1x2_b_n_major": {"tile_n": 128, "schedule": "pingpong", "cluster_m": 1, "cluster_n": 2,
+                                       "b_major": "MN"},
     "epi_c_bias_n_gelu": {"beta_c": True, "bias": "n", "activation": "gelu_tanh"},
     "epi_bias_m_silu_fp32": {"bias": "m", "activation": "silu", "out_dtype": "fp32"},
     "epi_relu_pingpong": {"tile_n": 128, "schedule": "pingpong", "beta_c": True, "activation": "relu"},

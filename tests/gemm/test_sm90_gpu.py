@@ -56,13 +56,14 @@ def test_nan_propagates(name):
 # One problem per class of `pick_config` (its cluster follows the tile counts), with partial
 # tiles on both sides, batched or M-major where it matters: (L, M, N, K, A M-major, the class).
 HEURISTIC_CASES = [
-    (1, 4000, 1000, 1000, False, ((128, 256), (1, 2), "cooperative")),   # 4 N tiles, last partial
-    (2, 2049, 2400, 520, True, ((128, 192), (1, 1), "cooperative")),     # 17 x 13 tiles of 192: both odd
-    (1, 12607, 2304, 768, False, ((128, 128), (1, 1), "pingpong")),     # 99 x 9 tiles, short K
+    (1, 4000, 1000, 1100, False, ((128, 256), (1, 2), "cooperative")),   # 4 N tiles, last partial
+    (2, 2049, 2400, 1040, True, ((128, 192), (1, 1), "cooperative")),    # 17 x 13 tiles of 192: both odd
+    (1, 12607, 2304, 768, False, ((128, 128), (1, 2), "pingpong")),     # short K, 18 N tiles of 128
+    (2, 2049, 2400, 520, True, ((128, 128), (1, 1), "pingpong")),       # short K, 19 N tiles of 128
     (1, 12607, 768, 3000, True, ((128, 192), (1, 2), "cooperative")),   # 99 x 4 tiles of 192 = 3.0 waves
     (1, 4096, 3584, 3584, False, ((128, 192), (2, 1), "cooperative")),  # 32 x 19 tiles of 192
     (1, 2304, 1344, 4096, False, ((128, 192), (1, 1), "cooperative")),  # 18 x 7 tiles: under a wave
-    (1, 2048, 8200, 512, False, ((128, 256), (2, 1), "cooperative")),   # 16 x 33 tiles
+    (1, 2048, 8200, 1536, False, ((128, 256), (2, 1), "cooperative")),  # 16 x 33 tiles
     (1, 1000, 1000, 4096, False, ((128, 128), (2, 1), "cooperative")),  # under 0.9 of a wave
 ]
 
