@@ -1,14 +1,16 @@
 """Where a patched model's time goes: each part of `nn.patch` alone, and the kernels of a step.
 
-    python3 scripts/model_profile.py [--models vit_b16,llama_gqa_padded] [--out FILE.json]
+    python3 scripts/model_profile.py [--models vit_b16,llama_gqa_padded] [--stack] [--out FILE.json]
 
 For each model of the models suite (bench size, bf16): the infer and train steps of the stock
 model and of copies patched with everything, linear layers only, norms only and attention only,
 timed in one process (CUDA events, interleaved rounds, `bench.models`' steps); then one profiled
 infer and one train step of stock and of the full patch: the top CUDA kernels by total time, the aten ops
 that launched GPU time (with their input shapes), the step's summed kernel time against its wall
-time; and each variant's host time per step (the GPU kept busy, so the step only queues: a host
-time near the GPU time is a host-bound step).
+time, and where the GPU idled within it (`bench.timeline`: each gap charged to the host op, and
+with --stack the Python frame, that launched the kernel ending it); and each variant's host time
+per step (the GPU kept busy, so the step only queues: a host time near the GPU time is a
+host-bound step).
 Prints the tables; writes them as JSON with --out."""
 
 from __future__ import annotations
@@ -38,12 +40,16 @@ VARIANTS = {  # name: nn.patch options (None: the stock model)
 }
 
 
-def _profile(step) -> dict:
+def _profile(step, stack: bool = False) -> dict:
+    import tempfile
+
     from torch.profiler import ProfilerActivity, profile
+
+    from cute_kernels.bench.timeline import format_gaps, gpu_gaps
 
     step()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=stack) as prof:
         t0 = time.perf_counter()
         step()
         torch.cuda.synchronize()
@@ -62,7 +68,11 @@ def _profile(step) -> dict:
         if dev > 0 and e.key.startswith("aten::"):
             ops.append({"op": e.key, "shapes": str(e.input_shapes)[:120], "self_ms": round(dev, 4), "calls": e.count})
     ops.sort(key=lambda o: -o["self_ms"])
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        gaps = gpu_gaps(json.loads(Path(f.name).read_text()))
     return {"wall_ms": round(wall_ms, 3), "kernel_ms": round(sum(v[0] for v in kernels.values()), 3),
+            "gaps": format_gaps(gaps), "idle_ms": round(gaps.idle_us / 1e3, 3),
             "launches": sum(v[1] for v in kernels.values()),
             "top": [{"kernel": n, "ms": round(v[0], 4), "calls": v[1]} for n, v in top], "aten": ops[:16]}
 
@@ -77,7 +87,7 @@ def _host_ms(step, reps: int = 3) -> float:
     return round(times[len(times) // 2], 3)
 
 
-def run(name: str, rounds: int, iters: int) -> dict:
+def run(name: str, rounds: int, iters: int, stack: bool = False) -> dict:
     spec = model_specs.spec(name)
     stock = model_specs.build(spec, device="cuda", dtype=torch.bfloat16)
     batch = model_specs.make_batch(spec, device="cuda", dtype=torch.bfloat16)
@@ -98,10 +108,11 @@ def run(name: str, rounds: int, iters: int) -> dict:
               flush=True)
     for mode, step in (("infer", _infer_step), ("train", _train_step)):
         for variant in ("stock", "patched"):
-            prof = _profile(lambda m=models[variant], step=step: step(spec, m, batch))
+            prof = _profile(lambda m=models[variant], step=step: step(spec, m, batch), stack)
             out[f"profile_{mode}_{variant}"] = prof
             print(f"{name} {mode} {variant}: wall {prof['wall_ms']} ms, kernels {prof['kernel_ms']} ms, "
                   f"{prof['launches']} launches")
+            print(prof["gaps"])
             for k in prof["top"]:
                 print(f"    {k['ms']:8.3f} ms {k['calls']:5d}x  {k['kernel']}")
             for o in prof["aten"]:
@@ -115,11 +126,13 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--out", type=Path)
+    p.add_argument("--stack", action="store_true", help="record Python frames in the profiled steps (gaps are "
+                                                        "then charged to frames too; the host runs slower)")
     args = p.parse_args(argv)
     rows = []
     for name in args.models.split(","):
         try:
-            rows.append(run(name, args.rounds, args.iters))
+            rows.append(run(name, args.rounds, args.iters, args.stack))
         except Exception as err:  # noqa: BLE001 - the other models still run; the row says why
             print(f"{name}: {type(err).__name__}: {err}", flush=True)
             rows.append({"model": name, "error": f"{type(err).__name__}: {err}"[:500]})

@@ -1,6 +1,9 @@
 """Where the host time of a warm attention forward + backward goes, part by part, at ViT-B/16's
 shape (B64 H12 S197 D64, bf16): each part timed alone as host µs per call with the GPU kept busy
-(`bench.overhead.make_host_timer`, so no call waits for the device), next to torch's SDPA.
+(`bench.overhead.make_host_timer`, so no call waits for the device), next to torch's SDPA. The
+whole forward + backward is timed three ways: contiguous q, k, v leaves with dO in (B, S, H, D)
+storage (what a ViT block's output projection hands back), the same with dO in (B, H, S, D)
+storage (the overhead suite's case), and q, k, v as views of one projection output.
 
     python3 scripts/sdpa_host.py [--shape B,H,S,D] [--calls 200] [--out FILE.json]
 """
@@ -58,15 +61,32 @@ def main() -> int:
     launch = fwd.RUNG.launch_plan(problem)
     out2, lse3 = torch.empty_like(out), torch.empty_like(lse)
 
-    def fwd_bwd(sdpa):
+    def fwd_bwd(sdpa, grad=None):
+        grad = dout if grad is None else grad
+
         def run():
             o = sdpa(*leaves)
-            torch.autograd.grad(o, leaves, dout)
+            torch.autograd.grad(o, leaves, grad)
         return run
+
+    # as a ViT block has them: q, k, v views of one (B, S, 3, H, D) projection that requires grad
+    qkv_leaf = qkv.detach().clone().requires_grad_()
+
+    def fwd_bwd_views(sdpa):
+        def run():
+            o = sdpa(*qkv_leaf.permute(2, 0, 3, 1, 4).unbind(0))
+            torch.autograd.grad(o, qkv_leaf, dout)
+        return run
+
+    dout_bhsd = dout.contiguous()  # (B, H, S, D) storage, as the overhead suite's gradient
 
     parts = {
         "stock_fwd_bwd": fwd_bwd(torch.nn.functional.scaled_dot_product_attention),
         "ours_fwd_bwd": fwd_bwd(ours_sdpa),
+        "stock_fwd_bwd_dout_bhsd": fwd_bwd(torch.nn.functional.scaled_dot_product_attention, dout_bhsd),
+        "ours_fwd_bwd_dout_bhsd": fwd_bwd(ours_sdpa, dout_bhsd),
+        "stock_fwd_bwd_qkv_views": fwd_bwd_views(torch.nn.functional.scaled_dot_product_attention),
+        "ours_fwd_bwd_qkv_views": fwd_bwd_views(ours_sdpa),
         "stock_fwd_grad": lambda: torch.nn.functional.scaled_dot_product_attention(*leaves),
         "ours_fwd_grad": lambda: ours_sdpa(*leaves),
         "ours_fwd_nograd": lambda: ours_sdpa(q, k, v),

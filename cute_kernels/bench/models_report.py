@@ -4,7 +4,10 @@
 
 writes the plot beside the JSON (same stem, .png) and `docs/models.md`: per model and mode,
 stock and cute_kernels ms, the speedup (stock / ours), rel_err against stock and its tolerance,
-generate's tokens/s and token agreement, and the cold starts.
+generate's tokens/s and token agreement, and the cold starts. `--merge OLDER.json` first folds
+into the JSON (rewritten in place) the cases of an earlier run it did not re-run
+(`records.merge_results`): a re-run of a few models keeps the rest of the table, each row
+saying when it was measured.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import io
 import sys
 from pathlib import Path
 
-from cute_kernels.bench.records import BenchResult, load_result
+from cute_kernels.bench.records import BenchResult, load_result, merge_results
 
 __all__ = ["plot_models", "models_page", "main"]
 
@@ -65,6 +68,11 @@ def plot_models(result: BenchResult, path: str | Path, max_bytes: int = 200_000)
     return path
 
 
+def _when(stamp: str) -> str:
+    """'2026-12-02T07:05:57Z' -> '2026-12-02 07:05 UTC' (a bare date stays as it is)."""
+    return f"{stamp[:10]} {stamp[11:16]} UTC" if len(stamp) >= 16 and stamp[10] == "T" else stamp
+
+
 def _ms(r) -> str:
     return "-" if r is None or r.ms is None else f"{r.ms:.2f}"
 
@@ -84,9 +92,16 @@ def models_page(result: BenchResult | None, json_name: str | None = None, plot_n
         return "\n".join(head + ["No result yet: run `cute-kernels bench models --out-dir docs/results` on a GPU, "
                                  "then `python -m cute_kernels.bench.models_report <that json>`.", ""])
     v = result.versions
-    head += [f"Run {result.date} on {result.device}; torch {v.get('torch')}, transformers {v.get('transformers')}, "
-             f"timm {v.get('timm')}, CuTe DSL {v.get('nvidia-cutlass-dsl') or v.get('cutlass_dsl')}. "
+    head += [f"Run {_when(result.timestamp or result.date)} on {result.device}; torch {v.get('torch')}, "
+             f"transformers {v.get('transformers')}, timm {v.get('timm')}, CuTe DSL {v.get('nvidia-cutlass-dsl') or v.get('cutlass_dsl')}. "
              f"Result: `{json_name or 'the JSON'}`.", ""]
+    merged = result.settings.get("merged") or []
+    if merged:
+        head += ["Rows noted *measured DATE* come from an earlier run merged in (each case whole, stock and ours "
+                 "from the same process): " + "; ".join(
+                     f"{_when(m.get('timestamp') or m.get('date'))} ({m.get('cases')} cases; torch "
+                     f"{(m.get('versions') or {}).get('torch')})"
+                     for m in merged) + ".", ""]
     if plot_name:
         head += [f"![speedup per model and mode]({plot_name})", ""]
     lines = ["| model / mode | stock ms | cute_kernels ms | speedup | rel_err (tolerance) | status | notes |",
@@ -105,6 +120,9 @@ def models_page(result: BenchResult | None, json_name: str | None = None, plot_n
             notes.append(f"{100 * ours.extra['token_agreement']:.1f}% tokens equal")
         if ours is not None and "note" in ours.extra:
             notes.append(str(ours.extra["note"]))
+        measured = (ours or stock).extra.get("measured") if (ours or stock) is not None else None
+        if measured:
+            notes.append(f"*measured {_when(measured)}*")
         lines.append(f"| {case} | {_ms(stock)} | {_ms(ours)} | {'-' if s is None else f'{s:.2f}x'} | {err} | "
                      f"{status} | {', '.join(notes)} |")
     train = [_speedup(s, o) for c, s, o in _pairs(result) if "/train_" in c]
@@ -125,9 +143,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("json", nargs="?", help="a models result file (default: the newest under docs/results)")
     p.add_argument("--doc", default="docs/models.md", help="the page to write (default docs/models.md)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--merge", metavar="OLDER.json", help="fold in the cases of this earlier models run that the "
+                                                         "JSON lacks, and rewrite the JSON")
     a = p.parse_args(argv)
     path = Path(a.json) if a.json else _newest(Path(a.doc).parent / "results")
     result = load_result(path) if path else None
+    if a.merge:
+        if result is None:
+            raise SystemExit("models_report: --merge needs a result to merge into")
+        try:
+            result = merge_results(result, load_result(a.merge))
+        except ValueError as err:
+            raise SystemExit(f"models_report: {err}") from None
+        result.write(path)
+        print(f"wrote {path} (merged {a.merge})")
     doc = Path(a.doc)
     plot_name = None
     if result is not None and not a.no_plot:

@@ -155,6 +155,33 @@ def load_result(path: str | Path) -> BenchResult:
         raise ValueError(f"{path}: {err}") from err
 
 
+def merge_results(newer: BenchResult, older: BenchResult) -> BenchResult:
+    """`newer` with the cases it did not run taken from `older`, a run of the same suite on
+    the same kind of device: what a partial re-run (a few models, a subset of shapes) leaves
+    when the rest of the suite still stands. A case is taken whole (every implementation's
+    record) from one run, so each ratio stays a same-process comparison. A record brought over
+    carries `measured` (its run's timestamp, else its date) unless it has one already; `settings["merged"]` lists
+    each run merged in (date, timestamp, versions, cases). Raises ValueError for another suite
+    or device."""
+    if newer.suite != older.suite:
+        raise ValueError(f"cannot merge a {older.suite!r} result into a {newer.suite!r} one")
+    new_slug, old_slug = newer.device_slug or device_slug(newer.device), older.device_slug or device_slug(older.device)
+    if new_slug != old_slug:
+        raise ValueError(f"cannot merge a result from {older.device!r} into one from {newer.device!r}")
+    ran = {r.case for r in newer.records} | {s.get("case") for s in newer.skipped}
+    when = older.timestamp or older.date
+    kept = [dataclasses.replace(r, extra={"measured": when, **r.extra}) for r in older.records
+            if r.case not in ran]
+    cases = list(dict.fromkeys(r.case for r in kept))
+    settings = dict(newer.settings)
+    if cases:
+        settings["merged"] = [*settings.get("merged", []), *older.settings.get("merged", []),
+                              {"date": older.date, "timestamp": older.timestamp, "versions": older.versions,
+                               "cases": len(cases)}]
+    skipped = newer.skipped + [s for s in older.skipped if s.get("case") not in ran and s.get("case") not in cases]
+    return dataclasses.replace(newer, records=newer.records + kept, settings=settings, skipped=skipped)
+
+
 def validate_result(d: Any) -> None:
     """Raise ValueError naming the first problem if `d` is not a valid result object.
 

@@ -3,6 +3,7 @@
     cute-kernels bench models                                   # the suite (~5 min on an H200)
     cute-kernels bench models --models llama_gqa,vit_b16 --modes train_eager,infer_eager
     cute-kernels bench models --out-dir docs/results            # JSON + plot, and docs/models.md
+    cute-kernels bench models --models vit_b16 --out-dir docs/results --merge docs/results/OLDER.json
     cute-kernels bench models --list                            # models, modes, defaults
     cute-kernels precompile --model llama_gqa                   # fill the compile cache ahead of time
     cute-kernels precompile --config path/to/config.json --batch 4 --seq 2048
@@ -41,6 +42,8 @@ def add_parser(sub) -> None:
     p.add_argument("--out-dir", metavar="DIR", help="write DIR/YYYY-MM-DD-models-<device>.json and .png, and the "
                                                     "page (--doc)")
     p.add_argument("--doc", default="docs/models.md", help="the page written with --out-dir (default docs/models.md)")
+    p.add_argument("--merge", metavar="OLDER.json", help="keep the cases of this earlier models run that this run "
+                                                         "does not re-run (each row then says when it was measured)")
     p.set_defaults(func=run_bench)
 
     q = sub.add_parser("precompile", help="fill the compile cache for a model's kernels ahead of time",
@@ -71,6 +74,7 @@ def _names(text: str | None, known, what: str):
 def run_bench(args) -> int:
     from cute_kernels.bench import model_specs
     from cute_kernels.bench.models import DEFAULT_MODES, MODES, ModelsSettings, run_models
+    from cute_kernels.bench.records import merge_results
 
     if args.list:
         for name, spec in model_specs.SPECS.items():
@@ -87,11 +91,18 @@ def run_bench(args) -> int:
     except ValueError as err:
         raise SystemExit(f"cute-kernels bench models: {err}") from None
     json_path = _json_path(args)
+    older = _older(args.merge)
     result = run_models(settings, progress=(lambda r: r.write(json_path(r))) if json_path else None)
     from cute_kernels.bench.models_report import models_page, plot_models
     from cute_kernels.bench.table import format_table
 
     print(format_table(result.records))
+    failed = [r for r in result.records if r.kind == "ours" and not r.ok]  # this run's, not the merged
+    if older is not None:
+        try:
+            result = merge_results(result, older)
+        except ValueError as err:  # another device: this run's records are written alone
+            print(f"cute-kernels bench models: --merge skipped: {err}", file=sys.stderr)
     if json_path:
         from pathlib import Path
 
@@ -109,11 +120,25 @@ def run_bench(args) -> int:
                 plot = None
             Path(args.doc).write_text(models_page(result, os.path.relpath(path, Path(args.doc).parent), plot))
             print(f"wrote {args.doc}")
-    failed = [r for r in result.records if r.kind == "ours" and not r.ok]
     if failed:
         print(f"\n{len(failed)} record(s) of ours FAILED: " + ", ".join(r.case for r in failed), file=sys.stderr)
         return 1
     return 0
+
+
+def _older(path):
+    """The earlier run `--merge` names, read before the suite runs (a bad file fails at once)."""
+    if path is None:
+        return None
+    from cute_kernels.bench.records import load_result
+
+    try:
+        older = load_result(path)
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"cute-kernels bench models: --merge: {err}") from None
+    if older.suite != "models":
+        raise SystemExit(f"cute-kernels bench models: --merge: {path} is a {older.suite!r} result, not 'models'")
+    return older
 
 
 def _json_path(args):

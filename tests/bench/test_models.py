@@ -51,3 +51,32 @@ def test_cli_routes_bench_models_and_checks_names(capsys):
         main(["bench", "models", "--modes", "train_fast"])
     with pytest.raises(SystemExit, match="--batch/--seq go with --config"):
         main(["precompile", "--model", "llama_gqa", "--batch", "2"])
+
+
+def test_report_merges_an_earlier_run_and_dates_its_rows(tmp_path, monkeypatch):
+    from cute_kernels.bench.models_report import main as report_main
+    from cute_kernels.bench.records import Record, load_result
+
+    def run(date, cases):
+        return BenchResult(date=date, device="NVIDIA H200", versions={"torch": "2.11"}, suite="models",
+                           records=[Record(c, impl, "bf16", tflops=0.0, ms=ms, rel_err=1e-3, kind=kind)
+                                    for c, (s, o) in cases.items()
+                                    for impl, kind, ms in (("stock", "peer", s), ("cute_kernels", "ours", o))])
+
+    old = run("2026-11-01", {"vit_b16/train_eager": (20.0, 25.0), "llama_gqa/train_eager": (40.0, 32.0)}).write(
+        tmp_path / "old.json")
+    new = run("2026-12-01", {"vit_b16/train_eager": (20.0, 19.0)}).write(tmp_path / "new.json")
+    doc = tmp_path / "models.md"
+    assert report_main([str(new), "--merge", str(old), "--doc", str(doc), "--no-plot"]) == 0
+    merged = load_result(new)
+    assert {r.case for r in merged.records} == {"vit_b16/train_eager", "llama_gqa/train_eager"}
+    page = doc.read_text()
+    vit = next(line for line in page.splitlines() if line.startswith("| vit_b16/train_eager"))
+    llama = next(line for line in page.splitlines() if line.startswith("| llama_gqa/train_eager"))
+    assert "1.05x" in vit and "measured" not in vit
+    assert "1.25x" in llama and "*measured 2026-11-01*" in llama
+    assert "earlier run merged in" in page
+    with pytest.raises(SystemExit, match="not 'models'|'gemm' result"):
+        gemm = run("2026-11-01", {"x": (1.0, 1.0)})
+        gemm.suite = "gemm"
+        report_main([str(new), "--merge", str(gemm.write(tmp_path / "g.json")), "--doc", str(doc), "--no-plot"])

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from cute_kernels.bench.records import BenchResult, Record, device_slug, load_result, result_stem, validate_result
+from cute_kernels.bench.records import (BenchResult, Record, device_slug, load_result, merge_results, result_stem,
+                                        validate_result)
 
 
 def _result(records=None) -> BenchResult:
@@ -88,3 +89,40 @@ def test_result_stem_follows_docs_results_naming():
 def test_record_to_dict_keeps_required_nulls():
     d = Record("c", "i", "bf16", tflops=None, ms=None, rel_err=math.nan, ok=False).to_dict()
     assert d["tflops"] is None and d["ms"] is None and d["rel_err"] is None and d["ok"] is False
+
+
+def _models_run(date, cases, device="NVIDIA H200", suite="models"):
+    records = [Record(c, impl, "bf16", tflops=0.0, ms=ms, rel_err=1e-3, kind=kind)
+               for c, (stock_ms, ours_ms) in cases.items()
+               for impl, kind, ms in (("stock", "peer", stock_ms), ("cute_kernels", "ours", ours_ms))]
+    return BenchResult(date=date, device=device, versions={"torch": date}, suite=suite, records=records,
+                       timestamp=f"{date}T00:00:00Z")
+
+
+def test_merge_keeps_the_cases_a_partial_rerun_left_out_whole():
+    older = _models_run("2026-11-01", {"vit/train": (20.0, 24.0), "llama/train": (40.0, 35.0)})
+    newer = _models_run("2026-12-01", {"vit/train": (21.0, 22.0)})
+    merged = merge_results(newer, older)
+    by = {(r.case, r.impl): r for r in merged.records}
+    assert set(by) == {(c, i) for c in ("vit/train", "llama/train") for i in ("stock", "cute_kernels")}
+    # the re-run case is the new run's, both sides; the other comes whole from the old run, dated
+    assert by["vit/train", "stock"].ms == 21.0 and by["vit/train", "cute_kernels"].ms == 22.0
+    assert "measured" not in by["vit/train", "cute_kernels"].extra
+    assert by["llama/train", "stock"].ms == 40.0 and by["llama/train", "cute_kernels"].ms == 35.0
+    assert {by["llama/train", i].extra["measured"] for i in ("stock", "cute_kernels")} == {"2026-11-01T00:00:00Z"}
+    assert merged.date == "2026-12-01" and merged.versions == {"torch": "2026-12-01"}
+    assert merged.settings["merged"] == [{"date": "2026-11-01", "timestamp": "2026-11-01T00:00:00Z",
+                                          "versions": {"torch": "2026-11-01"}, "cases": 1}]
+    validate_result(merged.to_dict())
+    # merging once more keeps the first date of a carried record
+    again = merge_results(_models_run("2026-12-02", {"vit/train": (21.0, 21.5)}), merged)
+    assert {r.extra.get("measured") for r in again.records if r.case == "llama/train"} == {"2026-11-01T00:00:00Z"}
+    assert {r.extra.get("measured") for r in again.records if r.case == "vit/train"} == {None}
+
+
+def test_merge_refuses_another_suite_or_device():
+    newer = _models_run("2026-12-01", {"a": (1.0, 1.0)})
+    with pytest.raises(ValueError, match="'gemm' result into a 'models'"):
+        merge_results(newer, _models_run("2026-11-01", {"b": (1.0, 1.0)}, suite="gemm"))
+    with pytest.raises(ValueError, match="H100"):
+        merge_results(newer, _models_run("2026-11-01", {"b": (1.0, 1.0)}, device="NVIDIA H100 80GB HBM3"))
