@@ -7,7 +7,9 @@ Cases (bf16), named `linear_<label>_<M>x<N>x<K>[_bias]/<mode>` and `sdpa_B.._H..
   (64 x 197 = 12608 x 768) . 3072 with bias (ViT-B/16's MLP, batch 64); `llama` (4 x 2048 = 8192 x
   2048) . 2048 (a 1B-class Llama projection, batch 4 x 2048 tokens). The input keeps its 3-D
   (batch, tokens, features) shape where the model has one.
-- SDPA: B1 H8 S256 D64 and ViT-B/16's B64 H12 S197 D64.
+- SDPA: B1 H8 S256 D64 and ViT-B/16's B64 H12 S197 D64, separate contiguous tensors; and ViT's
+  shape as a ViT block holds it (`_vit`: q, k, v views of one projection, the output gradient in
+  (B, S, H, D) storage).
 - Norms, `norm_<kind>_<label>_<rows>x<width>/<mode>`: LayerNorm with weight and bias over ViT-B/16's
   (64 x 197) x 768 tokens, RMSNorm over a 1B-class Llama's (4 x 2048) x 2048 and over a decode
   step's 8 x 4096 (`cute_kernels.nn.LayerNorm` / `RMSNorm.from_module` beside the torch modules).
@@ -121,7 +123,10 @@ class LinearCase(_LayerCase):
 
 @dataclass(frozen=True)
 class SdpaCase(_LayerCase):
-    """Attention of q, k, v (b, h, s, d), no mask."""
+    """Attention of q, k, v (b, h, s, d), no mask. layout "bhsd": q, k, v and the output
+    gradient contiguous tensors of their own; "vit": as a ViT block holds them, q, k, v views of
+    one (b, s, 3, h, d) projection output (the gradient taken for it) and the output gradient in
+    (b, s, h, d) storage (what the output projection hands back)."""
 
     b: int
     h: int
@@ -129,13 +134,15 @@ class SdpaCase(_LayerCase):
     d: int
     mode: str = "fwd"
     dtype: str = "bf16"
+    layout: str = "bhsd"
 
     family = "sdpa"
     grad_tolerance = 2
 
     @property
     def name(self) -> str:
-        return f"sdpa_B{self.b}_H{self.h}_S{self.s}_D{self.d}/{self.mode}"
+        tag = "" if self.layout == "bhsd" else f"_{self.layout}"
+        return f"sdpa_B{self.b}_H{self.h}_S{self.s}_D{self.d}{tag}/{self.mode}"
 
     @property
     def flops(self) -> float:
@@ -148,7 +155,12 @@ class SdpaCase(_LayerCase):
     def make_inputs(self, device: str, seed: int = 0) -> dict[str, Any]:
         gen = _generator(device, seed)
         shape = (self.b, self.h, self.s, self.d)
-        return {n: _randn(shape, self.dtype, device, gen) for n in ("q", "k", "v", "g")}
+        if self.layout == "bhsd":
+            return {n: _randn(shape, self.dtype, device, gen) for n in ("q", "k", "v", "g")}
+        qkv = _randn((self.b, self.s, 3, self.h, self.d), self.dtype, device, gen)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        g = _randn((self.b, self.s, self.h, self.d), self.dtype, device, gen).transpose(1, 2)
+        return {"qkv": qkv, "q": q, "k": k, "v": v, "g": g}
 
     def reference(self, inputs: dict[str, Any]):
         import torch
@@ -228,7 +240,8 @@ LINEAR_CASES = tuple(LinearCase(label, lead, k, n, bias, mode) for label, lead, 
     ("vit", (64, 197), 768, 3072, True),
     ("llama", (4, 2048), 2048, 2048, False),
 ) for mode in MODES)
-SDPA_CASES = tuple(SdpaCase(b, h, s, d, mode) for b, h, s, d in ((1, 8, 256, 64), (64, 12, 197, 64)) for mode in MODES)
+SDPA_CASES = tuple(SdpaCase(b, h, s, d, mode, layout=layout) for b, h, s, d, layout in (
+    (1, 8, 256, 64, "bhsd"), (64, 12, 197, 64, "bhsd"), (64, 12, 197, 64, "vit")) for mode in MODES)
 NORM_CASES = tuple(NormCase(kind, label, lead, width, mode) for kind, label, lead, width in (
     ("layer", "vit", (64, 197), 768),
     ("rms", "llama", (4, 2048), 2048),
@@ -271,6 +284,13 @@ def _sdpa_prepare(ours: bool):
             def fn():
                 with torch.no_grad():
                     return sdpa(q, k, v)
+            return Prepared(fn)
+        if case.layout == "vit":  # the gradient of the projection the views share; dq checked
+            leaf = inputs["qkv"].detach().requires_grad_()
+
+            def fn():
+                d_qkv = torch.autograd.grad(sdpa(*leaf.permute(2, 0, 3, 1, 4).unbind(0)), leaf, g)[0]
+                return d_qkv[:, :, 0].transpose(1, 2)
             return Prepared(fn)
         qkv = tuple(t.detach().requires_grad_() for t in (q, k, v))
 

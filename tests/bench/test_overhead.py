@@ -66,13 +66,15 @@ def test_overhead_cases_are_tiny():
 
 def test_layer_cases_check_stock_against_their_references_and_use_their_call_counts():
     """The layer cases (small instances, fp32 on CPU): torch's own layers pass the references
-    (forward output, dx, dq), and each case's timer runs its own number of calls."""
+    (forward output, dx, dq; dq also where q, k, v are views of one projection, as in a ViT),
+    and each case's timer runs its own number of calls."""
     from cute_kernels.bench.overhead_layers import LinearCase, NormCase, SdpaCase, layer_impls
 
     by_family = {c.family: i["stock"] for c, i in layer_impls().items()}
     cases = [LinearCase("t", (2, 5), 8, 6, True, "fwd", "fp32"), LinearCase("t", (7,), 8, 6, False, "fwd_bwd", "fp32"),
              SdpaCase(1, 2, 9, 8, "fwd", "fp32"), SdpaCase(1, 2, 9, 8, "fwd_bwd", "fp32"),
-             NormCase("layer", "t", (3, 5), 24, "fwd", "fp32"), NormCase("rms", "t", (7,), 40, "fwd_bwd", "fp32")]
+             NormCase("layer", "t", (3, 5), 24, "fwd", "fp32"), NormCase("rms", "t", (7,), 40, "fwd_bwd", "fp32"),
+             SdpaCase(2, 3, 9, 8, "fwd", "fp32", layout="vit"), SdpaCase(2, 3, 9, 8, "fwd_bwd", "fp32", layout="vit")]
     impls = {case: {"stock": by_family[case.family]} for case in cases}
     asked = []
 
@@ -82,8 +84,8 @@ def test_layer_cases_check_stock_against_their_references_and_use_their_call_cou
         return 0.01
 
     records, skipped = run_overhead(impls, timer=timer, rounds=1, device="cpu", log=lambda s: None)
-    assert not skipped and len(records) == 6 and all(r.ok and r.rel_err < 1e-5 for r in records), records
-    assert asked == [200, 50, 200, 50, 200, 50]  # fwd cases 200 calls a round, fwd_bwd 50
+    assert not skipped and len(records) == 8 and all(r.ok and r.rel_err < 1e-5 for r in records), records
+    assert asked == [200, 50] * 4  # fwd cases 200 calls a round, fwd_bwd 50
 
 
 @pytest.mark.filterwarnings("ignore::cute_kernels.ops.fallback.FallbackWarning")
