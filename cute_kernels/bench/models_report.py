@@ -92,8 +92,9 @@ def models_page(result: BenchResult | None, json_name: str | None = None, plot_n
         return "\n".join(head + ["No result yet: run `cute-kernels bench models --out-dir docs/results` on a GPU, "
                                  "then `python -m cute_kernels.bench.models_report <that json>`.", ""])
     v = result.versions
+    dsl = v.get("nvidia-cutlass-dsl") or v.get("cutlass_dsl")
     head += [f"Run {_when(result.timestamp or result.date)} on {result.device}; torch {v.get('torch')}, "
-             f"transformers {v.get('transformers')}, timm {v.get('timm')}, CuTe DSL {v.get('nvidia-cutlass-dsl') or v.get('cutlass_dsl')}. "
+             f"transformers {v.get('transformers')}, timm {v.get('timm')}, CuTe DSL {dsl}. "
              f"Result: `{json_name or 'the JSON'}`.", ""]
     merged = result.settings.get("merged") or []
     if merged:

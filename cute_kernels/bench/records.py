@@ -160,9 +160,9 @@ def merge_results(newer: BenchResult, older: BenchResult) -> BenchResult:
     the same kind of device: what a partial re-run (a few models, a subset of shapes) leaves
     when the rest of the suite still stands. A case is taken whole (every implementation's
     record) from one run, so each ratio stays a same-process comparison. A record brought over
-    carries `measured` (its run's timestamp, else its date) unless it has one already; `settings["merged"]` lists
-    each run merged in (date, timestamp, versions, cases). Raises ValueError for another suite
-    or device."""
+    carries `measured` (its run's timestamp, else its date) unless it has one already;
+    `settings["merged"]` lists each run merged in (date, timestamp, versions, cases). Raises
+    ValueError for another suite or device."""
     if newer.suite != older.suite:
         raise ValueError(f"cannot merge a {older.suite!r} result into a {newer.suite!r} one")
     new_slug, old_slug = newer.device_slug or device_slug(newer.device), older.device_slug or device_slug(older.device)
