@@ -77,14 +77,17 @@ def _profile(step, stack: bool = False) -> dict:
             "top": [{"kernel": n, "ms": round(v[0], 4), "calls": v[1]} for n, v in top], "aten": ops[:16]}
 
 
-def _host_ms(step, reps: int = 3) -> float:
+def _host_ms(step, reps: int = 3) -> str:
     """Host time of one step (`bench.overhead`'s method: the GPU given a long sleep first, so
-    the step only queues); the median of `reps` steps."""
+    the step only queues); the median of `reps` steps, marked with how many of them outlasted
+    the sleep (the host then waited on the GPU somewhere, a full launch queue for instance, and
+    the figure is not host work alone)."""
     from cute_kernels.bench.overhead import cuda_busy_probe, make_host_timer
 
     timer = make_host_timer(calls=1, warmup=0, busy=cuda_busy_probe(), sync=torch.cuda.synchronize)
-    times = sorted(timer(step) for _ in range(reps))
-    return round(times[len(times) // 2], 3)
+    times = sorted(timer(step, "step") for _ in range(reps))
+    drained = timer.drained.get("step", 0)
+    return f"{times[len(times) // 2]:.2f}" + (f" (drained {drained}/{reps})" if drained else "")
 
 
 def run(name: str, rounds: int, iters: int, stack: bool = False) -> dict:
@@ -104,7 +107,7 @@ def run(name: str, rounds: int, iters: int, stack: bool = False) -> dict:
         out[mode] = {v: round(t[v].median, 3) for v in fns}
         out[f"{mode}_host"] = {v: _host_ms(fn) for v, fn in fns.items()}
         print(f"{name} {mode}: " + ", ".join(f"{v} {ms:.2f} ms" for v, ms in out[mode].items()), flush=True)
-        print(f"{name} {mode} host only: " + ", ".join(f"{v} {ms:.2f} ms" for v, ms in out[f'{mode}_host'].items()),
+        print(f"{name} {mode} host only: " + ", ".join(f"{v} {ms} ms" for v, ms in out[f'{mode}_host'].items()),
               flush=True)
     for mode, step in (("infer", _infer_step), ("train", _train_step)):
         for variant in ("stock", "patched"):
