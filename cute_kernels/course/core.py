@@ -91,6 +91,12 @@ class Context:
         path = newest_result(self.docs / "results", suite)
         return None if path is None else load_result(path)
 
+    def all_results(self) -> list:
+        """Every committed result file's BenchResult, in file-name order (date, then suite)."""
+        from cute_kernels.bench.records import load_result
+
+        return [load_result(path) for path in sorted((self.docs / "results").glob("*.json"))]
+
     def result_link(self, suite: str) -> str:
         from cute_kernels.bench.docs_tables import newest_result
 

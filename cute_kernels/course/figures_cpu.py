@@ -408,11 +408,8 @@ def custom_ops(ctx):
 
 @figure("run_spread", "10-timing-profiling.md")
 def run_spread(ctx):
-    from cute_kernels.bench.records import load_result
-
     rows = []
-    for path in sorted((ctx.docs / "results").glob("*.json")):
-        r = load_result(path)
+    for r in ctx.all_results():
         spreads = sorted(x.spread for x in r.records if x.timed and x.spread is not None)
         if not spreads:
             continue
@@ -430,11 +427,8 @@ def run_spread(ctx):
 
 @figure("suite_summary", "25-benchmarking.md")
 def suite_summary(ctx):
-    from cute_kernels.bench.records import load_result
-
     rows = []
-    for path in sorted((ctx.docs / "results").glob("*.json")):
-        r = load_result(path)
+    for r in ctx.all_results():
         ours = [x.ratio_to_best_peer for x in r.records if x.kind == "ours" and x.timed and x.ratio_to_best_peer]
         best = {}
         for x in r.records:

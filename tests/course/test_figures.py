@@ -49,8 +49,9 @@ def _figures_reading_results(tree, names) -> set[str]:
     for name in names:
         ctx = Context(tree, current=name)
         calls = []
-        original = ctx.results
+        original, every = ctx.results, ctx.all_results
         ctx.results = lambda suite, _o=original, _c=calls: (_c.append(suite), _o(suite))[1]
+        ctx.all_results = lambda _o=every, _c=calls: (_c.append("*"), _o())[1]
         FIGURES[name].make(ctx)
         if calls:
             read.add(name)
