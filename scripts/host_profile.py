@@ -6,6 +6,11 @@ suite's layer cases (`bench.overhead_layers`), the GPU kept busy so that no call
 
 Prints, per case, the host µs per call and the functions with the most time of their own
 (tottime) and in total (cumtime), per call; writes them as JSON with --out.
+
+A backward of ours runs in autograd's device thread, which a profile of the calling thread sees
+only as time inside `run_backward`. So a third pass times and profiles the inside of every
+direct-path backward (`runtime.eager.EagerFunction.backward`) on the thread it runs on: what
+is left of the call's host time is autograd's engine and the stock nodes around ours.
 """
 
 from __future__ import annotations
@@ -51,8 +56,56 @@ def profile_case(case, impl, calls: int, top: int) -> dict:
     prof.disable()
     torch.cuda.synchronize()
     stats = pstats.Stats(prof)
-    return {"case": case.name, "impl": impl.name, "host_us": round(plain_us, 1),
-            "drained": bool(timer.drained.get(case.name)),
+    row = {"case": case.name, "impl": impl.name, "host_us": round(plain_us, 1),
+           "drained": bool(timer.drained.get(case.name)),
+           "tottime": _rows(stats, "tottime_us", calls, top), "cumtime": _rows(stats, "cumtime_us", calls, top)}
+    inner = _inner_backward(fn, calls, top)
+    if inner is not None:
+        row["backward"] = inner
+    return row
+
+
+def _inner_backward(fn, calls: int, top: int) -> dict | None:
+    """Host µs per call spent inside direct-path backwards (timed unprofiled, then profiled on
+    their own thread), or None when the case ran none."""
+    import time
+
+    from cute_kernels.runtime import eager
+
+    original = eager.EagerFunction.__dict__["backward"]
+    spent = [0.0, 0]
+    prof = [None]
+
+    def timed(ctx, *grads):
+        t0 = time.perf_counter()
+        if prof[0] is not None:
+            prof[0].enable()
+        try:
+            return original.__func__(ctx, *grads)
+        finally:
+            if prof[0] is not None:
+                prof[0].disable()
+            spent[0] += time.perf_counter() - t0
+            spent[1] += 1
+
+    eager.EagerFunction.backward = staticmethod(timed)
+    try:
+        torch.cuda._sleep(2_000_000_000)
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        if not spent[1]:
+            return None
+        inner_us, nodes = spent[0] / calls * 1e6, spent[1] / calls
+        prof[0] = cProfile.Profile()
+        torch.cuda._sleep(2_000_000_000)
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    finally:
+        eager.EagerFunction.backward = original
+    stats = pstats.Stats(prof[0])
+    return {"inner_us": round(inner_us, 1), "nodes_per_call": nodes,
             "tottime": _rows(stats, "tottime_us", calls, top), "cumtime": _rows(stats, "cumtime_us", calls, top)}
 
 
@@ -74,6 +127,11 @@ def main(argv=None) -> int:
         for key in ("tottime", "cumtime"):
             print(f"  by {key} (us per call):")
             for e in row[key]:
+                print(f"    {e['tottime_us']:8.1f} {e['cumtime_us']:8.1f} {e['calls']:6.1f}x  {e['fn']}")
+        inner = row.get("backward")
+        if inner:
+            print(f"  inside our backward: {inner['inner_us']} us per call ({inner['nodes_per_call']:g} nodes), by cumtime:")
+            for e in inner["cumtime"]:
                 print(f"    {e['tottime_us']:8.1f} {e['cumtime_us']:8.1f} {e['calls']:6.1f}x  {e['fn']}")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")

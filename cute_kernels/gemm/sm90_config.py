@@ -99,11 +99,12 @@ class Sm90GemmConfig:
             return (min(128, self.tile_m), min(32, self.tile_n))
         return (min(64, self.tile_m), min(64 if out_bits == 8 else 32, self.tile_n))
 
-    def resolved_stages(self, in_bytes: int, out_bits: int) -> int:
-        """Pipeline depth: `stages`, or the most that fit; raises if fewer than 2 fit."""
+    def resolved_stages(self, in_bytes: int, out_bits: int, extra_bytes: int = 0) -> int:
+        """Pipeline depth: `stages`, or the most that fit beside the epilogue's buffers and
+        `extra_bytes` more (a staged bias); raises if fewer than 2 fit."""
         em, en = self.epi_tile(out_bits)
         epi_bytes = em * en * out_bits // 8 * self.epi_stages
-        fit = (SMEM_BYTES - _BARRIER_BYTES - epi_bytes) // self.ab_stage_bytes(in_bytes)
+        fit = (SMEM_BYTES - _BARRIER_BYTES - epi_bytes - extra_bytes) // self.ab_stage_bytes(in_bytes)
         stages = self.stages or fit
         if stages < 2 or stages > fit:
             raise ValueError(f"{self}: {stages} stages requested, {fit} fit in shared memory (need >= 2)")

@@ -77,7 +77,13 @@ class Sm90PersistentGemm:
             self.a_dtype, self.b_dtype, self.a_major, self.b_major, self.acc_dtype,
             (self.mma_warpgroups, 1, 1), cfg.tile_n,
         )
-        self.stages = cfg.resolved_stages(self.a_dtype.width // 8, self.c_dtype.width)
+        # the bias slice of a tile, staged in smem once per tile (one buffer per warpgroup owning tiles)
+        self.bias_stage = epilogue.StagedBias(self.epi, self.tile_mnk[:2], self.epi_threads) \
+            if self.epi.bias is not None else None
+        self.bias_buffers = 2 if self.pingpong else 1
+        bias_elems = self.bias_stage.smem_elems(self.bias_buffers) if self.bias_stage is not None else 0
+        self.stages = cfg.resolved_stages(self.a_dtype.width // 8, self.c_dtype.width,
+                                          extra_bytes=4 * bias_elems + 16 if bias_elems else 0)
         tm, tn, tk = self.tile_mnk
         self.promote = self.a_dtype.width == 8 and not cfg.fp8_fast_accum
         if self.a_dtype.width == 8 and (self.a_major != "K" or self.b_major != "K"):
@@ -122,6 +128,17 @@ class Sm90PersistentGemm:
             sC: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(self.smem_c_layout)], 1024]
 
         self.storage = Storage
+        if cutlass.const_expr(self.bias_stage is not None):
+            @cute.struct
+            class StorageWithBias:
+                mainloop_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+                sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.smem_a_layout)], 1024]
+                sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.smem_b_layout)], 1024]
+                sC: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(self.smem_c_layout)], 1024]
+                sBias: cute.struct.Align[cute.struct.MemRange[
+                    cutlass.Float32, self.bias_stage.smem_elems(self.bias_buffers)], 16]
+
+            self.storage = StorageWithBias
         self.kernel(
             tma_a, gA, tma_b, gB, tma_c, gC, self.tiled_mma, cute.make_layout((*self.cluster_mn, 1)),
             self.smem_a_layout, self.smem_b_layout, self.smem_c_layout, sched, alpha, beta, c_src, bias,
@@ -162,6 +179,9 @@ class Sm90PersistentGemm:
         sA = storage.sA.get_tensor(smem_a_layout.outer, swizzle=smem_a_layout.inner)
         sB = storage.sB.get_tensor(smem_b_layout.outer, swizzle=smem_b_layout.inner)
         sC = storage.sC.get_tensor(smem_c_layout.outer, swizzle=smem_c_layout.inner)
+        sBias = None  # the staged bias slices, (length, buffer)
+        if cutlass.const_expr(self.bias_stage is not None):
+            sBias = storage.sBias.get_tensor(cute.make_layout((self.bias_stage.length, self.bias_buffers)))
 
         # --- partition: global tiles (rows, K, RestRows, RestK, L) and their TMA views
         tm, tn, tk = self.tile_mnk
@@ -172,7 +192,7 @@ class Sm90PersistentGemm:
         cC = cute.local_tile(cute.make_identity_tensor(mC.shape), (tm, tn), (None, None, None))
         if cutlass.const_expr(self.epi.scale_ab and not self.epi.scale_rows):
             alpha = alpha * scale_a[0].to(cutlass.Float32) * scale_b[0].to(cutlass.Float32)
-        epi_args = (cC, (mC.shape[0], mC.shape[1]), alpha, beta, c_src, bias, scale_a, scale_b)
+        epi_args = (cC, (mC.shape[0], mC.shape[1]), alpha, beta, c_src, bias, scale_a, scale_b, sBias)
         tAsA, tAgA = tma.partition_load(tma_a, cluster_layout, cluster_coord, 0, sA, gA)
         tBsB, tBgB = tma.partition_load(tma_b, cluster_layout, cluster_coord, 1, sB, gB)
         k_tiles = cute.size(gA, mode=[3])
@@ -243,7 +263,7 @@ class Sm90PersistentGemm:
         consumer of the previous fill released it.
         """
         cfg = self.config
-        cC, extent_mn, alpha, beta, c_src, bias, scale_a, scale_b = epi_args
+        cC, extent_mn, alpha, beta, c_src, bias, scale_a, scale_b, sBias = epi_args
         ring = cfg.epi_stages // 2 if self.pingpong else cfg.epi_stages
         epi_barrier = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=self.epi_threads)
         # Ping-pong math order: warpgroup wg may start waiting on the mainloop pipeline only after
@@ -269,6 +289,12 @@ class Sm90PersistentGemm:
         tRS_rC = cute.make_rmem_tensor(frag_shape, self.c_dtype)
         frag_size = cute.size(tRS_rAcc)
         store_pipe = hpipe.make_store_pipeline(stages=ring, threads=self.epi_threads)
+        s_bias = None
+        if cutlass.const_expr(self.bias_stage is not None):
+            bias_regs = self.bias_stage.fragment()
+            # the (row or column) extent the bias covers and this warpgroup's smem slice
+            bias_limit = extent_mn[0] if cutlass.const_expr(self.epi.bias == "m") else extent_mn[1]
+            s_bias = sBias[(None, wg)]
         store_warp = 4 + 4 * wg  # the first warp of the (first) consumer warpgroup issues TMA stores
         stride = 2 if self.pingpong else 1
 
@@ -284,6 +310,11 @@ class Sm90PersistentGemm:
         done = cutlass.Int32(0)
         while work.is_valid_tile:
             m, n, l = work.tile_idx
+            # the first row or column of this tile's bias slice
+            bias_origin = m * self.tile_mnk[0] if cutlass.const_expr(self.epi.bias == "m") else n * self.tile_mnk[1]
+            if cutlass.const_expr(self.bias_stage is not None):
+                # loaded now so that the loads' latency hides under the main loop
+                self.bias_stage.prefetch(bias, bias_regs, bias_origin, bias_limit, ctidx)
             if cutlass.const_expr(self.pingpong):
                 if done > 0 or wg == 1:
                     my_turn.arrive_and_wait()
@@ -329,6 +360,9 @@ class Sm90PersistentGemm:
                 release.advance(k_tiles)
 
             # epilogue: fuse in registers, then sub-tiles of epi_tile through the smem ring and TMA store
+            if cutlass.const_expr(self.bias_stage is not None):
+                self.bias_stage.stage(bias_regs, s_bias, ctidx)
+                epi_barrier.arrive_and_wait()
             tRS_cC = r2s.retile(thr_mma.partition_C(cC[(None, None, m, n, l)]))
             gC_tile = cute.zipped_divide(gC[(None, None, m, n, l)], self.epi_tile)
             bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
@@ -341,7 +375,8 @@ class Sm90PersistentGemm:
                 for v in cutlass.range_constexpr(frag_size):
                     if cutlass.const_expr(self.epi.fused):
                         tRS_rAcc[v] = epilogue.fuse(self.epi, tRS_acc[e * frag_size + v], tRS_cC[e * frag_size + v],
-                                                    extent_mn, alpha, beta, c_src, bias, scale_a, scale_b)
+                                                    extent_mn, alpha, beta, c_src, bias, scale_a, scale_b,
+                                                    s_bias, bias_origin)
                     else:
                         tRS_rAcc[v] = tRS_acc[e * frag_size + v] * alpha
                 tRS_rC.store(tRS_rAcc.load().to(self.c_dtype))

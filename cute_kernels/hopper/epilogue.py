@@ -10,10 +10,19 @@ conversion, element by element:
 
     D[m, n] = act(alpha * acc[m, n] + beta * C[m, n] + bias[m or n])
 
-C and the bias are read from global memory at the coordinates of each accumulator element
-(`fuse`, one epilogue sub-tile at a time), masked to the problem's M x N, so any strides and any tile edge are handled; each
-element is read by exactly the thread that owns it, before that tile's TMA store is issued,
-so C may alias D.
+C is read from global memory at the coordinates of each accumulator element (`fuse`, one
+epilogue sub-tile at a time), masked to the problem's M x N, so any strides and any tile edge
+are handled; each element is read by exactly the thread that owns it, before that tile's TMA
+store is issued, so C may alias D.
+
+The bias can be read the same way, but a kernel that walks tiles stages it instead
+(`StagedBias`): each tile's slice of the bias vector is loaded from global memory once, at the
+start of the tile, into registers spread over the epilogue threads (the loads' latency hides
+under the main loop), written to shared memory after the main loop, and every accumulator
+element reads its value there. Why: read per element, a thread issues one predicated global
+load per accumulator value of every sub-tile (16 per 64x32 sub-tile, half of them duplicates),
+and each sub-tile waits a global round trip between the main loop and the store; measured on
+ViT-B's layers (H200, M = 12608, K = 768) the bias made the GEMM 26-29% slower than without it.
 """
 
 from __future__ import annotations
@@ -82,7 +91,8 @@ def activate(x, name: str | None):
 
 
 @cute.jit
-def fuse(spec: cutlass.Constexpr, x, coord, extent_mn, alpha, beta, c_src, bias, scale_a, scale_b):
+def fuse(spec: cutlass.Constexpr, x, coord, extent_mn, alpha, beta, c_src, bias, scale_a, scale_b,
+         staged_bias=None, bias_origin=None):
     """act(alpha * [scale_a[m] * scale_b[n] *] x + beta * C[coord] + bias[coord's m or n]) for
     one fp32 accumulator value (the row-wise scales with `spec.scale_rows`; per-tensor scales
     are already in alpha).
@@ -90,10 +100,13 @@ def fuse(spec: cutlass.Constexpr, x, coord, extent_mn, alpha, beta, c_src, bias,
     `coord` is its (m, n, l) (from the identity tensor partitioned like the accumulator); C,
     bias and row-wise scales are read only inside `extent_mn` = (M, N) (outside, the TMA store
     clips the value). Called per epilogue sub-tile, so only one sub-tile's loads are in flight.
+    With `staged_bias` (the tile's slice in shared memory, `StagedBias`) the bias is read there
+    at coord's m or n minus `bias_origin` (the tile's first row or column), unmasked: the slice
+    holds zeros past the problem's edge.
     """
     x = x * alpha
     mi, ni, li = coord
-    if cutlass.const_expr(spec.beta_c or spec.bias is not None or spec.scale_rows):
+    if cutlass.const_expr(spec.beta_c or (spec.bias is not None and staged_bias is None) or spec.scale_rows):
         inside = cute.elem_less((mi, ni), extent_mn)
         if cutlass.const_expr(spec.scale_rows):
             sv = cutlass.Float32(0.0)
@@ -105,7 +118,7 @@ def fuse(spec: cutlass.Constexpr, x, coord, extent_mn, alpha, beta, c_src, bias,
             if inside:
                 cv = c_src[mi, ni, li].to(cutlass.Float32)
             x = x + beta * cv
-        if cutlass.const_expr(spec.bias is not None):
+        if cutlass.const_expr(spec.bias is not None and staged_bias is None):
             bv = cutlass.Float32(0.0)
             if inside:
                 if cutlass.const_expr(spec.bias == "m"):
@@ -113,7 +126,61 @@ def fuse(spec: cutlass.Constexpr, x, coord, extent_mn, alpha, beta, c_src, bias,
                 else:
                     bv = bias[ni].to(cutlass.Float32)
             x = x + bv
+    if cutlass.const_expr(spec.bias == "m" and staged_bias is not None):
+        x = x + staged_bias[mi - bias_origin]
+    if cutlass.const_expr(spec.bias == "n" and staged_bias is not None):
+        x = x + staged_bias[ni - bias_origin]
     return activate(x, spec.activation)
+
+
+class StagedBias:
+    """A tile's slice of the bias vector in shared memory, loaded once per tile (module
+    docstring). For `spec.bias` "n" the slice is the tile's `tile_n` columns, for "m" its
+    `tile_m` rows; `threads` epilogue threads (thread index `tid`) share the loads, each
+    holding `per_thread` values in registers between `prefetch` and `stage`.
+
+        bias_s = StagedBias(spec, (tile_m, tile_n), threads)   # trace time
+        smem_elems = bias_s.smem_elems(buffers)                # fp32 elements to allocate
+        regs = bias_s.fragment()                               # per consumer thread
+        bias_s.prefetch(bias, regs, origin, limit, tid)        # tile start: global -> registers
+        ... main loop ...
+        bias_s.stage(regs, s_slice, tid); barrier              # registers -> smem, then sync
+        fuse(..., staged_bias=s_slice, bias_origin=origin)     # per accumulator element
+
+    The caller's barrier after `stage` orders the smem writes before every read; the next
+    tile's `stage` comes after the barrier that ends this tile's epilogue, so no read sees it.
+    """
+
+    def __init__(self, spec: EpilogueSpec, tile_mn: tuple, threads: int):
+        self.length = tile_mn[0] if spec.bias == "m" else tile_mn[1]
+        self.threads = threads
+        self.per_thread = -(-self.length // threads)
+
+    def smem_elems(self, buffers: int) -> int:
+        return self.length * buffers
+
+    def fragment(self):
+        return cute.make_rmem_tensor((self.per_thread,), cutlass.Float32)
+
+    @cute.jit
+    def prefetch(self, bias: cute.Tensor, regs: cute.Tensor, origin, limit, tid):
+        """regs[j] = bias[origin + tid + j * threads] as fp32 where that index is inside the
+        slice and below `limit` (the problem's M or N), else 0."""
+        for j in cutlass.range_constexpr(self.per_thread):
+            idx = tid + j * self.threads
+            bv = cutlass.Float32(0.0)
+            if idx < self.length:
+                if origin + idx < limit:
+                    bv = bias[origin + idx].to(cutlass.Float32)
+            regs[j] = bv
+
+    @cute.jit
+    def stage(self, regs: cute.Tensor, s_slice: cute.Tensor, tid):
+        """s_slice[tid + j * threads] = regs[j] for the indices inside the slice."""
+        for j in cutlass.range_constexpr(self.per_thread):
+            idx = tid + j * self.threads
+            if idx < self.length:
+                s_slice[idx] = regs[j]
 
 
 def make_r2s_copy(c_layout_enum, c_dtype, acc_dtype, tiled_mma):

@@ -29,3 +29,15 @@ def test_epilogue_reads_global_memory_only_when_fused(config, loads):
     report = _sass("gemm.sm90_persistent", config)
     n_ldg = report.histogram["LDG"]
     assert (n_ldg > 0) == loads, f"{config}: {n_ldg} LDG"
+
+
+@pytest.mark.parametrize("config,per_thread", [("pingpong_128x128_1x2_bias", 1), ("tile_128x192_1x2_bias_gelu", 1),
+                                               ("skinny_swap_64x16", 1)])
+def test_bias_is_read_once_per_tile(config, per_thread):
+    # hopper.epilogue.StagedBias: each epilogue thread loads its share of the tile's bias slice
+    # from global memory once per tile (`per_thread` loads), and every accumulator element reads
+    # the slice from shared memory; read per element, the build issued one predicated global
+    # load per accumulator value (128 in the ping-pong 128x128 build)
+    report = _sass("gemm.sm90_persistent", config)
+    assert report.histogram["LDG"] == per_thread, report.histogram["LDG"]
+    assert report.histogram["LDS"] > 0
