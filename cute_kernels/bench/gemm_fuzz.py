@@ -4,7 +4,7 @@
 primes and values around tile and 16-byte boundaries over-represented), every major of A, B
 and the addend C, leading-dimension padding (operands that are slices of larger tensors),
 batches with and without broadcast, bf16 / fp16 / fp32 inputs, `out_dtype`, alpha, beta with C,
-and the fused epilogues (bias per column or row, relu / gelu_tanh / silu) through
+and the fused epilogues (bias per column or row, relu / gelu / gelu_tanh / silu) through
 `matmul_epilogue`. `run(seed, n)` runs them on the GPU with the allocator poisoned with NaN
 before each call (an element the kernel does not write stays NaN), compares each result with
 a float64 reference by relative error against a tolerance for its dtypes, and returns a
@@ -21,6 +21,8 @@ import random
 import time
 from dataclasses import asdict, dataclass
 
+from cute_kernels.gemm import activations
+
 from .fuzz_record import FuzzReport, fuzz_result
 from .fuzz_record import poison as _poison
 
@@ -28,7 +30,7 @@ __all__ = ["Problem", "FuzzReport", "problems", "run", "trace", "result", "toler
 
 _SPECIAL = (1, 1, 2, 3, 5, 7, 8, 13, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 191, 255, 256, 257, 1021,
             1024, 2047, 4093, 4096, 4099, 4801)
-_ACTIVATIONS = ("relu", "gelu_tanh", "silu")
+_ACTIVATIONS = activations.NAMES
 
 
 @dataclass(frozen=True)
@@ -188,13 +190,7 @@ def reference(p: Problem, t: dict):
         ref = ref + t["bias"].double()
     elif p.bias == "m":
         ref = ref + t["bias"].double()[:, None]
-    if p.activation == "relu":
-        ref = torch.relu(ref)
-    elif p.activation == "gelu_tanh":
-        ref = torch.nn.functional.gelu(ref, approximate="tanh")
-    elif p.activation == "silu":
-        ref = torch.nn.functional.silu(ref)
-    return ref
+    return activations.apply(ref, p.activation)
 
 
 def run(seed: int = 0, n: int = 2000, *, device: str = "cuda", max_failures: int = 20, **draw) -> FuzzReport:

@@ -229,7 +229,7 @@ def matmul_epilogue(a, b, *, bias=None, bias_dim: str = "n", activation: str | N
 
     a (M, K) or (L, M, K); b (K, N) or (L, K, N); both bf16 or both fp16, on one sm_90 GPU.
     bias: None or 1-D fp32/bf16/fp16 of length N (`bias_dim="n"`) or M (`"m"`). activation:
-    None, "relu", "gelu_tanh" or "silu". c: read only when beta != 0, broadcastable to the
+    None, "relu", "gelu", "gelu_tanh" or "silu". c: read only when beta != 0, broadcastable to the
     result. Returns a new contiguous (M, N) or (L, M, N) tensor of `out_dtype` (default a's).
     For nn.Linear: matmul_epilogue(x, weight.t(), bias=bias, activation=...).
     """

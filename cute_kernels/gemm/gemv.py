@@ -617,7 +617,7 @@ class GemvRung:
         """out = act(alpha * a @ b + beta * c + bias) for (L, M, K) x (L, K, N) -> (L, M, N) views
         with M <= 16 or N <= 16. c (L, M, N) is read only when beta != 0; bias is (N,) for
         bias_dim "n" (per output column, nn.Linear's) or (M,) for "m"; activation None, "relu",
-        "gelu_tanh" or "silu". config: a GemvConfig to run instead of the heuristic's; it must fit
+        "gelu", "gelu_tanh" or "silu". config: a GemvConfig to run instead of the heuristic's; it must fit
         the problem's read plan (`gemv_config.config_fits`: same majors of B and dtypes, vectors
         no wider than the operands allow; `config_for` gives the heuristic's). scale_a/scale_b:
         fp8 dequantization scales, which this rung (16-bit inputs) never takes. Returns out."""

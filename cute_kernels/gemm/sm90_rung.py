@@ -28,6 +28,7 @@ import torch
 
 from cute_kernels.gemm import autotune as _autotune
 from cute_kernels.gemm.sm90_config import Sm90GemmConfig, pick_config
+from cute_kernels.gemm import activations
 from cute_kernels.hopper.epilogue import ACTIVATIONS, EpilogueSpec
 from cute_kernels.runtime import compile_kernel, tvm_ffi_available
 from cute_kernels.runtime.plan_cache import PlanCache, WarmCache, plain_tensors, tensor_signature
@@ -199,13 +200,7 @@ def torch_epilogue(acc: torch.Tensor, spec: EpilogueSpec, beta, c, bias, scales=
         res = res + bias.float().view(1, 1, -1)
     elif spec.bias == "m":
         res = res + bias.float().view(1, -1, 1)
-    if spec.activation == "relu":
-        res = torch.relu(res)
-    elif spec.activation == "gelu_tanh":
-        res = torch.nn.functional.gelu(res, approximate="tanh")
-    elif spec.activation == "silu":
-        res = torch.nn.functional.silu(res)
-    return res
+    return activations.apply(res, spec.activation)
 
 
 def _stream():

@@ -34,9 +34,10 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warp
 
-ACTIVATIONS = ("relu", "gelu_tanh", "silu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")  # torch definitions: gemm.activations
 BIAS_DIMS = ("m", "n")
 _SQRT_2_OVER_PI = 0.7978845608028654
+_SQRT_1_2 = 0.7071067811865476
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ def activate(x, name: str | None):
         return x
     if name == "relu":
         return cutlass.Float32(cutlass.select_(x < cutlass.Float32(0.0), cutlass.Float32(0.0), x))
+    if name == "gelu":  # exact (erf) GELU, torch.nn.GELU()'s
+        return cutlass.Float32(0.5) * x * (cutlass.Float32(1.0) + cute.math.erf(x * cutlass.Float32(_SQRT_1_2)))
     if name == "gelu_tanh":
         inner = cutlass.Float32(_SQRT_2_OVER_PI) * (x + cutlass.Float32(0.044715) * x * x * x)
         return cutlass.Float32(0.5) * x * (cutlass.Float32(1.0) + cute.math.tanh(inner))

@@ -21,7 +21,7 @@ __all__ = ["linear", "scaled_dot_product_attention"]
 
 def linear(input, weight, bias=None, *, activation=None, kernel: str = "auto", fallback: str = "none"):
     """activation(input @ weightᵀ + bias), as torch.nn.functional.linear plus `activation`
-    (None, "relu", "gelu_tanh" or "silu")."""
+    (None, "relu", "gelu" (erf), "gelu_tanh" or "silu")."""
     return linear_entry(input, weight, bias, activation, kernel, fallback)
 
 

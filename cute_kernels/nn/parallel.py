@@ -37,7 +37,7 @@ from cute_kernels.ops.fallback import check_fallback
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP", "copy_to_parallel",
            "reduce_from_parallel", "MLP_ACTIVATIONS"]
 
-MLP_ACTIVATIONS = ("relu", "gelu_tanh", "silu", "swiglu")
+MLP_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
 
 
 # ---- collectives with gradients -------------------------------------------------------------------
@@ -252,7 +252,7 @@ class RowParallelLinear(_ParallelLinear):
 # ---- the MLP ------------------------------------------------------------------------------------------
 
 class TensorParallelMLP(torch.nn.Module):
-    """down(act(up(x))) (activation "relu", "gelu_tanh" or "silu"), or down(silu(gate(x)) ·
+    """down(act(up(x))) (activation "relu", "gelu", "gelu_tanh" or "silu"), or down(silu(gate(x)) ·
     up(x)) ("swiglu"), with up/gate column-parallel (intermediate/world features per rank) and
     down row-parallel. x (..., hidden) is replicated over the group; so is the output.
     Communication: one all-reduce of (..., hidden) forward, one backward."""

@@ -3,7 +3,9 @@
 - `patch(model)`: in place, with each library's own mechanism, so that no other torch call pays
   anything:
   - every `torch.nn.Linear` submodule (exactly that class; subclasses keep their own forward)
-    becomes a `cute_kernels.nn.Linear` sharing its parameters (state_dict unchanged);
+    becomes a `cute_kernels.nn.Linear` sharing its parameters (state_dict unchanged), and the
+    activation of each timm `Mlp` moves into its fc1's epilogue for inference
+    (`integrations.timm.fold_mlp_activations`);
   - norms (norms=True): each RMSNorm/LayerNorm module `cute_kernels.nn.norms.replacement_for`
     has a fused replacement for (where that module exists in this build);
   - attention (sdpa=True): a Hugging Face transformers model switches to the "cute_kernels"
@@ -59,9 +61,11 @@ class route(TorchFunctionMode):
 class PatchReport:
     """What `patch` did to a model. `attention`: "transformers" (the attention implementation
     switched), "rebound" (module forwards rebound; `rebound` names them) or "none";
-    `norms`: how many norm modules were replaced, None where this build has no fused norms."""
+    `norms`: how many norm modules were replaced, None where this build has no fused norms;
+    `folded`: the MLP modules whose activation moved into their first linear layer."""
 
     linears: int = 0
+    folded: list[str] = field(default_factory=list)
     attention: str = "none"
     rebound: list[str] = field(default_factory=list)
     norms: int | None = None
@@ -80,7 +84,10 @@ def patch(model: torch.nn.Module, *, linear: bool = True, sdpa: bool = True, nor
                         "from_linear(model) instead")
     report = PatchReport()
     if linear:
+        from cute_kernels.integrations.timm import fold_mlp_activations
+
         report.linears = _swap_linears(model, kernel, fallback)
+        report.folded = fold_mlp_activations(model, kernel=kernel, fallback=fallback)
     if norms:
         report.norms = _swap_norms(model, fallback)
     if sdpa:
@@ -97,7 +104,7 @@ def _swap_linears(model: torch.nn.Module, kernel: str, fallback: str) -> int:
                 setattr(parent, name, Linear.from_linear(child, kernel=kernel, fallback=fallback))
                 count += 1
             elif isinstance(child, Linear):
-                child._set_options(child.activation, kernel, fallback)
+                child._set_options(child.activation, kernel, fallback, child.fuse_activation)
                 count += 1
     return count
 

@@ -5,7 +5,7 @@ the first call):
 
 - `matmul(a, b, out_dtype=None, rung="auto", fallback="none")`: 2-D and batched GEMM.
 - `linear(x, weight, bias=None, activation=None, rung="auto", fallback="none")`:
-  activation in {None, "relu", "gelu_tanh", "silu"}.
+  activation in {None, "relu", "gelu", "gelu_tanh", "silu"} (`gemm.activations`).
 - `scaled_mm(a, b, scale_a, scale_b, bias=None, out_dtype=None, rung="auto", fallback="none")`: FP8.
 - `sdpa(q, k, v, causal=None, scale=None, enable_gqa=False, window_left=-1, window_right=-1,
   rung="auto", fallback="none")` -> (out, lse), and `sdpa_backward(...)` -> (dq, dk, dv);

@@ -15,11 +15,13 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from cute_kernels.gemm import activations
+
 from .fallback import UNSUPPORTED, check_fallback, device_guard, note_fallback, on_cuda, raise_unsupported
 
 __all__ = ["matmul", "linear", "scaled_mm", "ACTIVATIONS"]
 
-ACTIVATIONS = (None, "relu", "gelu_tanh", "silu")
+ACTIVATIONS = (None, *activations.NAMES)
 
 
 _gemm_matmul = None
@@ -128,18 +130,8 @@ def _check_activation(activation) -> None:
         raise ValueError(f"cute_kernels.linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
-def _activate(y: Tensor, activation) -> Tensor:
-    if activation == "relu":
-        return torch.relu(y)
-    if activation == "gelu_tanh":
-        return torch.nn.functional.gelu(y, approximate="tanh")
-    if activation == "silu":
-        return torch.nn.functional.silu(y)
-    return y
-
-
 def _torch_linear(x: Tensor, weight: Tensor, bias, activation) -> Tensor:
-    return _activate(torch.nn.functional.linear(x, weight, bias), activation).contiguous()
+    return activations.apply(torch.nn.functional.linear(x, weight, bias), activation).contiguous()
 
 
 def _check_linear(x: Tensor, weight: Tensor, bias) -> None:
@@ -226,13 +218,7 @@ def unfused_epilogue(y: Tensor, bias, activation) -> Tensor:
     run as separate PyTorch kernels on our GEMM's output, in place, so no extra allocation."""
     if bias is not None:
         y.add_(bias)
-    if activation == "relu":
-        y.relu_()
-    elif activation == "silu":
-        torch.nn.functional.silu(y, inplace=True)
-    elif activation == "gelu_tanh":
-        y = torch.nn.functional.gelu(y, approximate="tanh")
-    return y
+    return activations.apply_(y, activation)
 
 
 def as_output(y: Tensor, shape: tuple) -> Tensor:
@@ -278,15 +264,12 @@ def linear_grads(ctx, grad, mm):
     x2 = x.reshape(-1, k)
     g = _gemm_ready(grad.reshape(-1, n))
     if ctx.activation == "relu":
-        g = torch.ops.aten.threshold_backward(g, out.reshape(-1, n), 0)
+        g = activations.backward(g, out.reshape(-1, n), "relu")
     elif ctx.activation is not None:
         z = mm(x2, weight.mT)
         if bias is not None:
             z = z + bias
-        if ctx.activation == "silu":
-            g = torch.ops.aten.silu_backward(g, z)
-        else:
-            g = torch.ops.aten.gelu_backward(g, z, approximate="tanh")
+        g = activations.backward(g, z, ctx.activation)
     needs = ctx.needs_input_grad
     dx = mm(g, weight).reshape(x.shape) if needs[0] else None
     dw = mm(g.mT, _gemm_ready(x2)) if needs[1] else None

@@ -11,12 +11,14 @@ import torch
 
 from cute_kernels.gemm.sm90_config import Sm90GemmConfig, pick_fp8_config
 
-ACTS = (None, "relu", "gelu_tanh", "silu")
+ACTS = (None, "relu", "gelu", "gelu_tanh", "silu")
 
 
 def _ref_act(x, act):
     if act == "relu":
         return torch.relu(x)
+    if act == "gelu":
+        return 0.5 * x * (1 + torch.erf(x / 2 ** 0.5))
     if act == "gelu_tanh":
         return torch.nn.functional.gelu(x, approximate="tanh")
     if act == "silu":
@@ -40,7 +42,7 @@ def test_epilogue_spec_rejects_unknown_terms():
     (dict(bias=torch.zeros(7)), ValueError, r"shape \(5,\)"),
     (dict(bias=torch.zeros(3), bias_dim="m"), ValueError, r"shape \(4,\)"),
     (dict(bias=torch.zeros(5), bias_dim="k"), ValueError, "bias_dim"),
-    (dict(activation="gelu"), ValueError, "activation"),
+    (dict(activation="gelu_erf"), ValueError, "activation"),
     (dict(beta=1.0), ValueError, "needs c"),
     (dict(beta=1.0, c=torch.zeros(1, 4, 6)), ValueError, "c has shape"),
     (dict(bias=torch.zeros(5, dtype=torch.int32)), TypeError, "bias must be"),

@@ -59,6 +59,85 @@ def test_from_linear_shares_parameters():
     assert _rel(ours(x), torch.relu(base(x))) < 1e-12
 
 
+@pytest.mark.parametrize("activation,module", [("gelu", torch.nn.GELU()), ("gelu_tanh", torch.nn.GELU("tanh")),
+                                               ("relu", torch.nn.ReLU()), ("silu", torch.nn.SiLU())])
+def test_linear_fuses_its_activation_for_inference_only(monkeypatch, activation, module):
+    # fuse_activation="inference": the activation goes into the op (the GEMM's epilogue) only
+    # where the call records no gradient; with one recorded the op computes the product and
+    # torch's function follows. Both give module(x @ w.T + b), values and gradients.
+    import cute_kernels.nn.linear as linear_module
+
+    seen = []
+    entry = linear_module.linear_entry
+    monkeypatch.setattr(linear_module, "linear_entry", lambda *a: seen.append(a[3]) or entry(*a))
+    torch.manual_seed(0)
+    ours = cnn.Linear(7, 4, dtype=F64, activation=activation, fuse_activation="inference", fallback="torch")
+    ref = torch.nn.Linear(7, 4, dtype=F64)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(3, 7, dtype=F64)
+    with torch.no_grad():
+        assert _rel(ours(x), module(ref(x))) < 1e-12
+    assert seen == [activation]
+    got, want = ours(x), module(ref(x))
+    assert seen == [activation, None] and _rel(got, want) < 1e-12
+    g = torch.randn_like(want)
+    for a, b in zip(torch.autograd.grad(got, list(ours.parameters()), g),
+                    torch.autograd.grad(want, list(ref.parameters()), g)):
+        assert _rel(a, b) < 1e-12
+    assert "fuse_activation='inference'" in repr(ours)
+    with pytest.raises(ValueError, match="fuse_activation must be one of"):
+        cnn.Linear(7, 4, activation="relu", fuse_activation="training")
+
+
+def _timm_like_mlp(order=("fc1", "act")):
+    """A stand-in for timm.layers.Mlp (timm is not importable in CI): a class named Mlp defined,
+    as far as its __module__ says, in timm, whose forward reads `order` first."""
+    def forward(self, x):
+        x = self.fc1(x)
+        x = self.act(x)
+        x = self.drop1(x)
+        x = self.norm(x)
+        return self.drop2(self.fc2(x))
+
+    def forward_scaled(self, x):
+        x = self.norm(self.fc1(x))
+        return self.drop2(self.fc2(self.drop1(self.act(x))))
+
+    def __init__(self):
+        torch.nn.Module.__init__(self)
+        self.fc1, self.act, self.drop1 = torch.nn.Linear(8, 16, dtype=F64), torch.nn.GELU(), torch.nn.Dropout(0.0)
+        self.norm = torch.nn.LayerNorm(16, dtype=F64) if order[1] == "norm" else torch.nn.Identity()
+        self.fc2, self.drop2 = torch.nn.Linear(16, 8, dtype=F64), torch.nn.Dropout(0.0)
+
+    body = forward if order == ("fc1", "act") else forward_scaled
+    return type("Mlp", (torch.nn.Module,), {"__init__": __init__, "forward": body, "__module__": "timm.layers.mlp"})
+
+
+def test_patch_folds_timm_mlp_activation_into_fc1():
+    import copy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_timm_like_mlp()(), _timm_like_mlp(("fc1", "norm"))())
+    stock = copy.deepcopy(model)
+    cnn.patch(model, fallback="torch")
+    assert model.cute_kernels_patch.folded == ["0"]  # the second reads norm between fc1 and act: kept
+    folded, kept = model[0], model[1]
+    assert folded.fc1.activation == "gelu" and folded.fc1.fuse_activation == "inference"
+    assert isinstance(folded.act, torch.nn.Identity) and isinstance(kept.act, torch.nn.GELU)
+    assert kept.fc1.activation is None
+    x = torch.randn(2, 5, 8, dtype=F64)
+    with torch.no_grad():
+        assert _rel(model(x), stock(x)) < 1e-12
+    got, want = model(x), stock(x)
+    assert _rel(got, want) < 1e-12
+    for (name, p), q in zip(stock.named_parameters(), model.parameters()):
+        a, b = torch.autograd.grad(got.square().sum(), q, retain_graph=True)[0], \
+            torch.autograd.grad(want.square().sum(), p, retain_graph=True)[0]
+        assert _rel(a, b) < 1e-12, name
+    cnn.patch(model, fallback="torch")  # idempotent: fc1 already carries the activation
+    assert model.cute_kernels_patch.folded == [] and model[0].fc1.fuse_activation == "inference"
+
+
 # ---- functional -----------------------------------------------------------------------------------
 
 def test_functional_sdpa_masks():

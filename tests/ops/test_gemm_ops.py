@@ -72,8 +72,8 @@ def test_linear_fake_shapes(x_shape):
 
 
 def test_linear_fake_rejects_unknown_activation():
-    with pytest.raises(ValueError, match="activation must be one of .*'gelu'"):
-        ops.linear(meta(5, 7), meta(4, 7), None, activation="gelu")
+    with pytest.raises(ValueError, match="activation must be one of .*'gelu_erf'"):
+        ops.linear(meta(5, 7), meta(4, 7), None, activation="gelu_erf")
 
 
 def test_scaled_mm_fake_shapes():
@@ -136,6 +136,7 @@ def test_matmul_gradient_of_a_stride_zero_grad():
 def _torch_linear(x, w, b, activation):
     y = torch.nn.functional.linear(x, w, b)
     return {None: y, "relu": torch.relu(y), "silu": torch.nn.functional.silu(y),
+            "gelu": 0.5 * y * (1 + torch.erf(y / 2 ** 0.5)),
             "gelu_tanh": torch.nn.functional.gelu(y, approximate="tanh")}[activation]
 
 
@@ -153,7 +154,7 @@ def test_linear_values_and_gradients_match_torch(activation, with_bias):
         assert got.shape == want.shape and _rel(got, want) < 1e-12
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu_tanh"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
 def test_linear_gradcheck(activation):
     args = (randn(3, 5, grad=True), randn(4, 5, grad=True), randn(4, grad=True))
     assert torch.autograd.gradcheck(lambda x, w, b: ops.linear(x, w, b, activation, fallback="torch"), args)
