@@ -30,6 +30,22 @@ class _Identity(torch.autograd.Function):
         return g
 
 
+class _TenViews(torch.autograd.Function):
+    """A Python node whose backward makes ten cheap torch calls: with device threads on, what
+    each call costs beyond its own work (the GIL released and taken back around it) shows
+    against `_Identity`."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        for _ in range(10):
+            g = g.view(g.shape)
+        return g
+
+
 class _LinearShaped(torch.autograd.Function):
     """The shape of our linear's node: six inputs (three tensors, three options), three saved
     tensors, three fresh gradients."""
@@ -63,6 +79,7 @@ def cases(device: str = "cuda") -> dict:
     return {
         "cpp_clone": lambda: torch.autograd.grad(x.clone(), x, g),
         "py_identity": lambda: torch.autograd.grad(_Identity.apply(x), x, g),
+        "py_ten_views": lambda: torch.autograd.grad(_TenViews.apply(x), x, g),
         "py_linear_shaped": lambda: torch.autograd.grad(_LinearShaped.apply(x2, w, b, None, "auto", "none"),
                                                         (x2, w, b), g2),
         "stock_linear": lambda: torch.autograd.grad(stock(xl), (xl, *stock.parameters()), gl),

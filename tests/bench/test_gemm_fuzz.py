@@ -19,7 +19,7 @@ def test_problems_are_deterministic_and_cover_every_option():
     assert seen["entry"] == {"matmul", "epilogue"} and seen["bcast"] == {None, "a", "b"}
     assert seen["a_major"] == seen["b_major"] == seen["c_major"] == {"row", "col"}
     assert {0, 1, 8} <= seen["a_pad"] and {0, 3, 8} <= seen["b_pad"] and seen["c_bcast"] == {False, True}
-    assert seen["bias"] == {None, "n", "m"} and seen["activation"] == {None, "relu", "gelu_tanh", "silu"}
+    assert seen["bias"] == {None, "n", "m"} and seen["activation"] == {None, "relu", "gelu", "gelu_tanh", "silu"}
     assert {None, 1, 2, 3} == seen["batch"] and {0.0, 1.0, -0.5} == seen["beta"]
     for dim in ("m", "n", "k"):
         sizes = seen[dim]

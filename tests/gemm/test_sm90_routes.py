@@ -30,13 +30,9 @@ from cute_kernels.runtime.plan_cache import invalidate  # noqa: E402
 
 
 def _act(x, activation):
-    if activation == "relu":
-        return torch.relu(x)
-    if activation == "gelu_tanh":
-        return torch.nn.functional.gelu(x, approximate="tanh")
-    if activation == "silu":
-        return torch.nn.functional.silu(x)
-    return x
+    from cute_kernels.gemm import activations  # the definitions, pinned by tests/gemm/test_activations.py
+
+    return activations.apply(x, activation)
 
 
 def _check_tma(t, lead, what):

@@ -29,7 +29,8 @@ from cute_kernels.ops import gemm as gemm_ops  # noqa: E402
 from cute_kernels.runtime import plan_cache  # noqa: E402
 
 F64 = torch.float64
-ACT = {None: lambda y: y, "relu": torch.relu, "silu": F.silu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}
+ACT = {None: lambda y: y, "relu": torch.relu, "silu": F.silu, "gelu": F.gelu,
+       "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}
 
 
 def _rel(x, ref):
@@ -124,7 +125,7 @@ def test_warm_linear_skips_the_op_and_matches_torch(kernels, activation, with_bi
         got = torch.autograd.grad(out, params, g)
         for a, r in zip(got, want):
             assert _rel(a, r) < 1e-12
-        recompute = activation in ("silu", "gelu_tanh")
+        recompute = activation in ("silu", "gelu", "gelu_tanh")
         # dX, dW (and the pre-activation) through the op (call 0) or the op's body (call 1); without
         # an activation, a warm backward of the plan (call 2) replays the GEMMs' plans
         replayed = activation is None and call > 1

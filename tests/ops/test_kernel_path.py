@@ -92,14 +92,15 @@ def test_linear_kernel_path_matches_torch(gemm_calls, activation, with_bias):
     b = randn(4, grad=True) if with_bias else None
     out = ops.linear(x, w, b, activation, rung="sm80_mma")
     y = F.linear(x, w, b)
-    ref = {None: y, "relu": torch.relu(y), "silu": F.silu(y), "gelu_tanh": F.gelu(y, approximate="tanh")}[activation]
+    ref = {None: y, "relu": torch.relu(y), "silu": F.silu(y), "gelu": F.gelu(y),
+           "gelu_tanh": F.gelu(y, approximate="tanh")}[activation]
     assert out.shape == ref.shape and out.is_contiguous() and _rel(out, ref) < 1e-12
     assert gemm_calls[0] == ((6, 7), (7, 4), "sm80_mma")  # x flattened to 2-D, weight as a transposed view
     g = randn(*ref.shape)
     inputs = (x, w, b) if with_bias else (x, w)
     for got, want in zip(torch.autograd.grad(out, inputs, g), torch.autograd.grad(ref, inputs, g)):
         assert _rel(got, want) < 1e-12
-    recompute = activation in ("silu", "gelu_tanh")
+    recompute = activation in ("silu", "gelu", "gelu_tanh")
     assert len(gemm_calls) == 3 + recompute and {c[2] for c in gemm_calls} == {"sm80_mma"}
 
 

@@ -97,7 +97,8 @@ def test_unsupported_cuda_dtype_raises_or_falls_back_visibly():
 
 def _torch_linear(x, w, b, activation):
     y = F.linear(x, w, b)
-    return {None: y, "relu": torch.relu(y), "silu": F.silu(y), "gelu_tanh": F.gelu(y, approximate="tanh")}[activation]
+    return {None: y, "relu": torch.relu(y), "silu": F.silu(y), "gelu": F.gelu(y),
+            "gelu_tanh": F.gelu(y, approximate="tanh")}[activation]
 
 
 @pytest.mark.parametrize("activation", ops.ACTIVATIONS)
