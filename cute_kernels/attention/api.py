@@ -446,7 +446,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal: str | None = None, sc
         options = {"deterministic": True} if deterministic and _takes_deterministic(rung) else {}
         grads = rung.backward(do4, q4, k4, v4, out4, lse4, problem, **options)
         if sig is not None and plain_tensors(dout, q, k, v, out, lse):
-            _BACKWARD_PLANS.put(sig, _backward_replay(rung, problem, options, unbatched))
+            _BACKWARD_PLANS.put(sig, _backward_replay(rung, problem, options, unbatched,
+                                                      (do4, q4, k4, v4, out4, lse4)))
     grads = tuple(g[0] for g in grads) if unbatched else tuple(grads)
     if sinks is not None:
         grads = (*grads, sinks_gradient(do4, out4, lse4, sinks))
@@ -484,20 +485,30 @@ def backward_plan_for(dout, q, k, v, out, lse, *, causal=None, scale=None, enabl
         return None
 
 
-def _backward_replay(rung, problem, options: dict, unbatched: bool):
-    """What a warm `attention_backward` call runs: the chosen rung's backward on the recorded
-    problem (the rung's own warm path does the rest)."""
-    backward = rung.backward
+def _backward_replay(rung, problem, options: dict, unbatched: bool, tensors: tuple):
+    """What a warm `attention_backward` call runs: the rung's own replay of the backward it
+    just ran on the 4-D `tensors` (`backward_plan`, where the rung keeps one: its decisions
+    made once), else the chosen rung's backward on the recorded problem. The signature the
+    replay is stored under fixes every layout and which tensors require grad."""
+    plan_for = getattr(rung, "backward_plan", None)
+    fast = plan_for(*(t.detach() for t in tensors), problem, **options) if plan_for is not None else None
+    if fast is None:
+        backward = rung.backward
 
+        def run(dout, q, k, v, out, lse):
+            return tuple(backward(dout, q, k, v, out, lse, problem, **options))
+    elif any(t.requires_grad for t in tensors):
+        def run(dout, q, k, v, out, lse):  # the kernels' DLPack export refuses tensors that require grad
+            return fast(dout.detach(), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach())
+    else:
+        run = fast
     if unbatched:
         def replay(dout, q, k, v, out, lse):
-            grads = backward(dout.unsqueeze(0), q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out.unsqueeze(0),
-                             lse.unsqueeze(0), problem, **options)
+            grads = run(dout.unsqueeze(0), q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out.unsqueeze(0),
+                        lse.unsqueeze(0))
             return tuple(g[0] for g in grads)
-    else:
-        def replay(dout, q, k, v, out, lse):
-            return tuple(backward(dout, q, k, v, out, lse, problem, **options))
-    return replay
+        return replay
+    return run
 
 
 def _takes_deterministic(rung) -> bool:

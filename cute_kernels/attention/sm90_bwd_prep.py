@@ -156,25 +156,14 @@ def preprocess(dout, out, lse, block_m: int, *, tvm_ffi: bool | None = None):
 def preprocess_flat(dout, out, lse, block_m: int, tvm_ffi: bool):
     """`preprocess`'s (D, lse2, dq_flat, dq_acc), dq_flat the accumulator's flat (B * H * Sq *
     D,) view: what the backward kernel takes, without re-viewing per call."""
-    import torch
-
     if block_m % 4:
         raise ValueError(f"preprocess: block_m must be a multiple of 4 (16-byte aligned buffers), got {block_m}")
     b, h, sq, d = dout.shape
     padded = -(-sq // block_m) * block_m
     lse = lse.contiguous().float()
-    n = b * h * padded
-    # One allocation instead of three: D, lse2 and the dQ accumulator are all written by the kernel.
-    buf = torch.empty(2 * n + b * h * sq * d, dtype=torch.float32, device=dout.device)
-    d_rows, lse2, dq_flat = buf[:n], buf[n:2 * n], buf[2 * n:]
     if tvm_ffi:
-        dout, out = rows_aligned(dout), rows_aligned(out)
-        key = (d, dout.dtype)
-        fn = _COMPILED.get(key)
-        if fn is None:
-            fn = _COMPILED[key] = _compile_tvm_ffi(d, str(dout.dtype).removeprefix("torch."))
-        fn(dout, out, lse.view(-1), d_rows, lse2, dq_flat, sq, padded)
-        return d_rows, lse2, dq_flat, dq_flat.view(b, h, sq, d)
+        return run_prepped(prep_function(d, dout.dtype), rows_aligned(dout), rows_aligned(out), lse, padded)
+    d_rows, lse2, dq_flat = _buffers(b, h, sq, d, padded, dout.device)
     from cute_kernels.runtime import compile_kernel, current_stream, from_torch
 
     # without TVM-FFI the wrapped strides carry no divisibility: contiguous rows keep the loads aligned
@@ -186,6 +175,35 @@ def preprocess_flat(dout, out, lse, block_m: int, tvm_ffi: bool):
     kernel = _kernel_for(d, str(dout.dtype).removeprefix("torch."))
     fn = compile_kernel(kernel, *args, stream, key=("attention.sm90_bwd_prep", 3, d, str(dout.dtype)))
     fn(*args, stream)
+    return d_rows, lse2, dq_flat, dq_flat.view(b, h, sq, d)
+
+
+def _buffers(b: int, h: int, sq: int, d: int, padded: int, device):
+    """D, lse2 (B * H * padded each) and the flat dQ accumulator (B * H * Sq * D), fp32, in one
+    allocation instead of three: the kernel writes all of them."""
+    import torch
+
+    n = b * h * padded
+    buf = torch.empty(2 * n + b * h * sq * d, dtype=torch.float32, device=device)
+    return buf[:n], buf[n:2 * n], buf[2 * n:]
+
+
+def prep_function(head_dim: int, dtype):
+    """The TVM-FFI build of the pass for (head dim, torch dtype), compiled on first use."""
+    key = (head_dim, dtype)
+    fn = _COMPILED.get(key)
+    if fn is None:
+        fn = _COMPILED[key] = _compile_tvm_ffi(head_dim, str(dtype).removeprefix("torch."))
+    return fn
+
+
+def run_prepped(fn, dout, out, lse, padded: int):
+    """`preprocess_flat`'s TVM-FFI launch with `fn` (`prep_function`) on dout and out whose rows
+    are aligned as they are (`rows_aligned` returns them) and a contiguous fp32 lse, padding Sq
+    to `padded` rows: what a warm backward replays with its decisions already made."""
+    b, h, sq, d = dout.shape
+    d_rows, lse2, dq_flat = _buffers(b, h, sq, d, padded, dout.device)
+    fn(dout, out, lse.view(-1), d_rows, lse2, dq_flat, sq, padded)
     return d_rows, lse2, dq_flat, dq_flat.view(b, h, sq, d)
 
 

@@ -697,6 +697,13 @@ class Sm90FlashRung:
 
         return backward(dout, q, k, v, out, lse, problem, deterministic=deterministic)
 
+    def backward_plan(self, dout, q, k, v, out, lse, problem, *, deterministic: bool = False):
+        """The warm replay of `backward` for tensors of these layouts, or None; see
+        `sm90_flash_bwd.backward_plan`."""
+        from .sm90_flash_bwd import backward_plan
+
+        return backward_plan(dout, q, k, v, out, lse, problem, deterministic=deterministic)
+
     def supports(self, q, k, v, problem) -> str | None:
         why = common_reason(problem, self.dtypes) or feature_reason(problem, self.features)
         if why is not None:

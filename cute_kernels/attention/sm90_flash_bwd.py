@@ -505,6 +505,9 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
     # there) and passed flat, as is the zeroed dQ accumulator of Sq rows per head.
     b, hq, sq, sk, d = problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k, problem.head_dim
     sq_pad, group = launch.sq_pad, launch.group
+    if tvm and launch.prep:  # the path a warm plan replays (`backward_plan`)
+        return _run_prepped(launch, _prep.prep_function(d, dout.dtype), _main_function(launch), dout, q, k, v,
+                            rows_aligned(out), lse.contiguous().float(), problem.heads_kv)
     if launch.prep:  # flat D, lse2 and dQ accumulator, and the accumulator's (B, Hq, Sq_pad, D) view
         d_rows, lse2, dq_flat, dq_acc = _prep.preprocess_flat(dout, out, lse, config.block_m, tvm)
     else:  # torch ops (also past the prep kernel's 32-bit element offsets)
@@ -522,11 +525,8 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
         dk_h = torch.empty(launch.dkv_shape, dtype=k.dtype, device=k.device)
         dv_h = torch.empty(launch.dkv_shape, dtype=v.dtype, device=v.device)
     if tvm:
-        fn = _COMPILED.get(launch.kernel_config)
-        if fn is None:
-            fn = _compile_tvm_ffi(launch.kernel_config)
-        fn(q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h, launch.scale, launch.offset, launch.offset_lo, group,
-           launch.softcap)
+        _main_function(launch)(q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h, launch.scale, launch.offset,
+                               launch.offset_lo, group, launch.softcap)
     else:
         from cute_kernels.runtime import current_stream
 
@@ -535,12 +535,65 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
         fn = compile_kernel(_kernel_for(launch.kernel_config), *args, stream, _softcap_arg(launch),
                             key=("attention.sm90_flash_bwd", launch.kernel_config))
         fn(*args, stream, _softcap_arg(launch))
-    # Post-processing: dQ to q's dtype (one contiguous, vectorized pass: the accumulator holds
-    # just the Sq rows); GQA's per-query-head dK, dV summed over each group.
-    dq = dq_acc.to(q.dtype)
-    if config.dkv_fp32:
-        dk = dk_h.view(b, problem.heads_kv, group, sk, d).sum(2).to(k.dtype)
-        dv = dv_h.view(b, problem.heads_kv, group, sk, d).sum(2).to(v.dtype)
-    else:
-        dk, dv = dk_h, dv_h
+    return _post(launch, dq_acc, dk_h, dv_h, q.dtype, problem.heads_kv)
+
+
+def _main_function(launch: _Launch):
+    """The TVM-FFI build of `launch`'s kernel config, compiled on first use."""
+    fn = _COMPILED.get(launch.kernel_config)
+    return fn if fn is not None else _compile_tvm_ffi(launch.kernel_config)
+
+
+def _post(launch: _Launch, dq_acc, dk_h, dv_h, dtype, heads_kv: int):
+    """Post-processing: dQ to the inputs' dtype (one contiguous, vectorized pass: the
+    accumulator holds just the Sq rows); GQA's per-query-head fp32 dK, dV summed over each group."""
+    dq = dq_acc.to(dtype)
+    if not launch.config.dkv_fp32:
+        return dq, dk_h, dv_h
+    b, _, sk, d = launch.dkv_shape
+    dk = dk_h.view(b, heads_kv, launch.group, sk, d).sum(2).to(dtype)
+    dv = dv_h.view(b, heads_kv, launch.group, sk, d).sum(2).to(dtype)
     return dq, dk, dv
+
+
+def _run_prepped(launch: _Launch, prep_fn, fn, dout, q, k, v, out, lse, heads_kv: int):
+    """The TVM-FFI backward with the prep kernel, every decision made: dout, q, k, v and out
+    with rows aligned as they are (`rows_aligned` returns them), not requiring grad, lse
+    contiguous fp32. What `backward` runs on that path and `backward_plan` replays."""
+    import torch
+
+    d_rows, lse2, dq_flat, dq_acc = _prep.run_prepped(prep_fn, dout, out, lse, launch.sq_pad)
+    if launch.config.dkv_fp32:
+        # One buffer for both per-query-head fp32 results (they never leave this call).
+        dkv_h = torch.empty((2, *launch.dkv_shape), dtype=torch.float32, device=q.device)
+        dk_h, dv_h = dkv_h[0], dkv_h[1]
+    else:
+        dk_h = torch.empty(launch.dkv_shape, dtype=k.dtype, device=k.device)
+        dv_h = torch.empty(launch.dkv_shape, dtype=v.dtype, device=v.device)
+    fn(q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h, launch.scale, launch.offset, launch.offset_lo, launch.group,
+       launch.softcap)
+    return _post(launch, dq_acc, dk_h, dv_h, q.dtype, heads_kv)
+
+
+def backward_plan(dout, q, k, v, out, lse, problem, *, deterministic: bool = False):
+    """The warm replay of `backward` for tensors of these layouts, or None: `replay(dout, q, k,
+    v, out, lse) -> (dq, dk, dv)` for tensors with the same shapes, strides, dtypes and 16-byte
+    alignment (the caller's plan signature fixes them), none requiring grad. It launches what
+    `backward` launches for them, having decided once what `backward` decides per call (the
+    problem's support and launch, the compiled functions, that no operand needs a copy). None
+    where `backward` takes another path: no TVM-FFI, the deterministic or torch-prep path, an
+    operand it would copy, a fp32 lse it would convert."""
+    import functools
+
+    import torch
+
+    if deterministic or not tvm_ffi_available():
+        return None
+    _check_supported(problem)
+    launch = _launch_for(problem, None)
+    if not launch.prep or lse.dtype != torch.float32 or not lse.is_contiguous():
+        return None
+    if any(rows_aligned(t) is not t for t in (dout, q, k, v, out)):
+        return None
+    return functools.partial(_run_prepped, launch, _prep.prep_function(problem.head_dim, dout.dtype),
+                             _main_function(launch), heads_kv=problem.heads_kv)

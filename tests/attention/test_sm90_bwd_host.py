@@ -202,6 +202,37 @@ def test_tvm_ffi_path_detaches_inputs_that_require_grad(host):
         assert not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
+@pytest.mark.parametrize("name", ["causal_br_padded", "gqa_window", "softcap_sinks", "gqa_fp32"])
+def test_backward_plan_replays_the_checked_call(host, name):
+    # `backward_plan`: a replay with every decision made once launches exactly what `backward`
+    # launches for tensors of the same layouts (fresh values), compiles and wraps nothing, and
+    # returns the same results
+    p = PROBLEMS[name][0] if name in PROBLEMS else _problem(hq=6, hkv=2, sq=70, sk=64, causal="top_left")
+    host.use_tvm_ffi(True)
+    grads, tensors = _launch(host, p)
+    checked = [(n, _describe(a)) for n, a in host.launches]
+    replay = bwd.backward_plan(*tensors, p)
+    assert replay is not None
+    host.launches.clear(), host.compiles.clear()
+    again = replay(*tensors)
+    assert [(n, _describe(a)) for n, a in host.launches] == checked
+    assert host.compiles == [] and host.wrapped == []
+    for a, b in zip(again, grads):
+        assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_backward_plan_declines_what_backward_decides_per_call(host):
+    p = _problem()
+    dout, q, k, v, o, lse = _inputs(p)
+    host.use_tvm_ffi(True)
+    assert bwd.backward_plan(dout, q, k, v, o, lse, p, deterministic=True) is None  # the sm80 dQ pass
+    q_cols = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # head dim not the unit stride: backward copies
+    assert bwd.backward_plan(dout, q_cols, k, v, o, lse, p) is None
+    assert bwd.backward_plan(dout, q, k, v, o, lse.double(), p) is None  # an lse backward converts
+    host.use_tvm_ffi(False)
+    assert bwd.backward_plan(dout, q, k, v, o, lse, p) is None
+
+
 @pytest.mark.parametrize("gqa", [False, True])
 def test_post_processing_turns_the_kernel_buffers_into_the_results(host, gqa):
     host.use_tvm_ffi(True)
