@@ -151,6 +151,17 @@ def test_gpu_warm_sdpa_matches_float64_and_the_op(op_calls, case, is_causal):
             assert torch.equal(cnn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
                                                                            enable_gqa=gqa), outs[0])
     assert op_calls["sdpa"] == 2
+    # the warm plans (forward and backward) on fresh values of the same layouts
+    for t in (q, k, v, g):
+        with torch.no_grad():
+            t.normal_()
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*ref_in, is_causal=is_causal, enable_gqa=gqa)
+    out = cnn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=gqa)
+    assert _rel(out, ref) < 1e-2
+    for a, r in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, ref_in, g.double())):
+        assert _rel(a, r) < 2e-2
+    assert op_calls["sdpa"] == 2
 
 
 def test_gpu_patched_block_compiles_to_one_graph_under_inductor():
