@@ -33,6 +33,7 @@ _EXPORTS = {
     "clear_disk_cache": "cache",
     "tvm_ffi_available": "cache",
     "TVM_FFI_OPTION": "cache",
+    "TvmFfiMissingWarning": "cache",
     "cache_dir": "cache",
     "from_torch": "tensors",
     "fake_tensor": "tensors",

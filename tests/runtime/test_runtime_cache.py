@@ -167,3 +167,33 @@ def test_clear_disk_cache(fresh):
     fresh.clear_memory_cache()
     _compile(fresh)
     assert fresh.stats["compiled"] == 3 and fresh.stats["disk_loaded"] == 0
+
+
+def test_a_missing_tvm_ffi_warns_once_where_a_gpu_would_pay_for_it(monkeypatch):
+    import importlib.util
+    import warnings
+
+    import torch
+
+    from cute_kernels.runtime import cache
+
+    monkeypatch.delenv("CUTE_KERNELS_NO_TVM_FFI", raising=False)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    try:
+        for gpu, warns in ((False, False), (True, True)):
+            monkeypatch.setattr(torch.cuda, "is_available", lambda gpu=gpu: gpu)
+            cache.tvm_ffi_available.cache_clear()
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                assert cache.tvm_ffi_available() is False
+                assert cache.tvm_ffi_available() is False  # decided once: one warning
+            assert [w.category for w in seen] == ([cache.TvmFfiMissingWarning] if warns else [])
+            assert not warns or "pip install apache-tvm-ffi" in str(seen[0].message)
+        monkeypatch.setenv("CUTE_KERNELS_NO_TVM_FFI", "1")  # chosen knowingly: no warning
+        cache.tvm_ffi_available.cache_clear()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert cache.tvm_ffi_available() is False
+        assert seen == []
+    finally:
+        cache.tvm_ffi_available.cache_clear()
