@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from scripts.gemm_config_sweep import _hot_ms  # noqa: E402  (back-to-back calls, L2 warm, host time hidden)
+
 # (tokens as (batch, seq), [(layer, in_features, out_features)]) per model
 MODELS = {
     "vit_b16": ((64, 197), [("qkv", 768, 2304), ("proj", 768, 768), ("fc1", 768, 3072), ("fc2", 3072, 768)]),
@@ -29,32 +31,15 @@ MODELS = {
 }
 
 
-def _hot_ms(fn, calls: int = 20, reps: int = 7) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(20_000_000)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return sorted(times)[reps // 2]
-
-
 def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="vit_b16", choices=sorted(MODELS))
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
     import triton.testing
 
     import cute_kernels.nn.functional as cf
     from cute_kernels.gemm import matmul
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="vit_b16")
-    p.add_argument("--out", type=Path)
-    args = p.parse_args(argv)
     (b, s), layers = MODELS[args.model]
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, totals = [], {}

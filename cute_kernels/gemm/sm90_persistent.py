@@ -120,25 +120,17 @@ class Sm90PersistentGemm:
         sched = tile_scheduler.make_params(c, (tm, tn), self.cluster_mn, cfg.swizzle, cfg.raster == "m")
         grid = tile_scheduler.grid_shape(sched, max_active_clusters)
 
+        bias_elems = self.bias_stage.smem_elems(self.bias_buffers) if self.bias_stage is not None else 0
+
         @cute.struct
         class Storage:
             mainloop_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.smem_a_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.smem_b_layout)], 1024]
             sC: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(self.smem_c_layout)], 1024]
+            sBias: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bias_elems], 16]  # empty without a bias
 
         self.storage = Storage
-        if cutlass.const_expr(self.bias_stage is not None):
-            @cute.struct
-            class StorageWithBias:
-                mainloop_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-                sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.smem_a_layout)], 1024]
-                sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.smem_b_layout)], 1024]
-                sC: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(self.smem_c_layout)], 1024]
-                sBias: cute.struct.Align[cute.struct.MemRange[
-                    cutlass.Float32, self.bias_stage.smem_elems(self.bias_buffers)], 16]
-
-            self.storage = StorageWithBias
         self.kernel(
             tma_a, gA, tma_b, gB, tma_c, gC, self.tiled_mma, cute.make_layout((*self.cluster_mn, 1)),
             self.smem_a_layout, self.smem_b_layout, self.smem_c_layout, sched, alpha, beta, c_src, bias,
