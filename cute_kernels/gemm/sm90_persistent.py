@@ -81,9 +81,9 @@ class Sm90PersistentGemm:
         self.bias_stage = epilogue.StagedBias(self.epi, self.tile_mnk[:2], self.epi_threads) \
             if self.epi.bias is not None else None
         self.bias_buffers = 2 if self.pingpong else 1
-        bias_elems = self.bias_stage.smem_elems(self.bias_buffers) if self.bias_stage is not None else 0
+        self.bias_elems = self.bias_stage.smem_elems(self.bias_buffers) if self.bias_stage is not None else 0
         self.stages = cfg.resolved_stages(self.a_dtype.width // 8, self.c_dtype.width,
-                                          extra_bytes=4 * bias_elems + 16 if bias_elems else 0)
+                                          extra_bytes=4 * self.bias_elems + 16 if self.bias_elems else 0)
         tm, tn, tk = self.tile_mnk
         self.promote = self.a_dtype.width == 8 and not cfg.fp8_fast_accum
         if self.a_dtype.width == 8 and (self.a_major != "K" or self.b_major != "K"):
@@ -120,15 +120,13 @@ class Sm90PersistentGemm:
         sched = tile_scheduler.make_params(c, (tm, tn), self.cluster_mn, cfg.swizzle, cfg.raster == "m")
         grid = tile_scheduler.grid_shape(sched, max_active_clusters)
 
-        bias_elems = self.bias_stage.smem_elems(self.bias_buffers) if self.bias_stage is not None else 0
-
         @cute.struct
         class Storage:
             mainloop_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.smem_a_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.smem_b_layout)], 1024]
             sC: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(self.smem_c_layout)], 1024]
-            sBias: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bias_elems], 16]  # empty without a bias
+            sBias: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.bias_elems], 16]  # empty without bias
 
         self.storage = Storage
         self.kernel(
