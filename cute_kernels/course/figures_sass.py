@@ -219,6 +219,21 @@ def warp_spec_sass(ctx):
             + md_table(["kernel", "threads", "registers at launch", "setmaxnreg", "wgmma"], rows, align="lrrll"))
 
 
+# ---- page 17 ---------------------------------------------------------------------------------
+
+@figure("epilogue_loads", "17-sol-gemm.md", "compile")
+def epilogue_loads(ctx):
+    rows = []
+    for label, c in (("no epilogue terms", "pingpong_128x128_1x2"), ("+ bias (staged per tile)", "pingpong_128x128_1x2_bias"),
+                     ("+ beta * C, bias, GELU (C per element)", "epi_c_bias_n_gelu")):
+        r = _report("gemm.sm90_persistent", c)
+        rows.append([label, f"`{c}`", _count(r, "LDG"), _count(r, "LDS"), _count(r, "STS"), r.registers])
+    return ("What the fused epilogue reads, in `sm90_persistent` builds (static instruction counts): the "
+            "bias comes from global memory once per tile (`LDG`), through shared memory (`STS`, then `LDS` per "
+            "accumulator pair); C is read per element, so its build's `LDG` count grows with the tile.\n\n"
+            + md_table(["epilogue", "build", "LDG", "LDS", "STS", "registers"], rows, align="llrrrr"))
+
+
 # ---- page 21 ---------------------------------------------------------------------------------
 
 @figure("fp8_sass", "21-mixed-precision.md", "compile")
