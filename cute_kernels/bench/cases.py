@@ -78,8 +78,9 @@ def _randn(shape, dtype: str, device: str, gen):
 # GEMM operand layouts by the case-name suffix: which of A (M, K) and B (N, K) is stored with
 # unit stride along its M / N side instead of along K. "" is nn.Linear's forward y = x·Wᵀ;
 # "bn" its input gradient dX = dY·W (B = W read N-major); "am_bn" its weight gradient
-# dW = dYᵀ·X (A = dYᵀ read M-major, B = X read N-major).
-GEMM_LAYOUTS = ("", "bn", "am_bn", "rowwise")  # "rowwise": fp8 with row-wise scales (A and B K-major)
+# dW = dYᵀ·X (A = dYᵀ read M-major, B = X read N-major); "bias" the forward of a layer with a bias,
+# y = x·Wᵀ + b (both K-major, one bias value per output column), as nn.Linear runs it.
+GEMM_LAYOUTS = ("", "bn", "am_bn", "rowwise", "bias")  # "rowwise": fp8 with row-wise scales (A and B K-major)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,8 @@ class GemmCase:
             raise ValueError(f"unknown GEMM layout {self.layout!r}; known: {GEMM_LAYOUTS}")
         if self.layout == "rowwise" and not self.dtype.startswith("fp8"):
             raise ValueError("row-wise scales are for fp8 cases")
+        if self.layout == "bias" and self.dtype not in ("bf16", "fp16"):
+            raise ValueError("bias cases are 16-bit (the fused epilogue's inputs)")
 
     @property
     def name(self) -> str:
@@ -122,9 +125,10 @@ class GemmCase:
 
     @property
     def bytes(self) -> float:
-        """Compulsory HBM traffic: read A and B once, write C once."""
+        """Compulsory HBM traffic: read A and B (and the bias) once, write C once."""
         e = ELEMENT_BYTES[self.dtype]
-        return float(e * (self.m * self.k + self.n * self.k) + ELEMENT_BYTES[self.result_dtype] * self.m * self.n)
+        bias = self.n if self.layout == "bias" else 0
+        return float(e * (self.m * self.k + self.n * self.k + bias) + ELEMENT_BYTES[self.result_dtype] * self.m * self.n)
 
     @property
     def tolerance(self) -> float:
@@ -132,22 +136,25 @@ class GemmCase:
 
     @classmethod
     def parse(cls, text: str, dtype: str = "bf16") -> GemmCase:
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:_(bn|am_bn|rowwise))?", text.strip())
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:_(bn|am_bn|rowwise|bias))?", text.strip())
         if not m:
             raise ValueError(f"GEMM case must look like MxNxK (e.g. 4096x4096x4096), optionally with a layout "
-                             f"suffix _bn, _am_bn or (fp8) _rowwise, got {text!r}")
+                             f"suffix _bn, _am_bn, _bias or (fp8) _rowwise, got {text!r}")
         case = cls(int(m[1]), int(m[2]), int(m[3]), dtype, layout=m[4] or "")
         case.validate()
         return case
 
     def make_inputs(self, device: str, seed: int = 0) -> dict[str, Any]:
-        """{"a": (M, K), "b": (N, K)}, views with the strides `layout` asks for."""
+        """{"a": (M, K), "b": (N, K)}, views with the strides `layout` asks for (and "bias" (N,)
+        for a bias case)."""
         gen = _generator(device, seed)
         a = _randn((self.k, self.m), self.dtype, device, gen).T if self.layout == "am_bn" else \
             _randn((self.m, self.k), self.dtype, device, gen)
         b = _randn((self.k, self.n), self.dtype, device, gen).T if self.layout in ("bn", "am_bn") else \
             _randn((self.n, self.k), self.dtype, device, gen)
         inputs = {"a": a, "b": b}
+        if self.layout == "bias":
+            inputs["bias"] = _randn((self.n,), self.dtype, device, gen)
         if self.dtype.startswith("fp8"):  # dequantization scales in [0.5, 1.5): per tensor, or row-wise
             import torch
 
@@ -168,7 +175,8 @@ class GemmCase:
         with _fp32_highest():
             if "scale_a" in inputs:  # C = (scale_a * A) (B^T * scale_b)
                 return torch.matmul(inputs["a"].float() * inputs["scale_a"], inputs["b"].float().T * inputs["scale_b"])
-            return torch.matmul(inputs["a"].float(), inputs["b"].float().T)
+            out = torch.matmul(inputs["a"].float(), inputs["b"].float().T)
+            return out + inputs["bias"].float() if "bias" in inputs else out
 
 
 @dataclass(frozen=True)

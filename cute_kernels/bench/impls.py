@@ -108,12 +108,20 @@ def _prepare_gemm_rung(name: str, case, inputs) -> Prepared:
     reason = rung.supports(a3, b3, out3)
     if reason:
         raise Unsupported(reason)
+    bias = inputs.get("bias")
+    if bias is not None:
+        from cute_kernels.gemm.epilogue_api import FUSING_KERNELS
+
+        if name not in FUSING_KERNELS:
+            raise Unsupported(f"{name} fuses no bias (fusing rungs: {', '.join(FUSING_KERNELS)})")
+        return Prepared(lambda: rung(a3, b3, out3, alpha=1.0, beta=0.0, c=None, bias=bias), out=out)
     return Prepared(lambda: rung(a3, b3, out3, alpha=1.0, beta=0.0, c=None), out=out)
 
 
 def _prepare_auto(case, inputs) -> Prepared:
     """The public entry a user calls: `matmul(a, b)` with kernel="auto" (dispatch, routing,
-    launch plans and the result's allocation included), or `scaled_mm` for fp8."""
+    launch plans and the result's allocation included), `nn.functional.linear(a, b, bias)` for a
+    bias case (what a patched nn.Linear runs), or `scaled_mm` for fp8."""
     import torch
 
     from cute_kernels.gemm import matmul
@@ -121,6 +129,11 @@ def _prepare_auto(case, inputs) -> Prepared:
 
     a, bt = inputs["a"], inputs["b"].T
     out_dtype = torch_dtype(case.result_dtype)
+    if "bias" in inputs:
+        from cute_kernels.nn.functional import linear
+
+        w, bias = inputs["b"], inputs["bias"]
+        return Prepared(lambda: linear(a, w, bias))
     if case.dtype.startswith("fp8"):
         sa, sb = inputs["scale_a"], inputs["scale_b"]
         return Prepared(lambda: scaled_mm(a, bt, sa, sb, out_dtype=out_dtype))
@@ -148,6 +161,9 @@ def _prepare_cublas(case, inputs) -> Prepared:
         raise Unsupported("fp8 inputs run through cublas_fp8 (torch._scaled_mm)")
     a, bt = inputs["a"], inputs["b"].T
     out = case.empty_out(inputs)
+    if "bias" in inputs:  # addmm: what F.linear runs (cuBLASLt's bias epilogue)
+        bias = inputs["bias"]
+        return Prepared(lambda: torch.addmm(bias, a, bt, out=out), out=out)
     # fp32 runs without TF32: the runner holds float32 matmul precision at 'highest'.
     return Prepared(lambda: torch.matmul(a, bt, out=out), out=out)
 
@@ -166,6 +182,8 @@ def _prepare_cublas_fp8(case, inputs) -> Prepared:
 def _prepare_quack(case, inputs) -> Prepared:
     if case.dtype == "fp32":
         raise Unsupported("quack's GEMM takes 16-bit or fp8 inputs")
+    if "bias" in inputs:
+        raise Unsupported("bias cases: quack's gemm takes no bias here")
     from quack.gemm_interface import gemm as quack_gemm
 
     a, b_kn = inputs["a"], inputs["b"].mT  # quack takes B as (K, N); this view is K-major
@@ -176,6 +194,8 @@ def _prepare_quack(case, inputs) -> Prepared:
 def _prepare_triton_ampere(case, inputs) -> Prepared:
     if case.dtype not in ("fp16", "bf16"):
         raise Unsupported("the Ampere-style Triton peer takes fp16 and bf16")
+    if "bias" in inputs:
+        raise Unsupported("bias cases: the Ampere-style Triton peer has no epilogue")
     from cute_kernels.bench import triton_ampere
 
     a, b_kn = inputs["a"], inputs["b"].T

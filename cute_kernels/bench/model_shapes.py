@@ -5,7 +5,8 @@ Each model is described by the sizes its Hugging Face / timm config gives (hidde
 key/value heads, head dim, MLP width, vocabulary); `linear_layers` lists the nn.Linear layers
 one block (and the LM head) holds, as (name, out_features N, in_features K), with q, k, v and
 gate, up as the separate layers those libraries build. Every layer gives, per token count M:
-the forward y = x·Wᵀ (M×N×K, both operands K-major), and in training its input gradient
+the forward y = x·Wᵀ (M×N×K, both operands K-major; layout "bias" where the layer adds a bias,
+y = x·Wᵀ + b, as the model runs it), and in training its input gradient
 dX = dY·W (M×K×N, W read N-major: layout "bn") and weight gradient dW = dYᵀ·X (N×K×M, dYᵀ
 read M-major and X N-major: layout "am_bn"). `gemm_shape_cases()` dedupes the union over the
 models (the same shape from two models is timed once) and adds the shape classes issue 13
@@ -36,18 +37,22 @@ class ModelShape:
     gated: bool = True  # SwiGLU MLP (gate and up) vs a plain two-layer MLP (fc1, fc2)
     fused_qkv: bool = False  # one qkv projection (timm's ViT) vs q, k, v layers
     tokens: tuple = ()  # token counts for a vision model (batch x patches), instead of PREFILL_M
+    biased: tuple = ()  # the layers (linear_layers' names) that add a bias in their forward
 
 
 MODELS = (
-    ModelShape("vit_b16", 768, 12, 12, 64, 3072, gated=False, fused_qkv=True, tokens=(64 * 197,)),
-    ModelShape("vit_l16", 1024, 16, 16, 64, 4096, gated=False, fused_qkv=True, tokens=(64 * 197,)),
-    # timm's eva02_base_patch14_224: separate q, k, v layers and a SwiGLU MLP, 257 tokens an image
-    ModelShape("eva02_b14", 768, 12, 12, 64, 2048, tokens=(64 * 257,)),
+    ModelShape("vit_b16", 768, 12, 12, 64, 3072, gated=False, fused_qkv=True, tokens=(64 * 197,),
+               biased=("qkv", "o", "fc1", "fc2")),
+    ModelShape("vit_l16", 1024, 16, 16, 64, 4096, gated=False, fused_qkv=True, tokens=(64 * 197,),
+               biased=("qkv", "o", "fc1", "fc2")),
+    # timm's eva02_base_patch14_224: separate q, k, v layers (k without a bias) and a SwiGLU MLP,
+    # 257 tokens an image
+    ModelShape("eva02_b14", 768, 12, 12, 64, 2048, tokens=(64 * 257,), biased=("q", "v", "o", "gate", "up", "down")),
     ModelShape("llama3_1b", 2048, 32, 8, 64, 8192, vocab=128256),
     ModelShape("llama3_8b", 4096, 32, 8, 128, 14336, vocab=128256),
     ModelShape("llama3_70b", 8192, 64, 8, 128, 28672, vocab=128256),
     ModelShape("mistral_7b", 4096, 32, 8, 128, 14336, vocab=32000),
-    ModelShape("qwen2.5_7b", 3584, 28, 4, 128, 18944, vocab=152064),
+    ModelShape("qwen2.5_7b", 3584, 28, 4, 128, 18944, vocab=152064, biased=("q", "k", "v")),
 )
 
 
@@ -67,11 +72,12 @@ def _model_gemms(model: ModelShape):
     prefill = model.tokens or PREFILL_M
     train = model.tokens[0] if model.tokens else TRAIN_M
     for layer, n, k in linear_layers(model):
+        fwd = "bias" if layer in model.biased else ""
         for m in prefill:
-            yield m, n, k, "", f"{model.name}.{layer} fwd M={m}"
+            yield m, n, k, fwd, f"{model.name}.{layer} fwd M={m}"
         if not model.tokens:
             for m in DECODE_M:
-                yield m, n, k, "", f"{model.name}.{layer} decode M={m}"
+                yield m, n, k, fwd, f"{model.name}.{layer} decode M={m}"
         yield train, k, n, "bn", f"{model.name}.{layer} dX M={train}"
         yield n, k, train, "am_bn", f"{model.name}.{layer} dW M={train}"
 

@@ -118,3 +118,31 @@ def test_gemm_layouts_and_fp8_scales_are_in_the_inputs():
     assert torch.allclose(ref.double(), manual, rtol=1e-4, atol=1e-3)
     with pytest.raises(ValueError, match="row-wise scales are for fp8"):
         GemmCase.parse("24x40x56_rowwise")
+
+
+def test_bias_cases_carry_a_bias_into_the_reference_and_the_peers():
+    # "_bias": the forward of a layer with a bias, as nn.Linear runs it (gemm_shapes' biased layers)
+    import torch
+
+    from cute_kernels.bench.impls import Unsupported, _prepare_cublas, _prepare_triton_ampere
+    from cute_kernels.bench.model_shapes import gemm_shape_cases, uses
+
+    c = GemmCase.parse("24x40x64_bias")
+    assert c.name == "24x40x64_bias" and c.bytes == 2 * (24 * 64 + 40 * 64 + 40) + 2 * 24 * 40
+    t = c.make_inputs("cpu")
+    assert t["bias"].shape == (40,) and t["bias"].dtype == torch.bfloat16
+    ref = c.reference(t)
+    manual = t["a"].double() @ t["b"].double().T + t["bias"].double()
+    assert torch.allclose(ref.double(), manual, rtol=1e-4, atol=1e-3)
+    prepared = _prepare_cublas(c, t)
+    prepared.fn()
+    assert ((prepared.out.double() - manual).norm() / manual.norm()).item() < 1e-2
+    with pytest.raises(Unsupported, match="no epilogue"):
+        _prepare_triton_ampere(c, t)
+    with pytest.raises(ValueError, match="bias cases are 16-bit"):
+        GemmCase.parse("24x40x64_bias", "fp32")
+    # ViT-B's layers all add a bias; Llama's none: the suite times what each model runs
+    names = {case.name for case in gemm_shape_cases("bf16")}
+    assert "12608x2304x768_bias" in names and "12608x2304x768" not in names
+    assert "8192x2048x2048" in names and "8192x2048x2048_bias" not in names
+    assert any("vit_b16.qkv fwd" in u for u in uses(GemmCase.parse("12608x2304x768_bias")))

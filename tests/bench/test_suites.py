@@ -22,7 +22,7 @@ def test_default_suites_are_the_device_readme_cases():
         ("4096x4096x4096_rowwise", "fp8_e4m3"), ("8192x8192x8192_rowwise", "fp8_e4m3")]
     shapes = SUITES["gemm_shapes"].cases
     assert len({c.name for c in shapes}) == len(shapes) > 150  # every model GEMM once
-    assert {"1x4096x4096", "2048x2048x4100", "256x4096x16384", "12608x768x3072", "8192x2048x8192_bn",
+    assert {"1x4096x4096", "2048x2048x4100", "256x4096x16384", "12608x768x3072_bias", "8192x2048x8192_bn",
             "2048x8192x8192_am_bn", "4096x2x1024"} <= {c.name for c in shapes}
     assert {(c.name, c.dtype) for c in SUITES["ladder"].cases} == {
         (f"{s}x{s}x{s}", dt) for s in (4096, 8192) for dt in ("fp32", "fp16", "bf16")}
