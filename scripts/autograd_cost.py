@@ -4,7 +4,7 @@ a C++ node against Python `autograd.Function` nodes of growing weight, and the V
 the device's worker thread) and off (`torch.autograd.set_multithreading_enabled(False)`: on the
 calling thread).
 
-    python3 scripts/autograd_cost.py [--calls 200] [--out FILE.json]
+    python3 scripts/autograd_cost.py [--calls 100] [--rounds 3] [--out FILE.json]
 
 The GPU is kept busy (`bench.overhead`'s host timer), so every figure is host work alone."""
 
@@ -91,6 +91,7 @@ def primitives(device: str = "cuda") -> dict:
     """Single host operations the warm paths are made of, each timed alone."""
     x = torch.randn(64, 197, 3072, device=device, dtype=torch.bfloat16)
     xg = x.detach().requires_grad_()
+    small = torch.randn(1024, device=device)
     return {
         "empty_3d": lambda: torch.empty((64, 197, 3072), dtype=torch.bfloat16, device=device),
         "empty_like": lambda: torch.empty_like(x),
@@ -101,12 +102,9 @@ def primitives(device: str = "cuda") -> dict:
         "stride": lambda: x.stride(),
         "data_ptr": lambda: x.data_ptr(),
         "sum0": lambda: x.view(12608, 3072).sum(0),
-        "to_bf16_from_fp32_small": lambda: _SMALL.to(torch.bfloat16),
+        "to_bf16_from_fp32_small": lambda: small.to(torch.bfloat16),
         "zeros_small": lambda: torch.zeros(1024, device=device),
     }
-
-
-_SMALL = None
 
 
 def main(argv=None) -> int:
@@ -119,8 +117,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     timer = make_host_timer(calls=args.calls, warmup=20, busy=cuda_busy_probe(), sync=torch.cuda.synchronize)
     rows = []
-    global _SMALL
-    _SMALL = torch.randn(1024, device="cuda")
     for name, fn in primitives().items():
         us = sorted(timer(fn, name, calls=50) * 1e3 for _ in range(args.rounds))[args.rounds // 2]
         rows.append({"case": name, "host_us": round(us, 2)})

@@ -25,8 +25,9 @@ from scripts.gemm_config_sweep import _hot_ms  # noqa: E402  (back-to-back calls
 # (tokens as (batch, seq), [(layer, in_features, out_features)]) per model
 MODELS = {
     "vit_b16": ((64, 197), [("qkv", 768, 2304), ("proj", 768, 768), ("fc1", 768, 3072), ("fc2", 3072, 768)]),
-    "eva02_b14": ((64, 257), [("qkv", 768, 2304), ("proj", 768, 768), ("fc1_g", 768, 2048), ("fc1_x", 768, 2048),
-                                    ("fc2", 2048, 768)]),
+    # timm's EVA-02 has separate q, k, v projections and a SwiGLU MLP (fc1_g, fc1_x, fc2)
+    "eva02_b14": ((64, 257), [("q", 768, 768), ("k", 768, 768), ("v", 768, 768), ("proj", 768, 768),
+                              ("fc1_g", 768, 2048), ("fc1_x", 768, 2048), ("fc2", 2048, 768)]),
     "llama_1b": ((4, 2048), [("qkv", 2048, 3072), ("o", 2048, 2048), ("gate_up", 2048, 16384), ("down", 8192, 2048)]),
 }
 
@@ -40,6 +41,7 @@ def main(argv=None) -> int:
 
     import cute_kernels.nn.functional as cf
     from cute_kernels.gemm import matmul
+
     (b, s), layers = MODELS[args.model]
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, totals = [], {}

@@ -517,13 +517,7 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
         lse2[:, :, :sq] = torch.where(torch.isneginf(lse), math.inf, lse.float() * LOG2_E)
         dq_acc = torch.zeros((b, hq, sq, d), dtype=torch.float32, device=q.device)
         d_rows, lse2, dq_flat = d_rows.view(-1), lse2.view(-1), dq_acc.view(-1)
-    if config.dkv_fp32:
-        # One buffer for both per-query-head fp32 results (they never leave this call).
-        dkv_h = torch.empty((2, *launch.dkv_shape), dtype=torch.float32, device=q.device)
-        dk_h, dv_h = dkv_h[0], dkv_h[1]
-    else:
-        dk_h = torch.empty(launch.dkv_shape, dtype=k.dtype, device=k.device)
-        dv_h = torch.empty(launch.dkv_shape, dtype=v.dtype, device=v.device)
+    dk_h, dv_h = _dkv_buffers(launch, q)
     if tvm:
         _main_function(launch)(q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h, launch.scale, launch.offset,
                                launch.offset_lo, group, launch.softcap)
@@ -544,6 +538,18 @@ def _main_function(launch: _Launch):
     return fn if fn is not None else _compile_tvm_ffi(launch.kernel_config)
 
 
+def _dkv_buffers(launch: _Launch, q):
+    """The kernel's dK, dV outputs: fp32 per query head in one buffer (they never leave the
+    call: `_post` sums each group), or the results themselves in q's dtype."""
+    import torch
+
+    if launch.config.dkv_fp32:
+        dkv_h = torch.empty((2, *launch.dkv_shape), dtype=torch.float32, device=q.device)
+        return dkv_h[0], dkv_h[1]
+    return (torch.empty(launch.dkv_shape, dtype=q.dtype, device=q.device),
+            torch.empty(launch.dkv_shape, dtype=q.dtype, device=q.device))
+
+
 def _post(launch: _Launch, dq_acc, dk_h, dv_h, dtype, heads_kv: int):
     """Post-processing: dQ to the inputs' dtype (one contiguous, vectorized pass: the
     accumulator holds just the Sq rows); GQA's per-query-head fp32 dK, dV summed over each group."""
@@ -560,16 +566,8 @@ def _run_prepped(launch: _Launch, prep_fn, fn, dout, q, k, v, out, lse, heads_kv
     """The TVM-FFI backward with the prep kernel, every decision made: dout, q, k, v and out
     with rows aligned as they are (`rows_aligned` returns them), not requiring grad, lse
     contiguous fp32. What `backward` runs on that path and `backward_plan` replays."""
-    import torch
-
     d_rows, lse2, dq_flat, dq_acc = _prep.run_prepped(prep_fn, dout, out, lse, launch.sq_pad)
-    if launch.config.dkv_fp32:
-        # One buffer for both per-query-head fp32 results (they never leave this call).
-        dkv_h = torch.empty((2, *launch.dkv_shape), dtype=torch.float32, device=q.device)
-        dk_h, dv_h = dkv_h[0], dkv_h[1]
-    else:
-        dk_h = torch.empty(launch.dkv_shape, dtype=k.dtype, device=k.device)
-        dv_h = torch.empty(launch.dkv_shape, dtype=v.dtype, device=v.device)
+    dk_h, dv_h = _dkv_buffers(launch, q)
     fn(q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h, launch.scale, launch.offset, launch.offset_lo, launch.group,
        launch.softcap)
     return _post(launch, dq_acc, dk_h, dv_h, q.dtype, heads_kv)
@@ -582,7 +580,7 @@ def backward_plan(dout, q, k, v, out, lse, problem, *, deterministic: bool = Fal
     `backward` launches for them, having decided once what `backward` decides per call (the
     problem's support and launch, the compiled functions, that no operand needs a copy). None
     where `backward` takes another path: no TVM-FFI, the deterministic or torch-prep path, an
-    operand it would copy, a fp32 lse it would convert."""
+    operand it would copy, an lse it would convert (not contiguous fp32)."""
     import functools
 
     import torch
