@@ -18,7 +18,10 @@ labels unless told not to). The kernel's modes (`CrossEntropyConfig`):
 - backward (`forward=False, grad=True`): the gradient from a saved lse.
 
 One CTA covers `rows_per_cta` rows and walks them in chunks of `capacity` columns (one chunk for
-narrow vocabularies). Each thread keeps a running (max, sum of exp) over its columns, rescaling the
+narrow vocabularies). In the fused mode a streaming CTA first copies the row's leading
+`stash_chunks` chunks into shared memory (cp.async, all in flight at once: `rowkit.RowStash`), and
+both passes read those chunks there: the logits are read from global memory once where the stash
+holds them. Each thread keeps a running (max, sum of exp) over its columns, rescaling the
 sum when its max grows (and the sum of x for smoothing); the threads of a row combine them once,
 at the end. The target logit is read by the row's first thread with one scalar load.
 """
@@ -34,9 +37,9 @@ from cutlass import Float32, Int32, const_expr
 from cute_kernels.runtime import to_cute
 
 from .dtypes import CUTLASS_DTYPES, element_bytes
-from .rowkit import RowReducer, RowSlice, reduction_slots_layout
+from .rowkit import RowReducer, RowSlice, RowStash, reduction_slots_layout, stash_layout
 from .softmax import LOG2_E, combine, online_update
-from .tiling import SMEM_CARVEOUT_PERCENT, RowTiling, min_blocks_per_sm
+from .tiling import RowTiling, check_stash, min_blocks_per_sm, smem_carveout
 
 __all__ = ["CrossEntropyConfig", "CrossEntropy", "LABEL_DTYPES", "LN_2"]
 
@@ -61,6 +64,7 @@ class CrossEntropyConfig:
     smoothing: bool = False
     z_loss: bool = False
     dloss_per_row: bool = False
+    stash_chunks: int = 0  # fused mode: the row's first chunks kept in shared memory for the gradient pass
 
     def validate(self) -> "CrossEntropyConfig":
         if self.dtype not in CUTLASS_DTYPES:
@@ -71,6 +75,8 @@ class CrossEntropyConfig:
         if not (self.forward or self.grad):
             raise ValueError("CrossEntropyConfig: nothing to compute (forward and grad both False)")
         self.tiling.validate(element_bytes(self.dtype))
+        check_stash("CrossEntropyConfig", self.stash_chunks, self.tiling, element_bytes(self.dtype),
+                    self.forward and self.grad and self.tiling.rows_per_cta == 1)
         return self
 
 
@@ -81,6 +87,7 @@ class CrossEntropy:
         self.config = config.validate()
         self.tiling = config.tiling
         self.smem_layout = reduction_slots_layout(self.tiling, 3)
+        self.stash_layout = stash_layout(self.tiling, max(1, config.stash_chunks))
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mLabels: cute.Tensor, mLoss, mLSE: cute.Tensor, mDLoss, mGrad,
@@ -89,15 +96,17 @@ class CrossEntropy:
         (forward) or in; mDLoss (M,) or (1,) fp32 (grad) or None; mGrad (M, V) out (grad) or None."""
         t = self.tiling
         smem = to_cute(self.smem_layout)
+        stash_elems = cute.cosize(to_cute(self.stash_layout)) if const_expr(self.config.stash_chunks) else 1
 
         @cute.struct
         class SharedStorage:
             partials: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(smem)], 16]
+            stash: cute.struct.Align[cute.struct.MemRange[mX.element_type, stash_elems], 16]
 
         grid = (cute.ceil_div(mX.shape[0], t.rows_per_cta), 1, 1)
         self.kernel(mX, mLabels, mLoss, mLSE, mDLoss, mGrad, ignore_index, smoothing, z_loss, SharedStorage).launch(
             grid=grid, block=[t.threads, 1, 1], min_blocks_per_mp=min_blocks_per_sm(t.threads),
-            preferred_smem_carveout=SMEM_CARVEOUT_PERCENT, stream=stream)
+            preferred_smem_carveout=smem_carveout(self.config.stash_chunks), stream=stream)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mLabels: cute.Tensor, mLoss, mLSE: cute.Tensor, mDLoss, mGrad,
@@ -118,14 +127,19 @@ class CrossEntropy:
             label = cutlass.Int64(mLabels[head.row])
         valid = label != cutlass.Int64(ignore_index)
 
+        # The fused mode's first chunks go to shared memory at once (RowStash); both passes read
+        # them there. Trace-time helpers (RowSlice, RowStash) are made inside the loops: a dynamic
+        # loop carries only DSL values.
+        stash_smem = storage.stash.get_tensor(to_cute(self.stash_layout))
         lse = Float32(0.0)
         if const_expr(c.forward):
             run_max = -Float32.inf
             run_sum = Float32(0.0)
             run_x = Float32(0.0)
+            RowStash(t, stash_smem, c.stash_chunks, tidx).fetch(mX, bidx, num_rows, width)
             for chunk in cutlass.range(num_chunks):
                 rs = RowSlice(t, tidx, bidx, num_rows, width, chunk)
-                rs.load(rs.view(mX), r_x, fill=-float("inf"))
+                RowStash(t, stash_smem, c.stash_chunks, tidx).load(rs, rs.view(mX), r_x, chunk, fill=-float("inf"))
                 x.store(r_x.load().to(Float32))
                 run_max, run_sum = online_update(x, run_max, run_sum)
                 if const_expr(c.smoothing):
@@ -178,7 +192,7 @@ class CrossEntropy:
             g = head.fragment(Float32)
             for chunk in cutlass.range(num_chunks):
                 rs = RowSlice(t, tidx, bidx, num_rows, width, chunk)
-                rs.load(rs.view(mX), r_x, fill=-float("inf"))
+                RowStash(t, stash_smem, c.stash_chunks, tidx).load(rs, rs.view(mX), r_x, chunk, fill=-float("inf"))
                 p = cute.math.exp2(r_x.load().to(Float32) * Float32(LOG2_E) - lse2, fastmath=True)
                 g.store(p * p_scale - uniform)
                 for j in cutlass.range_constexpr(t.vecs_per_thread):
@@ -206,13 +220,21 @@ def kernel_args(config: CrossEntropyConfig, tvm_ffi: bool = True) -> tuple:
 
 
 def build_variant(width: int = 128256, dtype: str = "bfloat16", forward: bool = True, grad: bool = False,
-                  smoothing: bool = False, z_loss: bool = False):
+                  smoothing: bool = False, z_loss: bool = False, threads: int | None = None,
+                  values: int | None = None, stash_chunks: int | None = None):
+    """The kernel dispatch picks; `threads`, `values` (a thread's elements a chunk) and
+    `stash_chunks` override a streaming tile (for sweeps and SASS reports)."""
     from cute_kernels.runtime import CompileJob
 
-    from .dispatch import cross_entropy_tiling
+    from .dispatch import cross_entropy_tiling, stash_chunks_for
 
-    config = CrossEntropyConfig(cross_entropy_tiling(width, dtype), dtype, forward=forward, grad=grad,
-                                smoothing=smoothing, z_loss=z_loss).validate()
+    tiling = cross_entropy_tiling(width, dtype, fused=forward and grad)
+    if tiling.rows_per_cta == 1 and (threads or values):
+        tiling = RowTiling(tiling.vec, threads or tiling.threads, 1, (values or tiling.values_per_thread) // tiling.vec)
+    if stash_chunks is None:
+        stash_chunks = stash_chunks_for(width, tiling, dtype) if forward and grad and tiling.rows_per_cta == 1 else 0
+    config = CrossEntropyConfig(tiling, dtype, forward=forward, grad=grad, smoothing=smoothing, z_loss=z_loss,
+                                stash_chunks=stash_chunks).validate()
     return CompileJob(CrossEntropy(config), kernel_args(config, False), ("fused.cross_entropy", config))
 
 

@@ -53,14 +53,16 @@ def _check(op, logits, labels, dloss=None, lse=None):
 
 def _plan(logits, labels, dloss, grad_out, forward, grad, smoothing, z_loss):
     from .cross_entropy import CrossEntropy, CrossEntropyConfig, kernel_args
-    from .dispatch import cross_entropy_tiling
+    from .dispatch import cross_entropy_tiling, stash_chunks_for
 
-    v = logits.shape[1]
+    v, dtype = logits.shape[1], dtype_name(logits.dtype)
     vec = tensor_vec(v, [logits, grad_out])
-    config = CrossEntropyConfig(cross_entropy_tiling(v, dtype_name(logits.dtype), vec=vec), dtype_name(logits.dtype),
-                                label_dtype=str(labels.dtype).removeprefix("torch."), forward=forward, grad=grad,
-                                smoothing=smoothing, z_loss=z_loss,
-                                dloss_per_row=dloss is not None and dloss.numel() != 1)
+    fused = forward and grad
+    tiling = cross_entropy_tiling(v, dtype, vec=vec, fused=fused)
+    stash = stash_chunks_for(v, tiling, dtype) if fused and tiling.rows_per_cta == 1 else 0
+    config = CrossEntropyConfig(tiling, dtype, label_dtype=str(labels.dtype).removeprefix("torch."), forward=forward,
+                                grad=grad, smoothing=smoothing, z_loss=z_loss,
+                                dloss_per_row=dloss is not None and dloss.numel() != 1, stash_chunks=stash)
     return compile_tvm_ffi(CrossEntropy(config), kernel_args(config), ("fused.cross_entropy", config))
 
 

@@ -8,6 +8,9 @@ composing the tensor's (rows_per_cta, capacity) tile with the tiling's TV layout
 Vectors lie wholly inside or outside the row (widths are multiples of `vec`), so one predicate
 per vector suffices, and a row past the last is skipped entirely.
 
+`RowStash` keeps a streaming kernel's leading chunks of its row in shared memory (fetched with
+cp.async before the first pass), so its second pass does not read them from global memory again.
+
 `RowReducer` combines one fp32 value per thread over the threads of each row: a butterfly over
 the row's lanes, then, for rows of several warps, a pass through shared memory: every warp's
 lane 0 stores its partial, one barrier, lane i of each of the row's warps reads warp i's partial
@@ -22,12 +25,14 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
+from cutlass.cute.nvgpu import cpasync
 
 from cute_kernels.runtime import to_cute
 
 from .tiling import RowTiling, row_tv_layout
 
-__all__ = ["RowSlice", "RowReducer", "copy_vector", "reduction_slots_layout", "broadcast_rows"]
+__all__ = ["RowSlice", "RowReducer", "RowStash", "copy_vector", "reduction_slots_layout", "stash_layout",
+           "broadcast_rows"]
 
 
 def reduction_slots_layout(tiling: RowTiling, slots: int):
@@ -36,6 +41,17 @@ def reduction_slots_layout(tiling: RowTiling, slots: int):
 
     r, w = tiling.rows_per_cta, tiling.warps_per_row
     return Layout((r, w, slots), (w, 1, r * w))
+
+
+def stash_layout(tiling: RowTiling, chunks: int):
+    """(vec, vecs_per_thread, threads, chunks) elements of a streaming kernel's shared-memory stash,
+    as a cute_kernels Layout: thread i's vector j of chunk c is `vec` contiguous elements, and the
+    threads' vectors j lie side by side (a warp's 16-byte accesses cover 512 consecutive bytes:
+    no bank conflicts)."""
+    from cute_kernels.layouts import Layout
+
+    v, vpt, n = tiling.vec, tiling.vecs_per_thread, tiling.threads
+    return Layout((v, vpt, n, chunks), (1, v * n, v, v * n * vpt))
 
 
 @cute.jit
@@ -128,6 +144,59 @@ class RowSlice:
         if self.col(j) < self.width:
             m = Float32(1.0)
         return m
+
+
+class RowStash:
+    """The first `chunks` chunks of a streaming kernel's row, fetched into shared memory with
+    asynchronous copies (cp.async) before the first pass, so the first pass keeps the whole stash
+    in flight at once (not one chunk a thread at a time) and the second pass reads the stashed
+    chunks from shared memory, not from global memory again. Each thread reads back only what it
+    copied: no barrier. `smem`: the tensor of `stash_layout(tiling, chunks)` in the row's dtype.
+    Vectors of at least 4 bytes (what cp.async copies). With `chunks` 0 it is `RowSlice.load`.
+    Trace-time object."""
+
+    def __init__(self, tiling: RowTiling, smem, chunks: int, tidx):
+        self.tiling, self.smem, self.chunks, self.tidx = tiling, smem, chunks, tidx
+
+    @cute.jit
+    def fetch(self, mT: cute.Tensor, block, num_rows, width):
+        """Start the copies of this thread's vectors of the stashed chunks of row block `block`
+        of mT (those inside the tensor), and wait for them."""
+        t = self.tiling
+        bits = mT.element_type.width * t.vec
+        # cp.async.cg (L2 only) copies 16 bytes; 4- and 8-byte vectors need cp.async.ca
+        mode = cpasync.LoadCacheMode.GLOBAL if const_expr(bits == 128) else cpasync.LoadCacheMode.ALWAYS
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=mode), mT.element_type, num_bits_per_copy=bits)
+        if const_expr(self.chunks):
+            for c in cutlass.range_constexpr(self.chunks):
+                rs = RowSlice(t, self.tidx, block, num_rows, width, c)
+                src = rs.view(mT)
+                mine = self.smem[(None, None, self.tidx, c)]
+                for j in cutlass.range_constexpr(t.vecs_per_thread):
+                    if rs.row_ok and rs.col(j) < width:
+                        cute.copy(atom, src[(None, j)], mine[(None, j)])
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
+
+    @cute.jit
+    def load(self, rs: "RowSlice", src: cute.Tensor, frag: cute.Tensor, chunk, fill: cutlass.Constexpr = 0.0):
+        """frag <- chunk `chunk` of the row, as `RowSlice.load` reads it (vectors outside the
+        tensor set to `fill`): from the stash when it holds the chunk, else from `src` (this
+        thread's view of the chunk in global memory)."""
+        t = self.tiling
+        if const_expr(not self.chunks):
+            rs.load(src, frag, fill=fill)
+        else:
+            mine = self.smem[(None, None, self.tidx, chunk)]  # an address only, past the stash too
+            frag.fill(fill)
+            # Conditions only on DSL values in each branch (a dynamic branch may not carry the
+            # trace-time RowSlice).
+            for j in cutlass.range_constexpr(t.vecs_per_thread):
+                inside = rs.row_ok and rs.col(j) < rs.width
+                if chunk < self.chunks and inside:
+                    copy_vector(mine[(None, j)], frag[(None, j)], t.vec)
+                if chunk >= self.chunks and inside:
+                    copy_vector(src[(None, j)], frag[(None, j)], t.vec)
 
 
 class RowReducer:

@@ -12,7 +12,9 @@ in fp32 (exponentials as exp2 of log2(e)-scaled differences). Two forms, chosen 
   `tiling.capacity` columns. The forward keeps a running (max, sum) per thread over the chunks
   (sum rescaled by exp(old max - new max) whenever the max grows), combines the threads' pairs
   once at the end (the row max, then each thread's sum rescaled to it), and reads the row a second
-  time to write y; the backward reads (dy, y) once for the dot product and again to write dx.
+  time to write y; the backward reads (dy, y) once for the dot product and again to write dx. The
+  forward first copies the row's leading `stash_chunks` chunks into shared memory (cp.async, all
+  in flight at once: `rowkit.RowStash`), and both of its passes read those chunks there.
 
 NaN and Inf propagate as in torch.softmax: a NaN anywhere, or +inf, makes the row NaN, and a row
 of -inf is NaN (0 / 0); -inf elsewhere gives 0.
@@ -31,8 +33,8 @@ from cutlass import Float32, const_expr
 from cute_kernels.runtime import to_cute
 
 from .dtypes import CUTLASS_DTYPES, element_bytes
-from .rowkit import RowReducer, RowSlice, reduction_slots_layout
-from .tiling import SMEM_CARVEOUT_PERCENT, RowTiling, min_blocks_per_sm
+from .rowkit import RowReducer, RowSlice, RowStash, reduction_slots_layout, stash_layout
+from .tiling import RowTiling, check_stash, min_blocks_per_sm, smem_carveout
 
 __all__ = ["SoftmaxConfig", "SoftmaxForward", "SoftmaxBackward", "LOG2_E", "online_update", "combine"]
 
@@ -48,6 +50,7 @@ class SoftmaxConfig:
     dtype: str
     out_dtype: Optional[str] = None
     streaming: bool = False
+    stash_chunks: int = 0  # streaming forward: the row's first chunks kept in shared memory
 
     def validate(self) -> "SoftmaxConfig":
         for name in ("dtype", "out_dtype"):
@@ -57,6 +60,7 @@ class SoftmaxConfig:
         self.tiling.validate(min(element_bytes(self.dtype), element_bytes(self.y_dtype)))
         if self.streaming and self.tiling.rows_per_cta != 1:
             raise ValueError("SoftmaxConfig: the streaming form takes one row a CTA (rows_per_cta=1)")
+        check_stash("SoftmaxConfig", self.stash_chunks, self.tiling, element_bytes(self.dtype), self.streaming)
         return self
 
     @property
@@ -107,20 +111,24 @@ class SoftmaxForward:
         self.config = config.validate()
         self.tiling = config.tiling
         self.smem_layout = reduction_slots_layout(self.tiling, 2)
+        # an empty stash is one element: a zero-size range is not a struct member
+        self.stash_layout = stash_layout(self.tiling, max(1, config.stash_chunks))
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mY: cute.Tensor, stream):
         t = self.tiling
         smem = to_cute(self.smem_layout)
+        stash_elems = cute.cosize(to_cute(self.stash_layout)) if const_expr(self.config.stash_chunks) else 1
 
         @cute.struct
         class SharedStorage:
             partials: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(smem)], 16]
+            stash: cute.struct.Align[cute.struct.MemRange[mX.element_type, stash_elems], 16]
 
         grid = (cute.ceil_div(mX.shape[0], t.rows_per_cta), 1, 1)
         self.kernel(mX, mY, SharedStorage).launch(
             grid=grid, block=[t.threads, 1, 1], min_blocks_per_mp=min_blocks_per_sm(t.threads),
-            preferred_smem_carveout=SMEM_CARVEOUT_PERCENT, stream=stream)
+            preferred_smem_carveout=smem_carveout(self.config.stash_chunks), stream=stream)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mY: cute.Tensor, SharedStorage: cutlass.Constexpr):
@@ -147,16 +155,22 @@ class SoftmaxForward:
             num_chunks = cute.ceil_div(width, t.capacity)
             run_max = -Float32.inf
             run_sum = Float32(0.0)
+            # The row's first chunks go to shared memory at once (RowStash); both passes read
+            # them there. Trace-time helpers (RowSlice, RowStash) are made inside the loops: a
+            # dynamic loop carries only DSL values.
+            stash_smem = storage.stash.get_tensor(to_cute(self.stash_layout))
+            chunks = self.config.stash_chunks
+            RowStash(t, stash_smem, chunks, tidx).fetch(mX, bidx, num_rows, width)
             for chunk in cutlass.range(num_chunks):
                 rs = RowSlice(t, tidx, bidx, num_rows, width, chunk)
-                rs.load(rs.view(mX), r_x, fill=-math.inf)
+                RowStash(t, stash_smem, chunks, tidx).load(rs, rs.view(mX), r_x, chunk, fill=-math.inf)
                 x.store(r_x.load().to(Float32))
                 run_max, run_sum = online_update(x, run_max, run_sum)
             row_max, total = combine(RowReducer(t, partials), run_max, run_sum, tidx)
             inv = Float32(1.0) / total
             for chunk in cutlass.range(num_chunks):
                 rs = RowSlice(t, tidx, bidx, num_rows, width, chunk)
-                rs.load(rs.view(mX), r_x, fill=-math.inf)
+                RowStash(t, stash_smem, chunks, tidx).load(rs, rs.view(mX), r_x, chunk, fill=-math.inf)
                 e = cute.math.exp2((r_x.load().to(Float32) - row_max) * Float32(LOG2_E), fastmath=True)
                 r_y.store((e * inv).to(mY.element_type))
                 rs.store(r_y, rs.view(mY))
@@ -182,7 +196,7 @@ class SoftmaxBackward:
         grid = (cute.ceil_div(mY.shape[0], t.rows_per_cta), 1, 1)
         self.kernel(mY, mDY, mDX, SharedStorage).launch(
             grid=grid, block=[t.threads, 1, 1], min_blocks_per_mp=min_blocks_per_sm(t.threads),
-            preferred_smem_carveout=SMEM_CARVEOUT_PERCENT, stream=stream)
+            preferred_smem_carveout=smem_carveout(0), stream=stream)
 
     @cute.kernel
     def kernel(self, mY: cute.Tensor, mDY: cute.Tensor, mDX: cute.Tensor, SharedStorage: cutlass.Constexpr):
@@ -246,13 +260,21 @@ def backward_args(config: SoftmaxConfig, tvm_ffi: bool = True) -> tuple:
             fake_stream(tvm_ffi_env_stream=tvm_ffi))
 
 
-def build_variant(width: int = 4096, dtype: str = "bfloat16", backward: bool = False):
+def build_variant(width: int = 4096, dtype: str = "bfloat16", backward: bool = False, threads: Optional[int] = None,
+                  values: Optional[int] = None, stash_chunks: Optional[int] = None):
+    """The kernel dispatch picks for rows of `width`; `threads`, `values` (a thread's elements a
+    chunk) and `stash_chunks` override a streaming tile (for sweeps and SASS reports)."""
     from cute_kernels.runtime import CompileJob
 
-    from .dispatch import softmax_tiling
+    from .dispatch import softmax_tiling, stash_chunks_for
 
     tiling, streaming = softmax_tiling(width, dtype, backward=backward)
-    config = SoftmaxConfig(tiling, dtype, streaming=streaming).validate()
+    if streaming and (threads or values):
+        vec = tiling.vec
+        tiling = RowTiling(vec, threads or tiling.threads, 1, (values or tiling.values_per_thread) // vec)
+    if stash_chunks is None:
+        stash_chunks = stash_chunks_for(width, tiling, dtype) if streaming and not backward else 0
+    config = SoftmaxConfig(tiling, dtype, streaming=streaming, stash_chunks=stash_chunks).validate()
     if backward:
         return CompileJob(SoftmaxBackward(config), backward_args(config, False), ("fused.softmax_bwd", config))
     return CompileJob(SoftmaxForward(config), forward_args(config, False), ("fused.softmax_fwd", config))
@@ -261,9 +283,11 @@ def build_variant(width: int = 4096, dtype: str = "bfloat16", backward: bool = F
 def _register() -> None:
     from cute_kernels.runtime import register_variant
 
-    # The resident form is compiled by tests/fused/test_launch_compile.py; here the streaming one.
+    # The resident form is compiled by tests/fused/test_launch_compile.py; here the streaming one,
+    # whose stash is fetched with 16-byte asynchronous copies and read back 16 bytes at a time.
     fwd = {"128256_bf16_streaming": {"width": 128256}}
-    register_variant("fused.softmax_fwd", build_variant, configs=fwd, requires={"LDG.E.128", "STG.E.128", "MUFU.EX2"})
+    register_variant("fused.softmax_fwd", build_variant, configs=fwd,
+                     requires={"LDG.E.128", "STG.E.128", "MUFU.EX2", "LDGSTS.E.BYPASS.LTC128B.128", "LDS.128"})
     bwd = {"128256_bf16_streaming": {"width": 128256, "backward": True}}
     register_variant("fused.softmax_bwd", build_variant, configs=bwd, requires={"LDG.E.128", "STG.E.128"})
 

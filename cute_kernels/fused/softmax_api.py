@@ -9,7 +9,7 @@ from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_sig
 
 from .host import check_same_device, check_tensor, compile_tvm_ffi, dtype_name, rows_view, tensor_vec
 
-__all__ = ["softmax_forward", "softmax_backward"]
+__all__ = ["softmax_forward", "softmax_backward", "forward_plan_for"]
 
 _FWD = PlanCache("fused.softmax_forward")
 _BWD = PlanCache("fused.softmax_backward")
@@ -17,13 +17,15 @@ _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _config(n, dtype, y_dtype, tensors, backward):
-    from .dispatch import softmax_tiling
+    from .dispatch import softmax_tiling, stash_chunks_for
     from .softmax import SoftmaxConfig
 
     vec = tensor_vec(n, tensors)
     tiling, streaming = softmax_tiling(n, dtype_name(dtype), backward=backward,
                                        out_dtype=dtype_name(y_dtype), vec=vec)
-    return SoftmaxConfig(tiling, dtype_name(dtype), out_dtype=dtype_name(y_dtype), streaming=streaming)
+    stash = stash_chunks_for(n, tiling, dtype_name(dtype)) if streaming and not backward else 0
+    return SoftmaxConfig(tiling, dtype_name(dtype), out_dtype=dtype_name(y_dtype), streaming=streaming,
+                         stash_chunks=stash)
 
 
 def softmax_forward(x, *, out_dtype=None):
@@ -61,6 +63,17 @@ def softmax_forward(x, *, out_dtype=None):
     if sig is not None:
         _FWD.put(sig, plan)
     return plan(x)
+
+
+def forward_plan_for(x, out_dtype=None):
+    """The plan `softmax_forward` stored for a call with these arguments (a checked call made
+    first), `plan(x) -> y`, or None: what the eager direct path (`ops.eager_fused`) replays."""
+    if not plain_tensors(x):
+        return None
+    try:
+        return _FWD.get((out_dtype, tensor_signature(x)))
+    except TypeError:
+        return None
 
 
 def softmax_backward(y, dy, *, out_dtype=None):

@@ -14,7 +14,7 @@ from cute_kernels.runtime.plan_cache import PlanCache, plain_tensors, tensor_sig
 
 from .host import check_same_device, check_tensor, compile_tvm_ffi, dtype_name, rows_view, tensor_vec
 
-__all__ = ["swiglu_forward", "swiglu_backward"]
+__all__ = ["swiglu_forward", "swiglu_backward", "forward_plan_for"]
 
 _PLANS = PlanCache("fused.swiglu")
 
@@ -100,6 +100,18 @@ def swiglu_forward(gate, up=None, *, interleaved: bool = False):
     if sig is not None:
         _PLANS.put(sig, plan)
     return plan(gate, up)
+
+
+def forward_plan_for(gate, up=None, *, interleaved: bool = False):
+    """The plan `swiglu_forward` stored for a call with these arguments (a checked call made
+    first), `plan(gate, up) -> out`, or None: what the eager direct path (`ops.eager_fused`) replays."""
+    if not plain_tensors(gate, up):
+        return None
+    try:
+        return _PLANS.get(("fwd", bool(interleaved), tensor_signature(gate),
+                           None if up is None else tensor_signature(up)))
+    except TypeError:
+        return None
 
 
 def swiglu_backward(dout, gate, up=None, *, interleaved: bool = False):

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from cute_kernels.layouts import Layout
 
 __all__ = ["RowTiling", "row_tv_layout", "vector_access_layout", "row_tiling", "chunked_tiling", "vector_elements",
-           "value_budget", "min_blocks_per_sm", "SMEM_CARVEOUT_PERCENT",
-           "MAX_THREADS"]
+           "value_budget", "min_blocks_per_sm", "SMEM_CARVEOUT_PERCENT", "MAX_STASH_BYTES", "check_stash",
+           "smem_carveout", "MAX_THREADS"]
 
 MAX_THREADS = 1024
 # Threads per CTA the heuristic aims for when several rows share a CTA.
@@ -149,6 +149,31 @@ def min_blocks_per_sm(threads: int) -> int:
 # SM's 256 KB): they use under 2 KB a CTA, and the rest serves as L1, which the norms' backward
 # re-reads its rows from. Given explicitly, it also spares the DSL a device query at compile time.
 SMEM_CARVEOUT_PERCENT = 25
+
+# Shared memory a streaming kernel may keep of its row (`rowkit.RowStash`): 224 KiB of the 227 KiB
+# a Hopper CTA can have, the rest left to the reduction slots.
+MAX_STASH_BYTES = 224 * 1024
+
+
+def check_stash(owner: str, chunks, tiling: RowTiling, element_bytes: int, streaming: bool) -> None:
+    """ValueError unless `chunks` is a stash a kernel of this tiling can hold: a non-negative int,
+    only for a streaming (one row a CTA) tile, within MAX_STASH_BYTES."""
+    if not (isinstance(chunks, int) and chunks >= 0):
+        raise ValueError(f"{owner}.stash_chunks must be a non-negative int, got {chunks!r}")
+    if chunks and not streaming:
+        raise ValueError(f"{owner}: only a streaming tile (one row a CTA, walked in chunks) stashes chunks")
+    if chunks and tiling.vec * element_bytes < 4:
+        raise ValueError(f"{owner}: the stash is fetched with cp.async, which copies 4, 8 or 16 bytes; vectors of "
+                         f"{tiling.vec * element_bytes} bytes cannot be stashed")
+    size = chunks * tiling.capacity * element_bytes
+    if size > MAX_STASH_BYTES:
+        raise ValueError(f"{owner}: a stash of {chunks} chunks takes {size} bytes of shared memory, more than "
+                         f"{MAX_STASH_BYTES}")
+
+
+def smem_carveout(stash_chunks: int) -> int:
+    """The carveout a row kernel launches with: sized to the stash when it has one, else mostly L1."""
+    return 100 if stash_chunks else SMEM_CARVEOUT_PERCENT
 
 
 def value_budget(threads: int) -> int:

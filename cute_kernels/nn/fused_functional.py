@@ -2,10 +2,11 @@
 one exists (`rms_norm`, `layer_norm`, `softmax`, `cross_entropy`), plus `fused_add_rms_norm`,
 `fused_add_layer_norm`, `linear_cross_entropy`, `rotary_embedding` and `swiglu`.
 
-Each calls a `cute_kernels::` operator (`cute_kernels.ops.fused`; the norms through its eager
-direct path, `ops.eager_fused`, which a warm eager call takes instead of the op), so it compiles
-to one opaque op, differentiates through the op's backward, and takes `fallback` ("none": input
-the kernels do not take raises; "torch": PyTorch computes it, with a `FallbackWarning`).
+Each calls a `cute_kernels::` operator (`cute_kernels.ops.fused`; the norms, softmax and SwiGLU
+through its eager direct path, `ops.eager_fused`, which a warm eager call takes instead of the
+op), so it compiles to one opaque op, differentiates through the op's backward, and takes
+`fallback` ("none": input the kernels do not take raises; "torch": PyTorch computes it, with a
+`FallbackWarning`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import torch
 
 from cute_kernels.ops import fused as fops
 from cute_kernels.ops.eager_fused import norm as norm_entry
+from cute_kernels.ops.eager_fused import softmax as softmax_entry
+from cute_kernels.ops.eager_fused import swiglu as swiglu_entry
 
 __all__ = ["rms_norm", "layer_norm", "fused_add_rms_norm", "fused_add_layer_norm", "softmax", "cross_entropy",
            "linear_cross_entropy", "rotary_embedding", "swiglu", "REDUCTIONS"]
@@ -78,7 +81,7 @@ def fused_add_layer_norm(input, residual, normalized_shape, weight=None, bias=No
 
 def softmax(input, dim: int = -1, *, fallback: str = "none"):
     """torch.softmax(input, dim) (fp32 math, the input's dtype)."""
-    return fops.softmax(input, dim, fallback)
+    return softmax_entry(input, dim, fallback)
 
 
 def _reduce(loss_rows, labels, ignore_index, reduction):
@@ -144,4 +147,4 @@ def rotary_embedding(q, k, cos, sin, *, position_ids=None, offset: int = 0, inte
 
 def swiglu(gate, up=None, *, interleaved: bool = False, fallback: str = "none"):
     """silu(gate) * up; with `interleaved`, of one (..., 2I) tensor whose columns alternate g, u."""
-    return fops.swiglu(gate, up, interleaved, fallback)
+    return swiglu_entry(gate, up, interleaved, fallback)

@@ -30,20 +30,21 @@ def test_a_correct_implementation_passes_every_family():
 @pytest.mark.parametrize("how", ["one_element", "scaled_gradient"])
 def test_wrong_results_are_caught(monkeypatch, how):
     """A corrupted forward element or a gradient off by 2% makes every case of a family wrong."""
-    from cute_kernels.ops import fused as fops
+    from cute_kernels.ops import eager_fused
 
+    # the functional forms call the ops through their eager entries (`ops.eager_fused`)
     if how == "one_element":
-        real = fops.softmax
+        real = eager_fused.softmax.op
 
         def corrupt(x, dim, fallback):
             y = real(x, dim, fallback).clone()
             y.view(-1)[y.numel() // 2] += 0.5
             return y
 
-        monkeypatch.setattr(fops, "softmax", corrupt)
+        monkeypatch.setattr(eager_fused.softmax, "op", corrupt)
         families = ("softmax",)
     else:
-        real = fops.swiglu
+        real = eager_fused.swiglu.op
 
         class Scaled(torch.autograd.Function):
             @staticmethod
@@ -54,7 +55,7 @@ def test_wrong_results_are_caught(monkeypatch, how):
             def backward(ctx, g):
                 return g * 1.02
 
-        monkeypatch.setattr(fops, "swiglu", lambda *a: Scaled.apply(real(*a)))
+        monkeypatch.setattr(eager_fused.swiglu, "op", lambda *a: Scaled.apply(real(*a)))
         families = ("swiglu",)
     report = fused_fuzz.run(3, 20, device="cpu", fallback="torch", families=families)
     assert report.cases == 20 and report.wrong == 20, [(f["problem"], f["why"]) for f in report.failures]

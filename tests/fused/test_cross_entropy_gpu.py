@@ -27,6 +27,7 @@ CASES = [
     (200, 1000, F16, 0.2, 0.0, torch.int64, 0),      # one chunk, several rows a CTA
     (9, 50257, BF16, 0.0, 0.0, torch.int64, 0),      # odd vocab: scalar access
     (5, 256000, BF16, 0.05, 0.0, torch.int32, 0),
+    (17, 40000, BF16, 0.0, 1e-4, torch.int64, 16),   # the fused mode stashes the whole row
 ]
 
 

@@ -23,6 +23,7 @@ CASES = [
     (1, 4096, BF16, 0), (300, 4096, BF16, 128), (7, 1000, F16, 0), (5, 33, F32, 0), (129, 128, F32, 0),
     (3, 16384, BF16, 0),
     (2, 131072, F32, 0), (3, 128256, BF16, 0), (1, 200003, F16, 0),  # streaming; odd: scalar access
+    (4, 40000, BF16, 64),  # streaming, the whole row stashed in shared memory
 ]
 
 

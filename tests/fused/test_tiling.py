@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cute_kernels.fused import dispatch
+from cute_kernels.fused import tiling as tiling_mod
 from cute_kernels.fused.tiling import (RowTiling, chunked_tiling, row_tiling, row_tv_layout, value_budget,
                                        vector_access_layout, vector_elements)
 from cute_kernels.layouts import Layout, coalescing
@@ -106,8 +107,9 @@ def test_softmax_picks_streaming_only_for_rows_past_the_registers(width, streami
     t, s = dispatch.softmax_tiling(width, "bfloat16")
     assert s == streaming
     assert (t.capacity >= width) != s
-    if s:
-        assert t == chunked_tiling(8, threads=256, values=32)
+    if s:  # the forward stashes its row: a wider CTA; the backward does not
+        assert t == chunked_tiling(8, threads=dispatch.STASH_THREADS, values=32)
+        assert dispatch.softmax_tiling(width, "bfloat16", backward=True)[0] == chunked_tiling(8, threads=256, values=32)
 
 
 def test_cross_entropy_tiles():
@@ -115,6 +117,40 @@ def test_cross_entropy_tiles():
     assert small.capacity >= 1000 and small.rows_per_cta > 1
     big = dispatch.cross_entropy_tiling(128256, "bfloat16")
     assert big.rows_per_cta == 1 and big.threads == 256 and big.vec == 8
+    fused = dispatch.cross_entropy_tiling(128256, "bfloat16", fused=True)
+    assert fused.rows_per_cta == 1 and fused.threads == dispatch.STASH_THREADS
+
+
+@pytest.mark.parametrize("width, dtype, chunks", [
+    (128256, "bfloat16", 3),   # 3 chunks of 32768 (64 KiB each) in 224 KiB: 77% of the row
+    (40000, "bfloat16", 2),    # the whole row: 2 chunks
+    (131072, "float32", 1),    # 128 KiB chunks
+    (50257, "bfloat16", 0),    # odd: 2-byte vectors, under what cp.async copies
+])
+def test_stash_holds_what_fits(width, dtype, chunks):
+    t, streaming = dispatch.softmax_tiling(width, dtype)
+    assert streaming
+    got = dispatch.stash_chunks_for(width, t, dtype)
+    assert got == chunks
+    assert got * t.capacity * (2 if dtype == "bfloat16" else 4) <= tiling_mod.MAX_STASH_BYTES
+
+
+def test_stash_configs_refuse_what_cannot_hold_one():
+    from cute_kernels.fused.cross_entropy import CrossEntropyConfig
+    from cute_kernels.fused.softmax import SoftmaxConfig
+
+    t = chunked_tiling(8, threads=512, values=32)
+    with pytest.raises(ValueError, match="more than"):
+        SoftmaxConfig(t, "bfloat16", streaming=True, stash_chunks=8).validate()
+    with pytest.raises(ValueError, match="only a streaming"):
+        SoftmaxConfig(dispatch.softmax_tiling(4096, "bfloat16")[0], "bfloat16", stash_chunks=1).validate()
+    with pytest.raises(ValueError, match="only a streaming"):  # the forward-only mode has no second pass
+        CrossEntropyConfig(t, "bfloat16", forward=True, grad=False, stash_chunks=1).validate()
+    with pytest.raises(ValueError, match="cp.async"):
+        SoftmaxConfig(chunked_tiling(1, threads=512, values=32), "bfloat16", streaming=True, stash_chunks=1).validate()
+    with pytest.raises(ValueError, match="non-negative"):
+        SoftmaxConfig(t, "bfloat16", streaming=True, stash_chunks=-1).validate()
+    assert SoftmaxConfig(t, "bfloat16", streaming=True, stash_chunks=7).validate().stash_chunks == 7
 
 
 def test_rope_and_swiglu_tiles():
@@ -125,4 +161,4 @@ def test_rope_and_swiglu_tiles():
         dispatch.rope_tiling(7, "bfloat16")
     fwd = dispatch.swiglu_tiling(14336, "bfloat16")
     bwd = dispatch.swiglu_tiling(14336, "bfloat16", backward=True)
-    assert fwd.values_per_thread == 32 and bwd.values_per_thread == 16 and fwd.threads == 256
+    assert fwd == bwd and fwd.values_per_thread == 16 and fwd.threads == 256

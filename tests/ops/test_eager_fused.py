@@ -1,9 +1,12 @@
-"""The eager direct path of the fused norms (`cute_kernels.ops.eager_fused`), on CPU.
+"""The eager direct path of the fused norms, softmax and SwiGLU (`cute_kernels.ops.eager_fused`),
+on CPU.
 
-With the kernel layer's norm entries and its stored forward plan replaced by stand-ins that
-compute by definition (`fused.reference`), a warm `cute_kernels.nn.LayerNorm` / `RMSNorm` call
-skips the `cute_kernels::norm` op and computes torch's output and gradients (weight, bias,
-residual); a call whose kernel layer kept no plan keeps the op.
+With the kernel layer's entries and its stored forward plans replaced by stand-ins that compute
+by definition (`fused.reference`), a warm `cute_kernels.nn.LayerNorm` / `RMSNorm` call skips the
+`cute_kernels::norm` op and computes torch's output and gradients (weight, bias, residual); a
+warm `softmax` / `swiglu` call skips its op likewise, and its backward goes straight to the kernel
+layer's backward entry; a call whose kernel layer kept no plan (or a softmax over another dim)
+keeps the op.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import cute_kernels.fused as fused  # noqa: E402
 import cute_kernels.nn as cnn  # noqa: E402
-from cute_kernels.fused import norm_api, reference  # noqa: E402
+from cute_kernels.fused import norm_api, reference, softmax_api, swiglu_api  # noqa: E402
+from cute_kernels.nn import fused_functional as ff  # noqa: E402
 from cute_kernels.ops import eager_fused  # noqa: E402
 from cute_kernels.runtime import plan_cache  # noqa: E402
 
@@ -140,3 +144,102 @@ def test_the_norm_entry_is_the_op_under_compile_tracing(entries):
     for _ in range(2):
         assert _rel(gm(x), F.rms_norm(x, (8,), w, 1e-6)) < 1e-6
     assert entries["plan"] == 0 and entries["forward"] == 2
+
+
+@pytest.fixture
+def rowwise(monkeypatch):
+    """softmax and SwiGLU kernel-layer stand-ins (by definition), counting what each path calls."""
+    monkeypatch.setattr(plan_cache, "PLAN_DEVICES", frozenset({"cuda", "cpu"}))
+    plan_cache.invalidate()
+    seen = {"softmax_op": 0, "swiglu_op": 0, "forward": 0, "plan": 0, "backward": 0}
+
+    def softmax_forward(x):
+        _detached(x)
+        seen["forward"] += 1
+        return reference.softmax_forward(x)
+
+    def softmax_backward(y, dy):
+        _detached(y, dy)
+        seen["backward"] += 1
+        return reference.softmax_backward(y, dy)
+
+    def swiglu_forward(gate, up=None, *, interleaved=False):
+        _detached(gate, up)
+        seen["forward"] += 1
+        return reference.swiglu_forward(gate, up, interleaved=interleaved)
+
+    def swiglu_backward(dout, gate, up=None, *, interleaved=False):
+        _detached(dout, gate, up)
+        seen["backward"] += 1
+        return reference.swiglu_backward(dout, gate, up, interleaved=interleaved)
+
+    def planned(fn):
+        def plan(*args):
+            seen["plan"] += 1
+            return fn(*(a.detach() if a is not None else None for a in args))
+        return plan
+
+    monkeypatch.setattr(fused, "softmax_forward", softmax_forward)
+    monkeypatch.setattr(fused, "softmax_backward", softmax_backward)
+    monkeypatch.setattr(fused, "swiglu_forward", swiglu_forward)
+    monkeypatch.setattr(fused, "swiglu_backward", swiglu_backward)
+    monkeypatch.setattr(softmax_api, "forward_plan_for", lambda x, out_dtype=None: planned(reference.softmax_forward))
+    monkeypatch.setattr(swiglu_api, "forward_plan_for",
+                        lambda gate, up=None, interleaved=False: planned(
+                            lambda g, u: reference.swiglu_forward(g, u, interleaved=interleaved)))
+    for name in ("softmax", "swiglu"):
+        entry = getattr(eager_fused, name)
+        op = entry.op
+
+        def counted(*args, _op=op, _name=name, **kwargs):
+            seen[_name + "_op"] += 1
+            return _op(*args, **kwargs)
+
+        monkeypatch.setattr(entry, "op", counted)
+    yield seen
+    plan_cache.invalidate()
+
+
+def test_warm_softmax_skips_the_op_and_its_backward_is_the_kernel_layers(rowwise):
+    x = torch.randn(3, 4, 37, dtype=F64, requires_grad=True)
+    g = torch.randn(3, 4, 37, dtype=F64)
+    ref = torch.softmax(x, -1)
+    want = torch.autograd.grad(ref, x, g)[0]
+    for _ in range(3):
+        y = ff.softmax(x, -1)
+        assert _rel(y, ref) < 1e-12
+        assert _rel(torch.autograd.grad(y, x, g)[0], want) < 1e-12
+    assert rowwise["softmax_op"] == 1 and rowwise["forward"] == 1 and rowwise["plan"] == 2
+    assert rowwise["backward"] == 1 + 2  # the op's own backward once, then the kernel layer's
+    assert type(y.grad_fn).__name__ == "CuteKernelsSoftmaxBackward"
+
+
+def test_softmax_over_another_dim_keeps_the_op(rowwise):
+    x = torch.randn(5, 7, dtype=F64)
+    for _ in range(3):
+        y = ff.softmax(x, 0)
+    assert rowwise["softmax_op"] == 3 and rowwise["plan"] == 0
+    assert _rel(y, torch.softmax(x, 0)) < 1e-12
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_warm_swiglu_skips_the_op_and_matches_torch(rowwise, interleaved):
+    if interleaved:
+        gu = torch.randn(6, 2 * 24, dtype=F64, requires_grad=True)
+        leaves, gate_ref, up_ref = (gu,), gu[:, 0::2], gu[:, 1::2]
+        call = lambda: ff.swiglu(gu, interleaved=True)  # noqa: E731
+    else:
+        gate = torch.randn(6, 24, dtype=F64, requires_grad=True)
+        up = torch.randn(6, 24, dtype=F64, requires_grad=True)
+        leaves, gate_ref, up_ref = (gate, up), gate, up
+        call = lambda: ff.swiglu(gate, up)  # noqa: E731
+    ref = F.silu(gate_ref) * up_ref
+    d = torch.randn_like(ref)
+    want = torch.autograd.grad(ref, leaves, d)
+    for _ in range(3):
+        out = call()
+        assert _rel(out, ref) < 1e-12
+        for got, w in zip(torch.autograd.grad(out, leaves, d), want):
+            assert _rel(got, w) < 1e-12
+    assert rowwise["swiglu_op"] == 1 and rowwise["plan"] == 2 and rowwise["backward"] == 3
+    assert type(out.grad_fn).__name__ == "CuteKernelsSwigluBackward"

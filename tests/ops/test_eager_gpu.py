@@ -1,5 +1,5 @@
-"""The eager direct path on the GPU (sm_90): warm `cute_kernels.nn.Linear` and functional SDPA
-calls replay their plans (the op is entered once per key) and compute what the op computes,
+"""The eager direct path on the GPU (sm_90): warm `cute_kernels.nn.Linear`, functional SDPA,
+softmax, SwiGLU and norm calls replay their plans (the op is entered once per key) and compute what the op computes,
 bit for bit, close to float64 references forward and backward, with NaN propagating, on the
 caller's stream, under autocast; a patched block compiles to one graph under Inductor."""
 
@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import cute_kernels.nn as cnn  # noqa: E402
-from cute_kernels.ops import eager_attention, eager_gemm  # noqa: E402
+from cute_kernels.nn import fused_functional as ff  # noqa: E402
+from cute_kernels.ops import eager_attention, eager_fused, eager_gemm  # noqa: E402
 from cute_kernels.runtime.eager import USE_OP  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -31,8 +32,9 @@ def _rel(x, ref) -> float:
 @pytest.fixture
 def op_calls(monkeypatch):
     """How often each eager entry entered its op."""
-    calls = {"linear": 0, "sdpa": 0}
-    for name, entry in (("linear", eager_gemm.linear), ("sdpa", eager_attention.sdpa)):
+    calls = {"linear": 0, "sdpa": 0, "softmax": 0, "swiglu": 0, "norm": 0}
+    for name, entry in (("linear", eager_gemm.linear), ("sdpa", eager_attention.sdpa),
+                        ("softmax", eager_fused.softmax), ("swiglu", eager_fused.swiglu), ("norm", eager_fused.norm)):
         op = entry.op
 
         def counted(*args, _op=op, _name=name, **kwargs):
@@ -170,3 +172,37 @@ def test_gpu_patched_block_compiles_to_one_graph_under_inductor():
 
     records = compile_checks("cuda", backend="inductor")
     assert all(r.ok for r in records), [(r.impl, r.error, r.extra) for r in records]
+
+
+# rows, width: one narrow and one streaming softmax width, a SwiGLU width with a half-empty tile
+ROWWISE = [((4, 77), 4096), ((3,), 130000), ((2, 50), 1000)]
+
+
+@pytest.mark.parametrize("lead, width", ROWWISE)
+def test_gpu_warm_softmax_swiglu_and_norm_match_float64(op_calls, lead, width):
+    """Each warm call (fresh values in the same tensors) computes the float64 forward and
+    gradients; the op is entered once per key (the first call)."""
+    _hopper()
+    x = torch.empty(*lead, width, device="cuda", dtype=BF16, requires_grad=True)
+    up = torch.empty_like(x, requires_grad=True)
+    w = torch.empty(width, device="cuda", dtype=BF16, requires_grad=True)
+    g = torch.empty_like(x)
+    for _ in range(3):
+        with torch.no_grad():
+            for t in (x, up, w, g):
+                t.normal_()
+        xd, ud, wd = (t.detach().double().requires_grad_() for t in (x, up, w))
+        for name, ours, ref, leaves, refs in (
+                ("softmax", lambda: ff.softmax(x, -1), lambda: torch.softmax(xd, -1), (x,), (xd,)),
+                ("swiglu", lambda: ff.swiglu(x, up), lambda: F.silu(xd) * ud, (x, up), (xd, ud)),
+                ("norm", lambda: ff.rms_norm(x, (width,), w, 1e-6), lambda: F.rms_norm(xd, (width,), wd, 1e-6),
+                 (x, w), (xd, wd))):
+            if name == "norm" and width > 8192:
+                continue  # past the norm kernel's widest row
+            y = ours()
+            want = ref()
+            assert _rel(y, want) < 1e-2, name
+            for got, exp in zip(torch.autograd.grad(y, leaves, g), torch.autograd.grad(want, refs, g.double())):
+                assert _rel(got, exp) < 2e-2, name
+    assert op_calls["softmax"] == 1 and op_calls["swiglu"] == 1
+    assert op_calls["norm"] == (0 if width > 8192 else 1)
