@@ -344,6 +344,30 @@ def bandwidth_limit(ctx):
             + md_table(["op", "compulsory traffic", "ms at the bandwidth limit"], rows, align="lrr"))
 
 
+@figure("fused_results", "20-norms-softmax-fusion.md")
+def fused_results(ctx):
+    result = ctx.results("fused")
+    if result is None:
+        return "No `fused` result is committed in docs/results/ yet."
+    cases: dict = {}
+    for rec in result.records:
+        if rec.timed:
+            cases.setdefault(rec.case, []).append(rec)
+    rows = []
+    for case, recs in cases.items():
+        ours = [r for r in recs if r.impl == "cute_kernels"]
+        peers = [r for r in recs if r.kind == "peer"]
+        if not ours or not peers:
+            continue
+        o, best = ours[0], min(peers, key=lambda r: r.ms)
+        pct = f"{o.pct_ceiling:.0f}%" if o.pct_ceiling else "-"
+        rows.append([case, f"{o.ms:.3f}", pct, best.impl, f"{best.ms:.3f}", f"{best.ms / o.ms:.2f}x"])
+    return (_measured_by(ctx, "fused") + " Ours (`cute_kernels.nn.fused_functional`, through autograd for the "
+            "backwards) against the fastest of eager PyTorch, torch.compile, quack and Liger on the same tensors; "
+            "`% ceil` is of the measured copy bandwidth (of the GEMMs' peak for the linear + cross-entropy).\n\n"
+            + md_table(["case", "ours ms", "% ceil", "fastest peer", "peer ms", "peer / ours"], rows, align="lrrlrr"))
+
+
 # ---- page 21: mixed precision -------------------------------------------------------------------
 
 @figure("formats", "21-mixed-precision.md")
