@@ -1,7 +1,8 @@
 """The eager direct path on the GPU (sm_90): warm `cute_kernels.nn.Linear`, functional SDPA,
-softmax, SwiGLU and norm calls replay their plans (the op is entered once per key) and compute what the op computes,
-bit for bit, close to float64 references forward and backward, with NaN propagating, on the
-caller's stream, under autocast; a patched block compiles to one graph under Inductor."""
+softmax, SwiGLU and norm calls replay their plans (the op is entered once per key) and compute
+what the op computes, bit for bit, close to float64 references forward and backward, with NaN
+propagating, on the caller's stream, under autocast; a patched block compiles to one graph under
+Inductor."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ def _rel(x, ref) -> float:
 def op_calls(monkeypatch):
     """How often each eager entry entered its op."""
     calls = {"linear": 0, "sdpa": 0, "softmax": 0, "swiglu": 0, "norm": 0}
-    for name, entry in (("linear", eager_gemm.linear), ("sdpa", eager_attention.sdpa),
-                        ("softmax", eager_fused.softmax), ("swiglu", eager_fused.swiglu), ("norm", eager_fused.norm)):
+    for name, entry in (("linear", eager_gemm.linear), ("sdpa", eager_attention.sdpa), ("softmax", eager_fused.softmax),
+                        ("swiglu", eager_fused.swiglu), ("norm", eager_fused.norm)):
         op = entry.op
 
         def counted(*args, _op=op, _name=name, **kwargs):
