@@ -20,8 +20,10 @@ from cute_kernels.bench.ceilings import HBM_KEY
 from cute_kernels.bench.records import BenchResult
 
 MAX_PNG_BYTES = 200_000
-# Suites with FLOPs whose bars are GB/s against the HBM ceiling: memory-bound by design.
-BANDWIDTH_SUITES = frozenset({"decode"})
+# Suites with FLOPs whose bars are GB/s against the HBM ceiling: memory-bound by design. The
+# fused suite's records have no FLOPs but one (the linear + cross-entropy), so it is listed too,
+# and its right pane is GB/s against traffic, as a suite without FLOPs draws it.
+BANDWIDTH_SUITES = frozenset({"decode", "fused"})
 
 
 def _figure(result: BenchResult):
@@ -33,8 +35,9 @@ def _figure(result: BenchResult):
     timed = [r for r in result.records if r.timed]
     cases = list(dict.fromkeys(f"{r.case}\n{r.dtype}" for r in result.records))
     impls = list(dict.fromkeys(r.impl for r in result.records))
-    memory_suite = all((r.flops or 0) <= 0 for r in result.records) and bool(result.records)
-    gbps_bars = memory_suite or result.suite in BANDWIDTH_SUITES
+    without_flops = [(r.flops or 0) <= 0 for r in result.records]
+    gbps_bars = (all(without_flops) and bool(without_flops)) or result.suite in BANDWIDTH_SUITES
+    memory_suite = gbps_bars and any(without_flops)  # the right pane: GB/s against traffic, not a roofline
     ceil = result.ceilings
     colors = plt.get_cmap("tab10")
 
@@ -68,19 +71,25 @@ def _figure(result: BenchResult):
     bars.grid(axis="y", alpha=0.3)
 
     if memory_suite:
-        sizes = sorted({r.bytes / 2 / 2**20 for r in timed})  # a copy moves its size twice
+        copy = result.suite == "copy"
+        size = (lambda r: r.bytes / 2 / 2**20) if copy else (lambda r: r.bytes / 2**20)  # a copy moves its size twice
+        sizes = sorted({size(r) for r in timed})
         for j, impl in enumerate(impls):
-            pts = sorted((r.bytes / 2 / 2**20, r.gbps) for r in timed if r.impl == impl)
+            pts = sorted((size(r), r.gbps) for r in timed if r.impl == impl)
             if pts:
-                roof.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=colors(j % 10), label=impl)
+                # a copy's sizes are one curve; other suites' records are different ops: points only
+                roof.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if copy else "o", color=colors(j % 10),
+                          label=impl)
         if isinstance(ceil.get(HBM_KEY), (int, float)):
             roof.axhline(ceil[HBM_KEY], ls="--", color="gray", lw=1, label="HBM ceiling")
         roof.set_xscale("log")
-        roof.minorticks_off()
-        if sizes:
+        if copy and sizes:  # a few sizes: each one its tick
+            roof.minorticks_off()
             roof.set_xticks(sizes)
             roof.set_xticklabels([f"{x:g}" for x in sizes])
-        roof.set_xlabel("copy size (MiB)")
+        else:
+            roof.tick_params(axis="x", which="minor", labelbottom=False)
+        roof.set_xlabel("copy size (MiB)" if copy else "compulsory traffic (MiB)")
         roof.set_ylabel("GB/s")
         roof.set_title("bandwidth", fontsize=10)
     else:

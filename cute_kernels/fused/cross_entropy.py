@@ -87,7 +87,7 @@ class CrossEntropy:
         self.config = config.validate()
         self.tiling = config.tiling
         self.smem_layout = reduction_slots_layout(self.tiling, 3)
-        self.stash_layout = stash_layout(self.tiling, max(1, config.stash_chunks))
+        self.stash_layout = stash_layout(self.tiling, config.stash_chunks) if config.stash_chunks else None
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mLabels: cute.Tensor, mLoss, mLSE: cute.Tensor, mDLoss, mGrad,
@@ -96,12 +96,12 @@ class CrossEntropy:
         (forward) or in; mDLoss (M,) or (1,) fp32 (grad) or None; mGrad (M, V) out (grad) or None."""
         t = self.tiling
         smem = to_cute(self.smem_layout)
-        stash_elems = cute.cosize(to_cute(self.stash_layout)) if const_expr(self.config.stash_chunks) else 1
 
         @cute.struct
         class SharedStorage:
             partials: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(smem)], 16]
-            stash: cute.struct.Align[cute.struct.MemRange[mX.element_type, stash_elems], 16]
+            # the row's stashed chunks (rowkit.RowStash); empty without a stash
+            stash: cute.struct.Align[cute.struct.MemRange[mX.element_type, self.config.stash_chunks * t.capacity], 16]
 
         grid = (cute.ceil_div(mX.shape[0], t.rows_per_cta), 1, 1)
         self.kernel(mX, mLabels, mLoss, mLSE, mDLoss, mGrad, ignore_index, smoothing, z_loss, SharedStorage).launch(
@@ -130,7 +130,8 @@ class CrossEntropy:
         # The fused mode's first chunks go to shared memory at once (RowStash); both passes read
         # them there. Trace-time helpers (RowSlice, RowStash) are made inside the loops: a dynamic
         # loop carries only DSL values.
-        stash_smem = storage.stash.get_tensor(to_cute(self.stash_layout))
+        stash_smem = (storage.stash.get_tensor(to_cute(self.stash_layout))
+                      if const_expr(self.config.stash_chunks) else None)
         lse = Float32(0.0)
         if const_expr(c.forward):
             run_max = -Float32.inf

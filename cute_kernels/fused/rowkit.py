@@ -151,9 +151,9 @@ class RowStash:
     asynchronous copies (cp.async) before the first pass, so the first pass keeps the whole stash
     in flight at once (not one chunk a thread at a time) and the second pass reads the stashed
     chunks from shared memory, not from global memory again. Each thread reads back only what it
-    copied: no barrier. `smem`: the tensor of `stash_layout(tiling, chunks)` in the row's dtype.
-    Vectors of at least 4 bytes (what cp.async copies). With `chunks` 0 it is `RowSlice.load`.
-    Trace-time object."""
+    copied: no barrier. `smem`: the tensor of `stash_layout(tiling, chunks)` in the row's dtype
+    (None with `chunks` 0: then `load` is `RowSlice.load` and `fetch` does nothing). Vectors of at
+    least 4 bytes (what cp.async copies). Trace-time object."""
 
     def __init__(self, tiling: RowTiling, smem, chunks: int, tidx):
         self.tiling, self.smem, self.chunks, self.tidx = tiling, smem, chunks, tidx
@@ -163,11 +163,11 @@ class RowStash:
         """Start the copies of this thread's vectors of the stashed chunks of row block `block`
         of mT (those inside the tensor), and wait for them."""
         t = self.tiling
-        bits = mT.element_type.width * t.vec
-        # cp.async.cg (L2 only) copies 16 bytes; 4- and 8-byte vectors need cp.async.ca
-        mode = cpasync.LoadCacheMode.GLOBAL if const_expr(bits == 128) else cpasync.LoadCacheMode.ALWAYS
-        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=mode), mT.element_type, num_bits_per_copy=bits)
         if const_expr(self.chunks):
+            bits = mT.element_type.width * t.vec
+            # cp.async.cg (L2 only) copies 16 bytes; 4- and 8-byte vectors need cp.async.ca
+            mode = cpasync.LoadCacheMode.GLOBAL if const_expr(bits == 128) else cpasync.LoadCacheMode.ALWAYS
+            atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=mode), mT.element_type, num_bits_per_copy=bits)
             for c in cutlass.range_constexpr(self.chunks):
                 rs = RowSlice(t, self.tidx, block, num_rows, width, c)
                 src = rs.view(mT)

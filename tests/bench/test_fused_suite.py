@@ -61,3 +61,25 @@ def test_the_fusion_page_holds_the_generated_bytes_table_and_its_session_runs():
         assert f.unfused > f.ours > 0 and f.name in page.read_text()
     result = doctest.testfile(str(page), module_relative=False, verbose=False)
     assert result.attempted >= 4 and result.failed == 0
+
+
+def test_plot_bars_are_bandwidth_even_with_one_gemm_case():
+    """The suite's records have no FLOPs but the linear + cross-entropy's: the bars are still GB/s
+    (not TFLOP/s, where every other case would be a zero bar) and the right pane GB/s against
+    traffic."""
+    from cute_kernels.bench.plot import _figure
+    from cute_kernels.bench.records import BenchResult, Record
+
+    recs = []
+    for name, ms in (("softmax_fwd_16384x4096", 0.07), ("linear_cross_entropy_8192x4096x128256", 55.0)):
+        c = FusedCase.parse(name)
+        r = Record(case=c.name, impl="cute_kernels", dtype="bf16", tflops=c.flops / ms / 1e9, ms=ms, rel_err=1e-3,
+                   ok=True, kind="ours", tolerance=c.tolerance, flops=c.flops, bytes=c.bytes)
+        r.gbps = c.bytes / ms / 1e6
+        recs.append(r)
+    result = BenchResult(date="2026-12-04", timestamp="2026-12-04T00:00:00Z", device="cpu", versions={},
+                         suite="fused", records=recs, ceilings={"hbm_gbps": 4000.0})
+    bars, roof = _figure(result).axes
+    assert bars.get_ylabel() == "GB/s"
+    assert [p.get_height() for p in bars.patches] == [pytest.approx(r.gbps) for r in recs]
+    assert roof.get_xlabel() == "compulsory traffic (MiB)" and roof.get_ylabel() == "GB/s"
