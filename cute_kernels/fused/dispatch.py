@@ -20,9 +20,10 @@ _BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # Threads of a streaming CTA that stashes its row: with the stash, one CTA fills an SM's shared
 # memory, so it needs the threads to keep enough loads in flight on its own (the chunks past the
 # stash are read a chunk a thread at a time). Measured on the H200 (scripts/fused_sweep.py, bf16,
-# 32 values a thread): softmax 2048 x 128256 at 84.6% of the copy bandwidth with 1024 threads
-# (three 64 KiB chunks stashed), 80.9% with 512 (seven 32 KiB chunks), 65% without a stash; the
-# fused cross-entropy 8192 x 128256 at 84.0%, 77.7% and 64%.
+# 32 values a thread, the stash as full as fits): softmax 2048 x 128256 at 84.6% of the copy
+# bandwidth with 1024 threads (three 64 KiB chunks), 80.9% with 512 (seven 32 KiB chunks), 80.9%
+# with 512 threads of 64 values (three 64 KiB chunks); the fused cross-entropy 8192 x 128256 at
+# 84.0%, 77.7% and 78.1%.
 STASH_THREADS = 1024
 
 
