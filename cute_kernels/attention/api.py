@@ -530,6 +530,7 @@ def _attention_function():
                                              window_size=window_size, kernel=kernel, softcap=softcap,
                                              sinks=None if sinks is None else sinks.detach())
                 ctx.mark_non_differentiable(lse)
+                ctx.set_materialize_grads(False)  # None, not a zeros fill, for lse's gradient
                 ctx.save_for_backward(q, k, v, out, lse, sinks)
                 ctx.options = dict(causal=causal, scale=scale, enable_gqa=enable_gqa, window_size=window_size,
                                    kernel=kernel, softcap=softcap)
@@ -537,6 +538,8 @@ def _attention_function():
 
             @staticmethod
             def backward(ctx, dout, _dlse):
+                if dout is None:
+                    return (None,) * 10
                 q, k, v, out, lse, sinks = ctx.saved_tensors
                 grads = attention_backward(dout, q, k, v, out, lse, sinks=sinks, **ctx.options)
                 dsinks = grads[3] if sinks is not None and ctx.needs_input_grad[3] else None

@@ -178,11 +178,14 @@ def _sdpa_setup(ctx, inputs, output):
     q, k, v, *options, sinks = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # None, not a zeros fill, for lse's gradient
     ctx.save_for_backward(q, k, v, out, lse, sinks)
     ctx.options = dict(zip(_SDPA_OPTIONS, options))
 
 
 def _sdpa_grad(ctx, grad_out, grad_lse):
+    if grad_out is None:
+        return (None,) * (4 + len(_SDPA_OPTIONS))
     q, k, v, out, lse, sinks = ctx.saved_tensors
     dq, dk, dv = sdpa_backward(grad_out, q, k, v, out, lse, **ctx.options, sinks=sinks)
     dsinks = sinks_gradient(grad_out, out, lse, sinks) if sinks is not None and ctx.needs_input_grad[-1] else None
@@ -296,12 +299,15 @@ def _sdpa_varlen_setup(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *options, sinks, seqused_k = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # None, not a zeros fill, for lse's gradient
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks, seqused_k)
     ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
     ctx.options = dict(zip(_VARLEN_OPTIONS, options))
 
 
 def _sdpa_varlen_grad(ctx, grad_out, grad_lse):
+    if grad_out is None:
+        return (None,) * (9 + len(_VARLEN_OPTIONS))
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks, seqused_k = ctx.saved_tensors
     dq, dk, dv = sdpa_varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens,
                                       **ctx.options, sinks=sinks, seqused_k=seqused_k)

@@ -245,12 +245,15 @@ def _setup(ctx, inputs, output):
     q, k, v, key_mask, segments, *options = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # None, not a zeros fill, for lse's gradient
     ctx.save_for_backward(q, k, v, out, lse, key_mask, segments, options[5])
     names = ("causal", "scale", "window_left", "window_right", "softcap", "sinks", "rung", "fallback")
     ctx.options = {n: o for n, o in zip(names, options) if n != "sinks"}
 
 
 def _grad(ctx, grad_out, _grad_lse):
+    if grad_out is None:
+        return (None,) * 13
     q, k, v, out, lse, key_mask, segments, sinks = ctx.saved_tensors
     dq, dk, dv, dsinks = sdpa_masked_backward(grad_out, q, k, v, out, lse, key_mask, segments, sinks=sinks,
                                               **ctx.options)

@@ -51,7 +51,6 @@ class SdpaPlan(Plan):
 
     def forward(self, ctx, *args):
         out, lse = self.run(*args)
-        ctx.set_materialize_grads(False)  # lse has no gradient: no zeros made for it
         # the op's schema ends with softcap and sinks, which the keys this path replays lack
         attention_ops._sdpa_setup(ctx, (*args, *(None,) * _FEATURE_ARGS), (out, lse))
         return out, lse
@@ -73,8 +72,6 @@ class SdpaPlan(Plan):
         return (dq, dk, dv) + (None,) * (_ARGS - 3)
 
     def backward_op(self, ctx, grad_out, grad_lse):
-        if grad_out is None:
-            grad_out = torch.zeros_like(ctx.saved_tensors[3])
         return attention_ops._sdpa_grad(ctx, grad_out, grad_lse)[:_ARGS]  # the features' gradients: None
 
 

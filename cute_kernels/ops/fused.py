@@ -105,6 +105,7 @@ def _norm_setup(ctx, inputs, output):
     x, weight, bias, residual, kind, eps, offset, out_dtype, fallback = inputs
     y, s, rstd, mean = output
     ctx.mark_non_differentiable(rstd, mean)
+    ctx.set_materialize_grads(False)  # None, not a zeros fill, for outputs without a gradient
     ctx.save_for_backward(s if residual is not None else x, weight, rstd, mean if kind == "layer" else None)
     ctx.kind, ctx.offset, ctx.fallback = kind, offset, fallback
     ctx.has_bias, ctx.has_residual = bias is not None, residual is not None
@@ -268,11 +269,14 @@ def _ce_setup(ctx, inputs, output):
     logits, labels, ignore_index, label_smoothing, z_loss, check_labels, fallback = inputs
     loss, lse = output
     ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # None, not a zeros fill, for outputs without a gradient
     ctx.save_for_backward(logits, labels, lse)
     ctx.opts = (ignore_index, label_smoothing, z_loss, fallback)
 
 
 def _ce_grad(ctx, dloss, dlse):
+    if dloss is None:
+        return (None,) * 7
     logits, labels, lse = ctx.saved_tensors
     ignore_index, label_smoothing, z_loss, fallback = ctx.opts
     g = cross_entropy_backward(logits, labels, lse, dloss, ignore_index, label_smoothing, z_loss, fallback)
@@ -309,6 +313,7 @@ def _rotary_fake(q, k, cos, sin, position_ids=None, offset=0, interleaved=False,
 
 def _rotary_setup(ctx, inputs, output):
     q, k, cos, sin, position_ids, offset, interleaved, qk_layout, inverse, fallback = inputs
+    ctx.set_materialize_grads(False)  # None, not a zeros fill, for outputs without a gradient
     ctx.save_for_backward(cos, sin, position_ids)
     ctx.opts = (offset, interleaved, qk_layout, inverse, fallback)
     ctx.shapes, ctx.dtype = (q.shape, k.shape), q.dtype
@@ -454,6 +459,9 @@ def _lce_setup(ctx, inputs, output):
         fallback = inputs
     loss, dx, dw, db = output
     ctx.mark_non_differentiable(dx, dw, db)
+    # None, not zeros, for the outputs without a gradient: autograd's default would fill a dx- and a
+    # dweight-sized (vocab x hidden) tensor with zeros on every backward
+    ctx.set_materialize_grads(False)
     ctx.reduction = reduction
     if reduction == "none":
         ctx.save_for_backward(x, weight, labels, bias)
@@ -475,6 +483,8 @@ def _scaled(g, grad):
 
 
 def _lce_grad(ctx, dloss, ddx, ddw, ddb):
+    if dloss is None:
+        return (None,) * 13
     if ctx.reduction == "none":
         x, weight, labels, bias = ctx.saved_tensors
         ignore_index, label_smoothing, z_loss, chunk, gemm, fallback = ctx.opts

@@ -169,3 +169,38 @@ def test_compiled_graph_holds_one_op_per_kernel_and_no_break():
     leaves = [a for a in args if a.requires_grad]
     for a, b in zip(torch.autograd.grad(got, leaves), torch.autograd.grad(want, leaves)):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+class _ZeroFills(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the shape of every tensor an aten zeros/fill op makes while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if "zero" in func.__name__ or "fill" in func.__name__:
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+def test_backward_makes_no_zeros_for_outputs_without_a_gradient():
+    # Autograd's default fills every unused output's gradient with zeros before the backward
+    # runs: for linear_cross_entropy's dweight output a vocab x hidden tensor (1 GB at Llama-3's
+    # vocabulary), for the norms' rstd and the lse of cross-entropy and attention a fill kernel
+    # per call.
+    torch.manual_seed(2)
+    xs, ws, lab = randn(9, 6, grad=True), randn(13, 6, grad=True), _labels(9, 13)
+    loss, dx, dw, _ = ops.linear_cross_entropy(xs, ws, lab, None, **T)
+    x, w = randn(4, 8, grad=True), randn(8, grad=True)
+    y, _, rstd, _ = ops.norm(x, w, None, None, "rms", 1e-6, 0.0, None, "torch")
+    logits = randn(7, 20, grad=True)
+    rows, lse = ops.cross_entropy(logits, _labels(7, 20), -100, 0.0, 0.0, True, "torch")
+    q, k, v = randn(1, 3, 5, 4, grad=True), randn(1, 3, 7, 4, grad=True), randn(1, 3, 7, 4, grad=True)
+    out, attn_lse = ops.sdpa(q, k, v, fallback="torch")
+    unused = {tuple(t.shape) for t in (dx, dw, rstd, lse, attn_lse)}
+    with _ZeroFills() as fills:
+        grads = torch.autograd.grad((loss, y.sum(), rows.sum(), out.sum()), (xs, ws, x, w, logits, q, k, v))
+    assert not unused & set(fills.shapes), fills.shapes
+    assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
