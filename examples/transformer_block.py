@@ -13,7 +13,11 @@ The versions, all on the same weights and inputs:
   `cute_kernels.nn.patch` (its nn.Linear layers become `cute_kernels.nn.Linear`, its SDPA calls
   go to `cute_kernels::sdpa`, whose backward is `cute_kernels::sdpa_backward`), then
   `torch.compile(fullgraph=True)`: Inductor compiles the norms, RoPE and SwiGLU glue around our
-  GEMM and attention kernels.
+  GEMM and attention kernels;
+- `cute_kernels_fused`: the same block computed with our fused kernels throughout, in eager mode
+  (`FusedBlock`): our RMSNorm, RoPE, attention, the residual add fused into the second norm, and
+  the gate/up GEMM gating in its epilogue (`linear_swiglu`, the block's [gate; up] weight
+  interleaved in the forward, a differentiable copy of 2I x H elements).
 
 Each is checked against an fp32 eager reference (output, input gradient and every weight
 gradient, by relative Frobenius error), then forward+backward is timed interleaved in one process
@@ -47,8 +51,8 @@ from torch import nn
 if TYPE_CHECKING:
     from cute_kernels.bench.records import BenchResult
 
-VERSIONS = ("eager", "torch_compile", "cute_kernels")
-OURS = "cute_kernels"
+VERSIONS = ("eager", "torch_compile", "cute_kernels", "cute_kernels_fused")
+OURS = "cute_kernels"  # every version whose name starts with it is ours
 SUITE = "transformer"
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # Relative Frobenius error against the fp32 reference. bf16 rounds each stored activation to
@@ -254,6 +258,37 @@ def make_inputs(config: BlockConfig, *, device: str, dtype: torch.dtype, seed: i
     return x, grad_out
 
 
+class FusedBlock(nn.Module):
+    """`block`'s function on our fused kernels (the module docstring's `cute_kernels_fused`),
+    reading `block`'s own parameters, so gradients land on them as the other versions'."""
+
+    def __init__(self, block: TransformerBlock, fallback: str = "none"):
+        super().__init__()
+        self.block, self.fallback = block, fallback
+
+    def forward(self, x):
+        import cute_kernels.nn.functional as cf
+        import cute_kernels.nn.fused_functional as ff
+        from cute_kernels.gemm.gated import interleave_gate_up
+
+        blk, fb = self.block, self.fallback
+        attn, cfg = blk.attn, blk.config
+        b, s, hidden = x.shape
+        hq, hk, d = attn.heads, attn.kv_heads, attn.head_dim
+        y = ff.rms_norm(x, (hidden,), blk.attn_norm.weight, cfg.eps, fallback=fb)
+        q, k, v = cf.linear(y, attn.qkv.weight, fallback=fb).split((hq * d, hk * d, hk * d), dim=-1)
+        q, k = ff.rotary_embedding(q.reshape(b, s, hq, d), k.reshape(b, s, hk, d), attn.cos[:s], attn.sin[:s],
+                                   fallback=fb)
+        o = cf.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                            v.reshape(b, s, hk, d).transpose(1, 2), is_causal=True,
+                                            enable_gqa=True, fallback=fb)
+        a = cf.linear(o.transpose(1, 2).reshape(b, s, hq * d), attn.o.weight, fallback=fb)
+        y, h = ff.fused_add_rms_norm(a, x, (hidden,), blk.mlp_norm.weight, cfg.eps, fallback=fb)
+        w_gate, w_up = blk.mlp.gate_up.weight.chunk(2, dim=0)
+        g = ff.linear_swiglu(y, interleave_gate_up(w_gate, w_up), fallback=fb)
+        return h + cf.linear(g, blk.mlp.down.weight, fallback=fb)
+
+
 def shared_copy(block: nn.Module) -> nn.Module:
     """A structural copy of `block` holding the very same Parameter and buffer objects."""
     memo = {id(t): t for t in (*block.parameters(), *block.buffers())}
@@ -262,7 +297,7 @@ def shared_copy(block: nn.Module) -> nn.Module:
 
 def make_versions(block: TransformerBlock, *, device: str, backend: str = "inductor",
                   gemm_kernel: str = "auto") -> dict[str, nn.Module]:
-    """The three versions of `block` (see the module docstring), all on its parameters.
+    """The versions of `block` (see the module docstring), all on its parameters.
     `cute_kernels` raises for any input our kernels refuse on CUDA (fallback="none"); on CPU
     it uses fallback="torch", so PyTorch computes our ops' calls (plumbing only). `gemm_kernel`
     is the GEMM rung of its linear layers ("auto": the dispatcher's pick)."""
@@ -274,6 +309,7 @@ def make_versions(block: TransformerBlock, *, device: str, backend: str = "induc
         "eager": block,
         "torch_compile": torch.compile(shared_copy(block), backend=backend),
         OURS: torch.compile(ours, backend=backend, fullgraph=True),
+        "cute_kernels_fused": FusedBlock(block, fallback=fallback),
     }
 
 
@@ -371,7 +407,7 @@ def build_result(config: BlockConfig, dtype_name: str, device_label: str, errors
         t = timings.get(name) if ok else None
         error = failures.get(name) or (None if ok else f"{worst_name} rel_err {worst:.3g} > {tol:g}")
         records.append(Record(
-            case=config.name, impl=name, dtype=dtype_name, kind="ours" if name == OURS else "peer",
+            case=config.name, impl=name, dtype=dtype_name, kind="ours" if name.startswith(OURS) else "peer",
             ms=t.median if t else None, tflops=flops["total"] / (t.median * 1e9) if t else None,
             rel_err=worst if math.isfinite(worst) else None, ok=ok, tolerance=tol, flops=flops["total"],
             bytes=nbytes, spread=t.spread if t else None, p20_ms=t.p20 if t else None,

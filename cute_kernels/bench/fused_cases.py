@@ -19,9 +19,12 @@ Ops and what a call computes (`bytes` in the same order):
 | `rope` | q, k rotated (in place) | read and write q and k; read the tables' rows |
 | `swiglu_fwd` / `swiglu_bwd` | silu(g) * u / dg, du | read g, u; write out / read dout, g, u; write dg, du |
 | `linear_cross_entropy` | loss, dx, dW of CE(x W^T) | FLOPs: 3 GEMMs of 2 T V H |
+| `linear_swiglu_fwd` | silu(x Wg^T) * (x Wu^T) (a gated MLP's first half, inference) | FLOPs: 2 T (2I) H |
+| `linear_swiglu_fwd_bwd` | the same, then dx, dWg, dWu for a given dh (training) | FLOPs: 3 x 2 T (2I) H |
 
 Names: `<op>_<rows>x<width>` (rope: `rope_<B>x<S>x<Hq>x<Hk>x<D>`; linear_cross_entropy:
-`linear_cross_entropy_<T>x<H>x<V>`), e.g. `rmsnorm_fwd_16384x4096`.
+`linear_cross_entropy_<T>x<H>x<V>`; linear_swiglu: `linear_swiglu_fwd_<T>x<H>x<I>`), e.g.
+`rmsnorm_fwd_16384x4096`.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ __all__ = ["FusedCase", "FUSED_OPS", "EPS"]
 
 FUSED_OPS = ("rmsnorm_fwd", "rmsnorm_residual_fwd", "rmsnorm_bwd", "layernorm_fwd", "layernorm_bwd", "softmax_fwd",
              "softmax_bwd", "cross_entropy_fwd", "cross_entropy_fwd_bwd", "rope", "swiglu_fwd", "swiglu_bwd",
-             "linear_cross_entropy")
+             "linear_cross_entropy", "linear_swiglu_fwd", "linear_swiglu_fwd_bwd")
+GEMM_OPS = ("linear_cross_entropy", "linear_swiglu_fwd", "linear_swiglu_fwd_bwd")  # counted in FLOPs, dims (H,)
 EPS = 1e-6
 ROPE_THETA = 10000.0
 # Rows of dW compared for linear_cross_entropy (the whole dW is V x H: compared on a fixed sample).
@@ -46,7 +50,8 @@ LCE_DW_ROWS = 1024
 @dataclass(frozen=True)
 class FusedCase:
     """One fused op on one shape. rows x width for the row ops; for rope rows = B * S tokens and
-    `dims` = (B, S, Hq, Hk, D); for linear_cross_entropy rows = T, width = V, dims = (H,)."""
+    `dims` = (B, S, Hq, Hk, D); for linear_cross_entropy rows = T, width = V, dims = (H,); for
+    linear_swiglu rows = T, width = I (the gated width), dims = (H,)."""
 
     op: str
     rows: int
@@ -65,8 +70,10 @@ class FusedCase:
             raise ValueError(f"fused benchmarks take bf16, fp16 or fp32, got {self.dtype!r}")
         if self.op == "rope" and len(self.dims) != 5:
             raise ValueError("a rope case needs dims (B, S, Hq, Hk, D)")
-        if self.op == "linear_cross_entropy" and len(self.dims) != 1:
-            raise ValueError("a linear_cross_entropy case needs dims (H,)")
+        if self.op in GEMM_OPS and len(self.dims) != 1:
+            raise ValueError(f"a {self.op} case needs dims (H,)")
+        if self.op.startswith("linear_swiglu") and self.width % 8:
+            raise ValueError(f"a linear_swiglu case needs I a multiple of 8, got {self.width}")
 
     @classmethod
     def rope(cls, b: int, s: int, hq: int, hk: int, d: int, dtype: str = "bf16") -> FusedCase:
@@ -76,12 +83,17 @@ class FusedCase:
     def linear_cross_entropy(cls, tokens: int, hidden: int, vocab: int, dtype: str = "bf16") -> FusedCase:
         return cls("linear_cross_entropy", tokens, vocab, dtype, (hidden,))
 
+    @classmethod
+    def linear_swiglu(cls, tokens: int, hidden: int, intermediate: int, *, backward: bool = False,
+                      dtype: str = "bf16") -> FusedCase:
+        return cls("linear_swiglu_fwd_bwd" if backward else "linear_swiglu_fwd", tokens, intermediate, dtype, (hidden,))
+
     @property
     def name(self) -> str:
         if self.op == "rope":
             return "rope_" + "x".join(str(d) for d in self.dims)
-        if self.op == "linear_cross_entropy":
-            return f"linear_cross_entropy_{self.rows}x{self.dims[0]}x{self.width}"
+        if self.op in GEMM_OPS:
+            return f"{self.op}_{self.rows}x{self.dims[0]}x{self.width}"
         return f"{self.op}_{self.rows}x{self.width}"
 
     @property
@@ -92,6 +104,8 @@ class FusedCase:
     def flops(self) -> float:
         if self.op == "linear_cross_entropy":
             return 6.0 * self.rows * self.width * self.dims[0]
+        if self.op.startswith("linear_swiglu"):
+            return (3 if self.op.endswith("bwd") else 1) * 2.0 * self.rows * 2 * self.width * self.dims[0]
         return 0.0
 
     @property
@@ -123,12 +137,17 @@ class FusedCase:
             return float(3 * m * n * e)
         if op == "swiglu_bwd":
             return float(5 * m * n * e)
-        h = self.dims[0]  # linear_cross_entropy: x, W read; dx, dW written (the logits never leave the chip)
+        h = self.dims[0]
+        if op == "linear_swiglu_fwd":  # x, W read; h written (the product never leaves the chip)
+            return float(e * (m * h + 2 * n * h + m * n))
+        if op == "linear_swiglu_fwd_bwd":  # + the product kept, dh read, dx and dW written
+            return float(e * (m * h + 2 * n * h + m * n + 2 * m * n + m * n + m * h + 2 * n * h))
+        # linear_cross_entropy: x, W read; dx, dW written (the logits never leave the chip)
         return float(e * (2 * m * h + 2 * n * h) + 8 * m)
 
     @property
     def tolerance(self) -> float:
-        return TOLERANCE[self.dtype] * (2 if self.op.endswith("bwd") or self.op == "linear_cross_entropy" else 1)
+        return TOLERANCE[self.dtype] * (2 if self.op.endswith("bwd") or self.op in GEMM_OPS else 1)
 
     @classmethod
     def parse(cls, text: str, dtype: str = "bf16") -> FusedCase:
@@ -138,6 +157,8 @@ class FusedCase:
             case = cls.rope(*(int(g) for g in m.groups()), dtype=dtype)
         elif (m := re.fullmatch(r"linear_cross_entropy_(\d+)x(\d+)x(\d+)", text)):
             case = cls.linear_cross_entropy(int(m[1]), int(m[2]), int(m[3]), dtype)
+        elif (m := re.fullmatch(r"(linear_swiglu_fwd(?:_bwd)?)_(\d+)x(\d+)x(\d+)", text)):
+            case = cls.linear_swiglu(int(m[2]), int(m[3]), int(m[4]), backward=m[1].endswith("bwd"), dtype=dtype)
         elif (m := re.fullmatch(r"([a-z_]+)_(\d+)x(\d+)", text)) and m[1] in FUSED_OPS:
             case = cls(m[1], int(m[2]), int(m[3]), dtype)
         else:
@@ -166,6 +187,16 @@ class FusedCase:
             w = (torch.randn(n, h, device=device, generator=gen) * h ** -0.5).to(torch_dtype(dt))
             return {"x": _randn((m, h), dt, device, gen), "w": w, "labels": labels,
                     "dw_rows": torch.randperm(n, device=device, generator=gen)[:LCE_DW_ROWS]}
+        if op.startswith("linear_swiglu"):
+            from cute_kernels.gemm.gated import interleave_gate_up
+
+            h = self.dims[0]
+            wg, wu = ((torch.randn(n, h, device=device, generator=gen) * h ** -0.5).to(torch_dtype(dt)) for _ in "gu")
+            inputs = {"x": _randn((m, h), dt, device, gen), "w_gate": wg, "w_up": wu,
+                      "w_cat": torch.cat((wg, wu)), "w_gate_up": interleave_gate_up(wg, wu)}
+            if op.endswith("bwd"):
+                inputs["dh"] = _randn((m, n), dt, device, gen)
+            return inputs
         if op.startswith("cross_entropy"):
             labels = torch.randint(0, n, (m,), device=device, generator=gen)
             labels[::17] = -100  # some ignored rows, as padded batches have
@@ -204,6 +235,13 @@ class FusedCase:
                 loss = F.cross_entropy(x @ w.t(), inputs["labels"])
                 dx, dw = torch.autograd.grad(loss, (x, w))
                 return flat(loss, dx, dw[inputs["dw_rows"]])
+            if op.startswith("linear_swiglu"):
+                x = inputs["x"].float().requires_grad_()
+                wg, wu = (inputs[k].float().requires_grad_() for k in ("w_gate", "w_up"))
+                h = F.silu(x @ wg.t()) * (x @ wu.t())
+                if op == "linear_swiglu_fwd":
+                    return h.detach()
+                return flat(h, *torch.autograd.grad(h, (x, wg, wu), inputs["dh"].float()))
             if op.startswith("cross_entropy"):
                 x = inputs["x"].float().requires_grad_()
                 rows = F.cross_entropy(x, inputs["labels"], reduction="none")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib.util
 from functools import partial
 
-from cute_kernels.bench.fused_cases import EPS, flat
+from cute_kernels.bench.fused_cases import EPS, GEMM_OPS, flat
 from cute_kernels.bench.impls import Impl, Prepared, Unsupported
 
 __all__ = ["fused_impls", "FUSED_IMPL_NAMES"]
@@ -227,6 +227,28 @@ def _lce(x, w, labels, impl):
     return F.cross_entropy((x @ w.t()).float(), labels)
 
 
+def _linear_swiglu(x, inputs, impl):
+    """h = silu(x Wg^T) * (x Wu^T) as `impl` computes it, and the weight it differentiates:
+    ours, one gated GEMM over the interleaved weight; cute_kernels_gemm, our GEMM over the
+    concatenated [Wg; Wu] then our SwiGLU kernel on its halves; the peers, F.linear (cuBLAS)
+    over [Wg; Wu] then their SwiGLU (eager's and torch.compile's: silu(g) * u)."""
+    import torch.nn.functional as F
+
+    if impl == "cute_kernels":
+        from cute_kernels.nn import fused_functional as ff
+
+        return ff.linear_swiglu(x, inputs["w_gate_up"])
+    if impl == "quack":
+        raise Unsupported("quack 0.6.5's gated GEMM is not benchmarked here")
+    if impl == "cute_kernels_gemm":
+        from cute_kernels.nn import functional as cf
+
+        g, u = cf.linear(x, inputs["w_cat"]).chunk(2, dim=-1)
+    else:
+        g, u = F.linear(x, inputs["w_cat"]).chunk(2, dim=-1)
+    return _swiglu(g, u, "cute_kernels" if impl == "cute_kernels_gemm" else impl)
+
+
 _COMPILED: dict = {}
 
 
@@ -243,8 +265,8 @@ def _prepare(impl: str, case, inputs) -> Prepared:
     import torch
 
     op = case.op
-    if impl == "cute_kernels_gemm" and op != "linear_cross_entropy":
-        raise Unsupported("cute_kernels_gemm is the linear + cross-entropy with our GEMMs only")
+    if impl == "cute_kernels_gemm" and op not in GEMM_OPS:
+        raise Unsupported("cute_kernels_gemm is the GEMM cases (linear + cross-entropy, linear + SwiGLU) only")
     base = "eager" if impl == "torch_compile" else impl
 
     def maybe_compiled(fn):
@@ -375,6 +397,32 @@ def _prepare(impl: str, case, inputs) -> Prepared:
                 return f(q, k, cos, sin)
 
         return Prepared(fn, canonical=lambda out: flat(out[0], out[1]))
+    if op.startswith("linear_swiglu"):
+        from cute_kernels.gemm.gated import split_gate_up
+
+        # every implementation differentiates its own copy of the weight it multiplies by
+        key = "w_gate_up" if impl == "cute_kernels" else "w_cat"
+        weights = dict(inputs)
+        f = maybe_compiled(lambda x, w: _linear_swiglu(x, {**weights, key: w}, base))
+        if op == "linear_swiglu_fwd":
+            x, w = inputs["x"], inputs[key]
+
+            def fn():
+                with torch.no_grad():
+                    return f(x, w)
+
+            return Prepared(fn)
+        x, w, dh = _leaf(inputs["x"]), _leaf(inputs[key]), inputs["dh"]
+
+        def step():
+            h = f(x, w)
+            return (h, *torch.autograd.grad(h, (x, w), dh))
+
+        def canonical(out):
+            h, dx, dw = out
+            return flat(h, dx, *(split_gate_up(dw) if key == "w_gate_up" else dw.chunk(2)))
+
+        return Prepared(step, canonical=canonical)
     if op == "linear_cross_entropy":
         if impl == "torch_compile":
             raise Unsupported("torch.compile keeps eager's full logits here (timed as eager)")

@@ -5,7 +5,8 @@ primes and values around tile and 16-byte boundaries over-represented), every ma
 and the addend C, leading-dimension padding (operands that are slices of larger tensors),
 batches with and without broadcast, bf16 / fp16 / fp32 inputs, `out_dtype`, alpha, beta with C,
 and the fused epilogues (bias per column or row, relu / gelu / gelu_tanh / silu) through
-`matmul_epilogue`. `run(seed, n)` runs them on the GPU with the allocator poisoned with NaN
+`matmul_epilogue`, and SwiGLU gate-up products through `gemm.gated.matmul_swiglu` (the gated
+epilogue where M is past the skinny bound). `run(seed, n)` runs them on the GPU with the allocator poisoned with NaN
 before each call (an element the kernel does not write stays NaN), compares each result with
 a float64 reference by relative error against a tolerance for its dtypes, and returns a
 `FuzzReport`; `result(report)` is the `gemm_fuzz` benchmark record (`cases`, `wrong`).
@@ -35,8 +36,9 @@ _ACTIVATIONS = activations.NAMES
 
 @dataclass(frozen=True)
 class Problem:
-    """One fuzz case: `entry` is "matmul" (alpha, beta, c, out_dtype) or "epilogue"
-    (`matmul_epilogue`: bias, activation as well). Majors are "row" (unit stride along the
+    """One fuzz case: `entry` is "matmul" (alpha, beta, c, out_dtype), "epilogue"
+    (`matmul_epilogue`: bias, activation as well) or "swiglu" (`matmul_swiglu` of a and the
+    interleaved weight b^T: n = 2I, the output (m, n / 2); alpha only). Majors are "row" (unit stride along the
     last mode) or "col"; pads add that many elements to the leading dimension."""
 
     m: int
@@ -100,9 +102,13 @@ def problems(seed: int, n: int, max_size: int = 5000, dtypes: tuple = ("bf16", "
             continue
         out_dtype = rng.choice([dtype, dtype, "fp32"] if dtype != "fp32" else ["fp32"])
         entry = "epilogue" if dtype != "fp32" and rng.random() < 0.35 else "matmul"
+        if entry == "matmul" and dtype != "fp32" and rng.random() < 0.2:
+            entry, nn = "swiglu", max(16, nn - nn % 16)  # whole gate/up block pairs
         batch = rng.choice([None, None, None, 1, 2, 3])
         bcast = rng.choice([None, "a", "b"]) if batch and batch > 1 else None
         beta = rng.choice([0.0, 0.0, 1.0, -0.5])
+        if entry == "swiglu":
+            out_dtype, batch, bcast, beta = dtype, None, None, 0.0
         out.append(Problem(
             m=m, n=nn, k=k, dtype=dtype, out_dtype=out_dtype, entry=entry, batch=batch, bcast=bcast,
             a_major=rng.choice(["row", "row", "col"]), b_major=rng.choice(["row", "col"]),
@@ -121,7 +127,7 @@ def tolerance(p: Problem) -> float:
     (below 1e-5 for these K), and the approximate tanh/exp of gelu_tanh and silu (about 5e-4);
     each bar is some 3x above its expected error, far below what a wrong element costs."""
     out = {"bf16": 4e-3, "fp16": 6e-4, "fp32": 5e-5}[p.out_dtype]
-    return out + (1.5e-3 if p.activation in ("gelu_tanh", "silu") else 0.0)
+    return out + (1.5e-3 if p.activation in ("gelu_tanh", "silu") or p.entry == "swiglu" else 0.0)
 
 
 def element_tolerance(p: Problem) -> float:
@@ -130,6 +136,12 @@ def element_tolerance(p: Problem) -> float:
     of its magnitude, and the largest of millions of Gaussian values is about 6 rms, so a
     correct result stays near 2.5e-2 (bf16), 3e-3 (fp16); one wrong element costs about 1."""
     out = {"bf16": 6e-2, "fp16": 1e-2, "fp32": 2e-3}[p.out_dtype]
+    if p.entry == "swiglu":
+        # silu(g) * u is heavy-tailed (a product of products: its largest element is tens of
+        # rms at small K), and below the skinny bound the product is rounded to the output
+        # dtype before gating (as torch's own silu(g) * u is): an element's error there is up
+        # to 2^-(mantissa bits) of g and of u, times that element. Still a third of a wrong one.
+        return 3 * out + 1e-2
     return out + (1e-2 if p.activation in ("gelu_tanh", "silu") else 0.0)
 
 
@@ -174,6 +186,10 @@ def call(p: Problem, t: dict):
     from cute_kernels.gemm.epilogue_api import matmul_epilogue
 
     odt = _dtype(p.out_dtype)
+    if p.entry == "swiglu":
+        from cute_kernels.gemm.gated import matmul_swiglu
+
+        return matmul_swiglu(t["a"], t["b"].transpose(-1, -2), alpha=p.alpha)[0]
     if p.entry == "matmul":
         return matmul(t["a"], t["b"], out_dtype=odt, alpha=p.alpha, beta=p.beta, c=t["c"])
     return matmul_epilogue(t["a"], t["b"], bias=t["bias"], bias_dim=p.bias or "n", activation=p.activation,
@@ -184,6 +200,10 @@ def reference(p: Problem, t: dict):
     import torch
 
     ref = p.alpha * torch.matmul(t["a"].double(), t["b"].double())
+    if p.entry == "swiglu":
+        from cute_kernels.gemm.gated import swiglu_of_product
+
+        return swiglu_of_product(ref)
     if p.beta:
         ref = ref + p.beta * t["c"].double()
     if p.bias == "n":

@@ -37,7 +37,8 @@ COPY_MIB = (16, 64, 256, 1024)
 # Paged decode (B, Hq, Hkv, D, ctx, page): 1 GiB each of K and V cache in bf16 per case.
 DECODE_SHAPES = tuple((64, hq, 8, 128, 8192, page) for hq in (8, 32, 64) for page in (16, 256))
 # The fused suite: the 16384x4096 norms / softmax and 8192 x 128256 cross-entropy, a
-# vocabulary softmax past the registers, Llama-8B-sized RoPE and SwiGLU, the linear + CE.
+# vocabulary softmax past the registers, Llama-8B-sized RoPE and SwiGLU, the linear + CE, and
+# Llama-8B's gate/up projection with SwiGLU (one gated GEMM against a GEMM then the activation).
 FUSED_CASES = (
     FusedCase("rmsnorm_fwd", 16384, 4096), FusedCase("rmsnorm_residual_fwd", 16384, 4096),
     FusedCase("rmsnorm_bwd", 16384, 4096), FusedCase("layernorm_fwd", 16384, 4096),
@@ -46,6 +47,7 @@ FUSED_CASES = (
     FusedCase("cross_entropy_fwd_bwd", 8192, 128256), FusedCase.rope(8, 4096, 32, 8, 128),
     FusedCase("swiglu_fwd", 16384, 14336), FusedCase("swiglu_bwd", 8192, 14336),
     FusedCase.linear_cross_entropy(8192, 4096, 128256),
+    FusedCase.linear_swiglu(8192, 4096, 14336), FusedCase.linear_swiglu(8192, 4096, 14336, backward=True),
 )
 
 

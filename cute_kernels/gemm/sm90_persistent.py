@@ -15,6 +15,9 @@ Structure (one CTA per SM, walking output tiles with a static persistent schedul
 - the epilogue fuses alpha, beta * C, bias and the activation in registers, converts, writes 128x32 sub-tiles to smem with stmatrix and
   one warp stores them with TMA through a ring of buffers; stores drain asynchronously under
   the next tile's main loop.
+- a gated build (`EpilogueSpec.gate`, SwiGLU) computes a (tile_m, tile_n) tile of the gate-up
+  product and stores its (tile_m, tile_n / 2) gated half (and, with `gate_preact`, the product
+  itself first): the output and the scheduler's tiles are half as wide as B's.
 """
 
 from __future__ import annotations
@@ -65,6 +68,12 @@ class Sm90PersistentGemm:
         self.epi_threads = THREADS_PER_WARPGROUP * self.mma_warpgroups
         self.tile_mnk = (config.tile_m, config.tile_n, config.tile_k)
         self.cluster_mn = (config.cluster_m, config.cluster_n)
+        self.gated = self.epi.gate is not None
+        if self.gated and config.tile_n % 64:
+            raise ValueError(f"a gated epilogue needs tile_n a multiple of 64 (whole gate/up block pairs in each "
+                             f"half-width epilogue sub-tile), got {config.tile_n}")
+        # the output tile: half of the product's columns when gated
+        self.out_tile_n = config.tile_n // 2 if self.gated else config.tile_n
 
     # ----- host side: layouts, TMA atoms, grid -------------------------------------------
     def _setup(self, a, b, c):
@@ -77,6 +86,13 @@ class Sm90PersistentGemm:
             self.a_dtype, self.b_dtype, self.a_major, self.b_major, self.acc_dtype,
             (self.mma_warpgroups, 1, 1), cfg.tile_n,
         )
+        # the MMA whose accumulator partition is the output's: the half-width one when gated
+        self.out_mma = wgmma.make_tiled_mma(
+            self.a_dtype, self.b_dtype, self.a_major, self.b_major, self.acc_dtype,
+            (self.mma_warpgroups, 1, 1), self.out_tile_n,
+        ) if self.gated else self.tiled_mma
+        if self.gated and self.a_dtype.width == 8:
+            raise ValueError("a gated epilogue takes 16-bit inputs")
         # the bias slice of a tile, staged in smem once per tile (one buffer per warpgroup owning tiles)
         self.bias_stage = epilogue.StagedBias(self.epi, self.tile_mnk[:2], self.epi_threads) \
             if self.epi.bias is not None else None
@@ -117,7 +133,10 @@ class Sm90PersistentGemm:
         tma_a, gA = tma.make_tma_load(a, self.smem_a_layout, (tm, tk), cfg.cluster_n)
         tma_b, gB = tma.make_tma_load(b, self.smem_b_layout, (tn, tk), cfg.cluster_m)
         tma_c, gC = tma.make_tma_store(c, self.smem_c_layout, self.epi_tile)
-        sched = tile_scheduler.make_params(c, (tm, tn), self.cluster_mn, cfg.swizzle, cfg.raster == "m")
+        # a gated build's product, stored beside its gated half (else a stand-in never used)
+        tma_p, gP = tma.make_tma_store(c_src, self.smem_c_layout, self.epi_tile) \
+            if cutlass.const_expr(self.epi.gate_preact) else (tma_c, gC)
+        sched = tile_scheduler.make_params(c, (tm, self.out_tile_n), self.cluster_mn, cfg.swizzle, cfg.raster == "m")
         grid = tile_scheduler.grid_shape(sched, max_active_clusters)
 
         @cute.struct
@@ -130,7 +149,7 @@ class Sm90PersistentGemm:
 
         self.storage = Storage
         self.kernel(
-            tma_a, gA, tma_b, gB, tma_c, gC, self.tiled_mma, cute.make_layout((*self.cluster_mn, 1)),
+            tma_a, gA, tma_b, gB, tma_c, gC, tma_p, gP, self.tiled_mma, cute.make_layout((*self.cluster_mn, 1)),
             self.smem_a_layout, self.smem_b_layout, self.smem_c_layout, sched, alpha, beta, c_src, bias,
             scale_a, scale_b,
         ).launch(grid=grid, block=[self.roles.threads, 1, 1], cluster=(*self.cluster_mn, 1),
@@ -139,7 +158,8 @@ class Sm90PersistentGemm:
     # ----- device side ------------------------------------------------------------------------
     @cute.kernel
     def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
-               tma_c: cute.CopyAtom, mC: cute.Tensor, tiled_mma: cute.TiledMma, cluster_layout: cute.Layout,
+               tma_c: cute.CopyAtom, mC: cute.Tensor, tma_p: cute.CopyAtom, mP: cute.Tensor,
+               tiled_mma: cute.TiledMma, cluster_layout: cute.Layout,
                smem_a_layout: cute.ComposedLayout, smem_b_layout: cute.ComposedLayout,
                smem_c_layout: cute.ComposedLayout, sched_params: utils.PersistentTileSchedulerParams,
                alpha: cutlass.Float32, beta: cutlass.Float32, c_src: cute.Tensor, bias: cute.Tensor,
@@ -149,6 +169,8 @@ class Sm90PersistentGemm:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             tma.prefetch(tma_a, tma_b, tma_c)
+            if cutlass.const_expr(self.epi.gate_preact):
+                tma.prefetch(tma_p)
 
         # --- shared storage and the mainloop pipeline
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
@@ -177,12 +199,13 @@ class Sm90PersistentGemm:
         tm, tn, tk = self.tile_mnk
         gA = cute.local_tile(mA, (tm, tk), (None, None, None))
         gB = cute.local_tile(mB, (tn, tk), (None, None, None))
-        gC = cute.local_tile(mC, (tm, tn), (None, None, None))
+        gC = cute.local_tile(mC, (tm, self.out_tile_n), (None, None, None))
+        gP = cute.local_tile(mP, (tm, tn), (None, None, None)) if cutlass.const_expr(self.epi.gate_preact) else gC
         # (m, n, l) of every output element, tiled like gC: where the fused epilogue reads C and bias
-        cC = cute.local_tile(cute.make_identity_tensor(mC.shape), (tm, tn), (None, None, None))
+        cC = cute.local_tile(cute.make_identity_tensor(mC.shape), (tm, self.out_tile_n), (None, None, None))
         if cutlass.const_expr(self.epi.scale_ab and not self.epi.scale_rows):
             alpha = alpha * scale_a[0].to(cutlass.Float32) * scale_b[0].to(cutlass.Float32)
-        epi_args = (cC, (mC.shape[0], mC.shape[1]), alpha, beta, c_src, bias, scale_a, scale_b, sBias)
+        epi_args = (cC, (mC.shape[0], mC.shape[1]), alpha, beta, c_src, bias, scale_a, scale_b, sBias, tma_p, gP)
         tAsA, tAgA = tma.partition_load(tma_a, cluster_layout, cluster_coord, 0, sA, gA)
         tBsB, tBgB = tma.partition_load(tma_b, cluster_layout, cluster_coord, 1, sB, gB)
         k_tiles = cute.size(gA, mode=[3])
@@ -253,7 +276,7 @@ class Sm90PersistentGemm:
         consumer of the previous fill released it.
         """
         cfg = self.config
-        cC, extent_mn, alpha, beta, c_src, bias, scale_a, scale_b, sBias = epi_args
+        cC, extent_mn, alpha, beta, c_src, bias, scale_a, scale_b, sBias, tma_p, gP = epi_args
         ring = cfg.epi_stages // 2 if self.pingpong else cfg.epi_stages
         epi_barrier = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=self.epi_threads)
         # Ping-pong math order: warpgroup wg may start waiting on the mainloop pipeline only after
@@ -275,9 +298,14 @@ class Sm90PersistentGemm:
         tRS_sC = thr_r2s.partition_D(sC)
         tRS_acc = r2s.retile(acc_main)
         frag_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
+        # gated: the gated half stored through the half-width MMA's partition of the same ring
+        r2s_out, tRS_sC_out, tRS_acc_out = r2s, tRS_sC, tRS_acc
+        if cutlass.const_expr(self.gated):
+            r2s_out = epilogue.make_r2s_copy(self.c_layout, self.c_dtype, self.acc_dtype, self.out_mma)
+            tRS_sC_out = r2s_out.get_slice(ctidx).partition_D(sC)
+            tRS_acc_out = r2s_out.retile(epilogue.gate_view(acc_main))
         tRS_rAcc = cute.make_rmem_tensor(frag_shape, self.acc_dtype)
         tRS_rC = cute.make_rmem_tensor(frag_shape, self.c_dtype)
-        frag_size = cute.size(tRS_rAcc)
         store_pipe = hpipe.make_store_pipeline(stages=ring, threads=self.epi_threads)
         s_bias = None
         if cutlass.const_expr(self.bias_stage is not None):
@@ -353,38 +381,68 @@ class Sm90PersistentGemm:
             if cutlass.const_expr(self.bias_stage is not None):
                 self.bias_stage.stage(bias_regs, s_bias, ctidx)
                 epi_barrier.arrive_and_wait()
-            tRS_cC = r2s.retile(thr_mma.partition_C(cC[(None, None, m, n, l)]))
-            gC_tile = cute.zipped_divide(gC[(None, None, m, n, l)], self.epi_tile)
-            bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
-                tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_tile)
-            epi_count = cute.size(gC_tile, mode=[1])
-            epi_grid = gC_tile.shape[1]
-            epi_order = cute.make_layout(epi_grid, stride=(epi_grid[1], 1))
-            base = done * epi_count
-            for e in cutlass.range_constexpr(epi_count):
-                for v in cutlass.range_constexpr(frag_size):
-                    if cutlass.const_expr(self.epi.fused):
-                        tRS_rAcc[v] = epilogue.fuse(self.epi, tRS_acc[e * frag_size + v], tRS_cC[e * frag_size + v],
-                                                    extent_mn, alpha, beta, c_src, bias, scale_a, scale_b,
-                                                    s_bias, bias_origin)
-                    else:
-                        tRS_rAcc[v] = tRS_acc[e * frag_size + v] * alpha
-                tRS_rC.store(tRS_rAcc.load().to(self.c_dtype))
-                buf = (base + e) % ring + wg * ring
-                cute.copy(r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
-                cute.arch.fence_proxy("async.shared", space="cta")
-                epi_barrier.arrive_and_wait()
-                if warp_idx == store_warp:
-                    cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_order.get_hier_coord(e))])
-                    store_pipe.producer_commit()
-                    store_pipe.producer_acquire()
-                epi_barrier.arrive_and_wait()
+            if cutlass.const_expr(self.gated):
+                # the product first (its sub-tiles read the accumulator before gating rewrites it)
+                pre_count = self.subtile_count(self.tile_mnk[1]) if cutlass.const_expr(self.epi.gate_preact) else 0
+                base = done * (pre_count + self.subtile_count(self.out_tile_n))
+                if cutlass.const_expr(self.epi.gate_preact):
+                    self.store_subtiles(tRS_acc, alpha, None, r2s, tRS_sC, tRS_rAcc, tRS_rC, sC, tma_p,
+                                        gP[(None, None, m, n, l)], base, ring, wg, warp_idx, store_warp,
+                                        epi_barrier, store_pipe)
+                epilogue.gate_in_place(self.epi.gate, acc_main, alpha)
+                self.store_subtiles(tRS_acc_out, 1.0, None, r2s_out, tRS_sC_out, tRS_rAcc, tRS_rC, sC, tma_c,
+                                    gC[(None, None, m, n, l)], base + pre_count, ring, wg, warp_idx, store_warp,
+                                    epi_barrier, store_pipe)
+            else:
+                fusion = None
+                if cutlass.const_expr(self.epi.fused):
+                    fusion = (r2s.retile(thr_mma.partition_C(cC[(None, None, m, n, l)])), extent_mn, alpha, beta,
+                              c_src, bias, scale_a, scale_b, s_bias, bias_origin)
+                self.store_subtiles(tRS_acc, alpha, fusion, r2s, tRS_sC, tRS_rAcc, tRS_rC, sC, tma_c,
+                                    gC[(None, None, m, n, l)], done * self.subtile_count(self.out_tile_n), ring, wg,
+                                    warp_idx, store_warp, epi_barrier, store_pipe)
             done += 1
             sched.advance_to_next_work(advance_count=stride)
             work = sched.get_current_work()
         store_pipe.producer_tail()
 
 
+    def subtile_count(self, tile_n: int) -> int:
+        """Epilogue sub-tiles in a (tile_m, tile_n) tile (trace time)."""
+        return (self.tile_mnk[0] // self.epi_tile[0]) * (tile_n // self.epi_tile[1])
+
+    @cute.jit
+    def store_subtiles(self, tRS_vals, scale, fusion, r2s, tRS_sC, tRS_rAcc, tRS_rC, sC, tma_atom, g_tile, base,
+                       ring, wg, warp_idx, store_warp, epi_barrier, store_pipe):
+        """One tile's values stored through the smem ring, sub-tile by sub-tile, its buffers
+        counted from `base`: each value of the retiled fragment `tRS_vals` times `scale`, or with
+        `fusion` (the fragment's coordinates, then `epilogue.fuse`'s operands) the fused epilogue
+        of it; converted, written to smem (stmatrix when 16-bit), and TMA-stored by one warp."""
+        g_sub = cute.zipped_divide(g_tile, self.epi_tile)
+        bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
+            tma_atom, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), g_sub)
+        grid = g_sub.shape[1]
+        order = cute.make_layout(grid, stride=(grid[1], 1))
+        frag_size = cute.size(tRS_rAcc)
+        for e in cutlass.range_constexpr(cute.size(g_sub, mode=[1])):
+            for v in cutlass.range_constexpr(frag_size):
+                if cutlass.const_expr(fusion is not None):
+                    coords, extent_mn, alpha, beta, c_src, bias, scale_a, scale_b, s_bias, bias_origin = fusion
+                    tRS_rAcc[v] = epilogue.fuse(self.epi, tRS_vals[e * frag_size + v], coords[e * frag_size + v],
+                                                extent_mn, alpha, beta, c_src, bias, scale_a, scale_b, s_bias,
+                                                bias_origin)
+                else:
+                    tRS_rAcc[v] = tRS_vals[e * frag_size + v] * scale
+            tRS_rC.store(tRS_rAcc.load().to(self.c_dtype))
+            buf = (base + e) % ring + wg * ring
+            cute.copy(r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
+            cute.arch.fence_proxy("async.shared", space="cta")
+            epi_barrier.arrive_and_wait()
+            if warp_idx == store_warp:
+                cute.copy(tma_atom, bSG_sC[(None, buf)], bSG_gC[(None, order.get_hier_coord(e))])
+                store_pipe.producer_commit()
+                store_pipe.producer_acquire()
+            epi_barrier.arrive_and_wait()
 
 def _make_rung():
     from cute_kernels.gemm.sm90_rung import Sm90Rung
@@ -418,6 +476,10 @@ VARIANTS = {
     "epi_bias_m_silu_fp32": {"bias": "m", "activation": "silu", "out_dtype": "fp32"},
     "epi_relu_pingpong": {"tile_n": 128, "schedule": "pingpong", "beta_c": True, "activation": "relu"},
     "pingpong_64x128": {"tile_m": 64, "tile_n": 128, "schedule": "pingpong", "cluster_m": 1},
+    # SwiGLU gate-up products (EpilogueSpec.gate): the gated half, and with the product beside it
+    "swiglu_preact": {"gate": "swiglu", "gate_preact": True},
+    "swiglu_pingpong_128x128_1x2": {"tile_n": 128, "schedule": "pingpong", "cluster_m": 1, "cluster_n": 2,
+                                    "gate": "swiglu"},
     # swap-AB builds of the small-M path (sm90_skinny): 16 output columns, M-major output
     "skinny_swap_64x16": {"tile_m": 64, "tile_n": 16, "schedule": "pingpong", "cluster_m": 1, "c_major": "M",
                           "bias": "m"},

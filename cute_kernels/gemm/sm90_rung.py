@@ -81,6 +81,12 @@ def _to_cute(t: torch.Tensor, lead: int, align: int = 16):
 _dummies = WarmCache("gemm.sm90.dummy_operands")
 
 
+def _csrc_align(epi: EpilogueSpec, csrc: torch.Tensor) -> int:
+    """The alignment a build assumes of C's source: 16 bytes where the gated epilogue TMA-stores
+    the product into it (a descriptor's base must be), else one element (it is read per element)."""
+    return 16 if epi.gate_preact else csrc.element_size()
+
+
 def _dummy_bias(device) -> torch.Tensor:
     """A 1-element fp32 stand-in for the bias / scale arguments of builds that do not read them.
 
@@ -287,19 +293,19 @@ class Sm90Rung:
 
             args = tuple(fake_tensor(t.dtype, 3, leading_dim=_leading(t)) for t in (A, B, C))
             if fuses:
-                args += (fake_tensor(Csrc.dtype, 3, leading_dim=_leading(Csrc), assumed_align=Csrc.element_size()),
+                args += (fake_tensor(Csrc.dtype, 3, leading_dim=_leading(Csrc), assumed_align=_csrc_align(epi, Csrc)),
                          fake_tensor(bias.dtype, 1, leading_dim=0, assumed_align=bias.element_size()),
                          *(fake_tensor(t.dtype, 1, leading_dim=0, assumed_align=4) for t in scales))
             return compile_kernel(kern, *args, *scalars, ncl, fake_stream(tvm_ffi_env_stream=True), key=key,
                                   options=TVM_FFI_OPTION)
-        return compile_kernel(kern, *self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses), *scalars, ncl, _stream(),
-                              key=key)
+        return compile_kernel(kern, *self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses, epi), *scalars, ncl,
+                              _stream(), key=key)
 
     @staticmethod
-    def _dsl_tensors(A, B, C, Csrc, bias, scales, fuses):
+    def _dsl_tensors(A, B, C, Csrc, bias, scales, fuses, epi):
         ts = tuple(_to_cute(t, _leading(t)) for t in (A, B, C))
         if fuses:
-            ts += (_to_cute(Csrc, _leading(Csrc), align=Csrc.element_size()),
+            ts += (_to_cute(Csrc, _leading(Csrc), align=_csrc_align(epi, Csrc)),
                    _to_cute(bias, 0, align=bias.element_size()), *(_to_cute(t, 0, align=4) for t in scales))
         return ts
 
@@ -329,7 +335,7 @@ class Sm90Rung:
                     args = tuple(t.detach() if type(t) is not float and t.requires_grad else t for t in args)
                     break
             return fn, args
-        return fn, (*self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses), *scalars, _stream())
+        return fn, (*self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses, epi), *scalars, _stream())
 
     def launcher(self, config, A, B, C, alpha: float = 1.0, *, epi: EpilogueSpec = EpilogueSpec(), beta: float = 0.0,
                  Csrc=None, bias=None, scales=None):
@@ -806,14 +812,15 @@ def register_compile_variants(name: str, kernel_cls, configs: dict[str, dict], r
     """Register compile-only builds with cute_kernels.runtime (no-op until the runtime exists).
 
     Each config dict holds Sm90GemmConfig fields plus optional in_dtype, out_dtype, a_major,
-    b_major, c_major for the fake operands and beta_c, bias, activation for the epilogue.
+    b_major, c_major for the fake operands and beta_c, bias, activation, scale_ab, scale_rows,
+    gate, gate_preact for the epilogue.
     """
     try:
         from cute_kernels.runtime.registry import CompileJob, register_variant
     except ImportError:
         return
     operand_keys = ("in_dtype", "out_dtype", "a_major", "b_major", "c_major")
-    epi_keys = ("beta_c", "bias", "activation", "scale_ab", "scale_rows")
+    epi_keys = ("beta_c", "bias", "activation", "scale_ab", "scale_rows", "gate", "gate_preact")
 
     def build(**cfg):
         ops = {k: cfg.pop(k) for k in operand_keys if k in cfg}

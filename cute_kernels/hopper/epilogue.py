@@ -36,8 +36,16 @@ from cutlass.cute.nvgpu import warp
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")  # torch definitions: gemm.activations
 BIAS_DIMS = ("m", "n")
+GATES = ("swiglu",)
+# A gated product's columns alternate blocks of GATE_BLOCK gate and GATE_BLOCK up columns. A
+# wgmma accumulator fragment holds, per thread, two adjacent columns of every 8-column block,
+# so with 8-column blocks a thread holds each gate value beside its up value, and the gated
+# values form exactly the fragment of the half-width tile (`gate_view`): stmatrix and the TMA
+# store run as for any output.
+GATE_BLOCK = 8
 _SQRT_2_OVER_PI = 0.7978845608028654
 _SQRT_1_2 = 0.7071067811865476
+_LOG2_E = 1.4426950408889634
 
 
 @dataclass(frozen=True)
@@ -47,15 +55,29 @@ class EpilogueSpec:
     activation applied last (`ACTIVATIONS`, or None). `scale_ab`: the product is multiplied by
     two scales read from device memory (fp8 inputs' dequantization scales): per tensor (one
     value each, folded into alpha), or with `scale_rows` one per row of A and one per column
-    of B (torch._scaled_mm's row-wise scales: alpha * scale_a[m] * scale_b[n] * (A.B)[m, n])."""
+    of B (torch._scaled_mm's row-wise scales: alpha * scale_a[m] * scale_b[n] * (A.B)[m, n]).
+
+    `gate="swiglu"`: the product P = alpha * A.B has 2I columns in alternating blocks of
+    `GATE_BLOCK` gate and up columns, and the output is its (M, I) gated half,
+    D[m, 8j + i] = silu(P[m, 16j + i]) * P[m, 16j + 8 + i]; with `gate_preact` the kernel also
+    stores P itself (what the backward needs) into the tensor passed as C's source. A gate
+    takes none of the other terms."""
 
     beta_c: bool = False
     bias: str | None = None
     activation: str | None = None
     scale_ab: bool = False
     scale_rows: bool = False
+    gate: str | None = None
+    gate_preact: bool = False
 
     def validate(self) -> "EpilogueSpec":
+        if self.gate not in (None, *GATES):
+            raise ValueError(f"gate must be None or one of {GATES}, got {self.gate!r}")
+        if self.gate_preact and self.gate is None:
+            raise ValueError("gate_preact (store the product beside its gated half) needs a gate")
+        if self.gate is not None and (self.beta_c or self.bias or self.activation or self.scale_ab):
+            raise ValueError(f"a gated epilogue ({self.gate}) takes no beta * C, bias, activation or scales")
         if self.scale_rows and not self.scale_ab:
             raise ValueError("scale_rows (row-wise scales) needs scale_ab")
         if self.bias not in (None, *BIAS_DIMS):
@@ -66,13 +88,15 @@ class EpilogueSpec:
 
     @property
     def fused(self) -> bool:
-        return self.beta_c or self.bias is not None or self.activation is not None or self.scale_ab
+        return self.beta_c or self.bias is not None or self.activation is not None or self.scale_ab \
+            or self.gate is not None
 
     @property
     def tag(self) -> str:
         parts = (["c"] if self.beta_c else []) + ([f"bias_{self.bias}"] if self.bias else []) + \
             ([self.activation] if self.activation else []) + \
-            ((["scale_rows"] if self.scale_rows else ["scale_ab"]) if self.scale_ab else [])
+            ((["scale_rows"] if self.scale_rows else ["scale_ab"]) if self.scale_ab else []) + \
+            ([self.gate] if self.gate else []) + (["preact"] if self.gate_preact else [])
         return "+".join(parts) or "none"
 
 
@@ -134,6 +158,36 @@ def fuse(spec: cutlass.Constexpr, x, coord, extent_mn, alpha, beta, c_src, bias,
     if cutlass.const_expr(spec.bias == "n" and staged_bias is not None):
         x = x + staged_bias[ni - bias_origin]
     return activate(x, spec.activation)
+
+
+def gate_view(acc: cute.Tensor) -> cute.Tensor:
+    """The gate half of a wgmma accumulator fragment ((2, 2, N/8), MMA_M, MMA_N) as a fragment
+    of the half-width tile ((2, 2, N/16), MMA_M, MMA_N): its even 8-column blocks, in place,
+    where `gate_in_place` leaves the gated values (trace time; a view, no registers)."""
+    (c2, r2, blocks), mm, mn = acc.shape
+    (sc, sr, sb), sm, sn = acc.layout.stride
+    return cute.make_tensor(acc.iterator, cute.make_layout(((c2, r2, blocks // 2), mm, mn),
+                                                           stride=((sc, sr, 2 * sb), sm, sn)))
+
+
+@cute.jit
+def gate_in_place(gate: cutlass.Constexpr, acc: cute.Tensor, alpha):
+    """Every gate value of `acc` (accumulator fragment, module GATE_BLOCK layout) becomes
+    silu(alpha * g) * (alpha * u) with the up value beside it in the same thread (`gate_view`
+    reads the results). NaN and Inf propagate as torch's silu(g) * u."""
+    (c2, r2, blocks), mm, mn = acc.shape
+    for n in cutlass.range_constexpr(mn):
+        for m in cutlass.range_constexpr(mm):
+            for j in cutlass.range_constexpr(blocks // 2):
+                for r in cutlass.range_constexpr(r2):
+                    for c in cutlass.range_constexpr(c2):
+                        g = acc[(c, r, 2 * j), m, n] * alpha
+                        u = acc[(c, r, 2 * j + 1), m, n] * alpha
+                        # sigmoid by the approximate reciprocal: an IEEE division would call
+                        # its slow-path subroutine once per value (64 CALLs in a 128x256 tile)
+                        sig = cute.arch.rcp_approx(cutlass.Float32(1.0) + cute.math.exp2(
+                            g * cutlass.Float32(-_LOG2_E), fastmath=True))
+                        acc[(c, r, 2 * j), m, n] = g * sig * u
 
 
 class StagedBias:

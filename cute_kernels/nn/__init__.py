@@ -10,6 +10,8 @@
   each library's own mechanism (transformers' attention interface; instance-level rebinding of
   F.scaled_dot_product_attention for timm and other models: `rebind`); `route()`: the generic
   TorchFunctionMode fallback.
+- `GatedMLP` (mlp.py): a SwiGLU MLP whose gate/up GEMM gates in its epilogue (one interleaved
+  gate-up weight); `from_projections(gate_proj, up_proj, down_proj)`.
 - `parallel`: tensor parallelism on our `linear` (`ColumnParallelLinear`, `RowParallelLinear`,
   `TensorParallelMLP`).
 """
@@ -21,6 +23,7 @@ from cute_kernels.runtime.eager import transparent_mode
 from . import functional, fused_functional, parallel
 from .linear import Linear
 from .losses import CrossEntropyLoss, LinearCrossEntropyLoss
+from .mlp import GatedMLP
 from .norms import LayerNorm, RMSNorm, replacement_for
 from .parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 from .routing import PatchReport, patch, route
@@ -29,6 +32,6 @@ from .routing import PatchReport, patch, route
 # made under it (a patched model's Linear layers) keeps the direct path (runtime.eager).
 transparent_mode(route)
 
-__all__ = ["ColumnParallelLinear", "CrossEntropyLoss", "LayerNorm", "Linear", "LinearCrossEntropyLoss", "PatchReport",
+__all__ = ["ColumnParallelLinear", "CrossEntropyLoss", "GatedMLP", "LayerNorm", "Linear", "LinearCrossEntropyLoss", "PatchReport",
            "RMSNorm", "RowParallelLinear", "TensorParallelMLP", "functional", "fused_functional", "parallel", "patch",
            "replacement_for", "route"]

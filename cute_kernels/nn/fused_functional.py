@@ -1,6 +1,6 @@
 """Functional forms of the fused kernels, drop-in for their torch.nn.functional namesakes where
 one exists (`rms_norm`, `layer_norm`, `softmax`, `cross_entropy`), plus `fused_add_rms_norm`,
-`fused_add_layer_norm`, `linear_cross_entropy`, `rotary_embedding` and `swiglu`.
+`fused_add_layer_norm`, `linear_cross_entropy`, `rotary_embedding`, `swiglu` and `linear_swiglu`.
 
 Each calls a `cute_kernels::` operator (`cute_kernels.ops.fused`; the norms, softmax and SwiGLU
 through its eager direct path, `ops.eager_fused`, which a warm eager call takes instead of the
@@ -16,12 +16,13 @@ import math
 import torch
 
 from cute_kernels.ops import fused as fops
+from cute_kernels.ops.gated import linear_swiglu as linear_swiglu_op
 from cute_kernels.ops.eager_fused import norm as norm_entry
 from cute_kernels.ops.eager_fused import softmax as softmax_entry
 from cute_kernels.ops.eager_fused import swiglu as swiglu_entry
 
 __all__ = ["rms_norm", "layer_norm", "fused_add_rms_norm", "fused_add_layer_norm", "softmax", "cross_entropy",
-           "linear_cross_entropy", "rotary_embedding", "swiglu", "REDUCTIONS"]
+           "linear_cross_entropy", "rotary_embedding", "swiglu", "linear_swiglu", "REDUCTIONS"]
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -148,3 +149,14 @@ def rotary_embedding(q, k, cos, sin, *, position_ids=None, offset: int = 0, inte
 def swiglu(gate, up=None, *, interleaved: bool = False, fallback: str = "none"):
     """silu(gate) * up; with `interleaved`, of one (..., 2I) tensor whose columns alternate g, u."""
     return swiglu_entry(gate, up, interleaved, fallback)
+
+
+def linear_swiglu(input, weight, *, kernel: str = "auto", fallback: str = "none"):
+    """silu(input @ Wg^T) * (input @ Wu^T) for an interleaved gate-up weight (2I, K)
+    (`cute_kernels.gemm.gated.interleave_gate_up`), from one GEMM that gates in its epilogue on
+    sm_90 (`cute_kernels::linear_swiglu`). The product is kept for the backward only when
+    autograd records the call. `kernel`: "auto", or a GEMM rung for the product (then gated by
+    the elementwise kernel)."""
+    need = torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad)
+    h, _ = linear_swiglu_op(input, weight, need, kernel, fallback)
+    return h

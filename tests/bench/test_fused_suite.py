@@ -13,8 +13,10 @@ from cute_kernels.bench.runner import RunSettings, run_suite  # noqa: E402
 from cute_kernels.bench.suites import SUITES, select_impls  # noqa: E402
 from cute_kernels.bench.timing import wall_clock_timer  # noqa: E402
 
-TINY = [FusedCase(op, 16, 64) for op in FUSED_OPS if op not in ("rope", "linear_cross_entropy")]
-TINY += [FusedCase.rope(2, 8, 4, 2, 16), FusedCase.linear_cross_entropy(32, 16, 100)]
+TINY = [FusedCase(op, 16, 64) for op in FUSED_OPS if op not in ("rope", "linear_cross_entropy") and
+        not op.startswith("linear_swiglu")]
+TINY += [FusedCase.rope(2, 8, 4, 2, 16), FusedCase.linear_cross_entropy(32, 16, 100),
+         FusedCase.linear_swiglu(16, 32, 24), FusedCase.linear_swiglu(16, 32, 24, backward=True)]
 
 
 def test_names_round_trip_and_the_suite_has_the_issue_cases():
@@ -35,6 +37,10 @@ def test_bytes_are_the_compulsory_traffic():
     assert FusedCase("cross_entropy_fwd", 8192, 128256).bytes == 8192 * 128256 * 2 + 12 * 8192
     lce = FusedCase.linear_cross_entropy(8192, 4096, 128256)
     assert lce.flops == 6 * 8192 * 4096 * 128256 and lce.result_dtype == "fp32"
+    mlp = FusedCase.linear_swiglu(8192, 4096, 14336)
+    assert mlp.name == "linear_swiglu_fwd_8192x4096x14336" and mlp.flops == 2 * 8192 * 4096 * 2 * 14336
+    assert mlp.bytes == 2 * (8192 * 4096 + 2 * 14336 * 4096 + 8192 * 14336)
+    assert FusedCase.linear_swiglu(8192, 4096, 14336, backward=True).flops == 3 * mlp.flops
 
 
 def test_eager_runs_every_op_on_cpu():

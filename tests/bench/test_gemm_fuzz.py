@@ -16,7 +16,7 @@ def test_problems_are_deterministic_and_cover_every_option():
     assert ps == gemm_fuzz.problems(7, 2000) and ps != gemm_fuzz.problems(8, 2000)
     seen = {f.name: {getattr(p, f.name) for p in ps} for f in dataclasses.fields(gemm_fuzz.Problem)}
     assert seen["dtype"] == {"bf16", "fp16", "fp32"} and seen["out_dtype"] == {"bf16", "fp16", "fp32"}
-    assert seen["entry"] == {"matmul", "epilogue"} and seen["bcast"] == {None, "a", "b"}
+    assert seen["entry"] == {"matmul", "epilogue", "swiglu"} and seen["bcast"] == {None, "a", "b"}
     assert seen["a_major"] == seen["b_major"] == seen["c_major"] == {"row", "col"}
     assert {0, 1, 8} <= seen["a_pad"] and {0, 3, 8} <= seen["b_pad"] and seen["c_bcast"] == {False, True}
     assert seen["bias"] == {None, "n", "m"} and seen["activation"] == {None, "relu", "gelu", "gelu_tanh", "silu"}
@@ -26,6 +26,18 @@ def test_problems_are_deterministic_and_cover_every_option():
         assert 1 in sizes and max(sizes) >= 4096 and {7, 13, 4093, 4099} & sizes  # ones, primes, large
     assert all(p.m * p.n * p.k <= 2_500_000_000 for p in ps)
     assert all(p.entry == "matmul" for p in ps if p.dtype == "fp32")  # the fused epilogue takes bf16/fp16
+    gated = [p for p in ps if p.entry == "swiglu"]
+    assert all(p.n % 16 == 0 and p.beta == 0 and p.batch is None and p.out_dtype == p.dtype for p in gated)
+    assert sum(p.m > 128 for p in gated) >= 20 and {"row", "col"} == {p.b_major for p in gated}
+
+
+def test_swiglu_cases_call_and_reference_agree_on_cpu():
+    torch = pytest.importorskip("torch")
+    p = gemm_fuzz.Problem(m=9, n=32, k=5, dtype="bf16", out_dtype="bf16", entry="swiglu", b_major="col", alpha=0.5)
+    t = gemm_fuzz.inputs(p, torch.Generator().manual_seed(0), "cpu")
+    out, ref = gemm_fuzz.call(p, t), gemm_fuzz.reference(p, t)
+    assert out.shape == ref.shape == (9, 16)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < gemm_fuzz.tolerance(p)
 
 
 def test_tolerances_sit_above_rounding_and_far_below_a_wrong_element():

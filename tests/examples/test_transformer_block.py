@@ -1,4 +1,4 @@
-"""examples/transformer_block.py: the three versions agree, the FLOP count, no graph breaks in the
+"""examples/transformer_block.py: the four versions agree, the FLOP count, no graph breaks in the
 patched block, and the results file it writes.
 
 On CPU our ops run with fallback="torch", so these check the plumbing (routing, autograd through
@@ -59,7 +59,7 @@ def test_tiny_cpu_run_versions_agree(tiny_run):
             # bf16 against fp32: nonzero (it is not comparing fp32 with itself) and within tolerance.
             assert 1e-5 < err <= tb.TOLERANCE["bf16"], (version, tensor, err)
     # ours really went through the cute_kernels ops, forward and backward
-    assert {"linear", "matmul", "sdpa", "sdpa_backward"} <= called
+    assert {"linear", "matmul", "sdpa", "sdpa_backward", "norm", "rotary", "linear_swiglu", "swiglu_backward"} <= called
     assert all(r.ok and r.ms > 0 for r in result.records)
 
 
@@ -71,7 +71,7 @@ def test_results_file_validates(tiny_run):
     loaded = load_result(json_path)
     assert loaded.suite == "transformer"
     assert [(r.impl, r.kind) for r in loaded.records] == [("eager", "peer"), ("torch_compile", "peer"),
-                                                          ("cute_kernels", "ours")]
+                                                          ("cute_kernels", "ours"), ("cute_kernels_fused", "ours")]
     flops = tb.block_flops(tb.TINY_CONFIG)["total"]
     for r in loaded.records:
         assert r.case == tb.TINY_CONFIG.name and r.dtype == "bf16"

@@ -78,8 +78,18 @@ class Emulator:
                 _check_tma(t, lead, what)
         M, K, L = A.shape
         N = B.shape[0]
-        assert B.shape[1] == K and B.shape[2] == L and C.shape[0] == M and C.shape[1] >= N and C.shape[2] == L
+        out_n = N // 2 if spec.gate else N  # a gated build stores the product's gated half
+        assert B.shape[1] == K and B.shape[2] == L and C.shape[0] == M and C.shape[1] >= out_n and C.shape[2] == L
         acc = torch.einsum("mkl,nkl->mnl", A.double(), B.double()) * alpha
+        if spec.gate:
+            from cute_kernels.gemm.gated import swiglu_of_product
+
+            assert N % 16 == 0 and not (spec.beta_c or spec.bias or spec.activation or spec.scale_ab)
+            if spec.gate_preact:
+                _check_tma(Csrc, 1 if Csrc.stride(1) == 1 else 0, "P")
+                Csrc.copy_(acc.to(Csrc.dtype))
+            C[:, :out_n].copy_(swiglu_of_product(acc.permute(2, 0, 1)).permute(1, 2, 0).to(C.dtype))
+            return
         if spec.scale_rows:
             assert scales[0].shape == (M,) and scales[1].shape == (N,), "row-wise scales: one per kernel row / column"
             acc = acc * scales[0].double().view(-1, 1, 1) * scales[1].double().view(1, -1, 1)
@@ -253,10 +263,11 @@ def test_matmul_warm_path_on_fresh_data(emulated, monkeypatch):
 
 
 def test_the_gemm_fuzz_problems_through_the_public_entry_points(emulated, monkeypatch):
-    """The GPU fuzz's own problems (smaller) through `matmul` and `matmul_epilogue` on the
-    emulated kernel: the entry points' views, broadcasts and plans, cold and warm."""
+    """The GPU fuzz's own problems (smaller) through `matmul`, `matmul_epilogue` and
+    `matmul_swiglu` on the emulated kernel: the entry points' views, broadcasts and plans, cold
+    and warm."""
     from cute_kernels.bench import gemm_fuzz
-    from cute_kernels.gemm import epilogue_api
+    from cute_kernels.gemm import epilogue_api, gated
 
     monkeypatch.setattr(api, "_check_cuda", lambda t, what, device: None)
     monkeypatch.setattr(api, "resolve", lambda kernel, a, b, out: persistent)
@@ -266,6 +277,7 @@ def test_the_gemm_fuzz_problems_through_the_public_entry_points(emulated, monkey
     from cute_kernels.gemm.gemv import RUNG as gemv
 
     monkeypatch.setattr(type(gemv), "supports", lambda self, a, b, out: "not emulated here")
+    monkeypatch.setattr(gated, "_device_reason", lambda x2: None)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     report = gemm_fuzz.run(4321, 250, device="cpu", max_size=320, dtypes=("bf16", "fp16"))
     monkeypatch.undo()
@@ -311,3 +323,34 @@ def test_aligned_copy_keeps_the_major_and_pads_only_strides(rows, k, major, fp8)
     # (a K of 1 leaves both modes unit-stride: the copy may keep either)
     lead = 1 if (fp8 or rows == 1 or (major == "k" and k > 1)) else 0
     _check_tma(got, lead, "copy")
+
+
+@pytest.mark.parametrize("m,i,k", [(129, 8, 16), (300, 200, 192), (1000, 64, 1000), (64, 32, 64), (5, 16, 8)])
+@pytest.mark.parametrize("weight_major", ["K", "N"])
+@pytest.mark.parametrize("preact", [True, False])
+def test_gated_route_hands_the_kernel_its_views(emulated, monkeypatch, m, i, k, weight_major, preact):
+    """`gemm.gated.matmul_swiglu` on the emulated kernel: the gated launch (M past the skinny
+    bound: output and product views, the weight K- or N-major as it lies) and the unfused one
+    below it both give silu(g) * u of the float64 product."""
+    from cute_kernels.gemm import gated
+
+    monkeypatch.setattr(api, "_check_cuda", lambda t, what, device: None)
+    monkeypatch.setattr(api, "resolve", lambda kernel, a, b, out: persistent)
+    monkeypatch.setattr(gated, "_device_reason", lambda x2: None)
+    from cute_kernels.gemm.gemv import RUNG as gemv
+
+    monkeypatch.setattr(type(gemv), "supports", lambda self, a, b, out: "not emulated here")
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    x = torch.randn(m, k).to(torch.bfloat16)
+    w = torch.randn(2 * i, k).to(torch.bfloat16)
+    if weight_major == "N":
+        w = w.t().contiguous().t()
+    launches = emulated.launches
+    h, p = gated.matmul_swiglu(x, w, preact=preact, alpha=0.5)
+    route = gated.last_route()
+    monkeypatch.undo()
+    ref_p = 0.5 * x.double() @ w.double().t()
+    assert route.startswith("sm90_persistent") == (m > gated.SKINNY_M), route
+    assert emulated.launches > launches
+    assert _rel(h, gated.swiglu_of_product(ref_p)) < 1e-2
+    assert (p is None) != preact and (p is None or _rel(p, ref_p) < 1e-2)

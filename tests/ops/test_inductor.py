@@ -41,6 +41,7 @@ def _example_args(name):
     return {
         "matmul": (randn(4, 5), randn(5, 3)),
         "linear": (randn(4, 5), randn(3, 5)),
+        "linear_swiglu": (randn(4, 5), randn(32, 5)),
         "scaled_mm": (randn(4, 5), randn(5, 3), torch.ones(()), torch.ones(())),
         "sdpa": (q, k, v),
         "sdpa_backward": (randn(1, 2, 4, 8), q, k, v, randn(1, 2, 4, 8), randn(1, 2, 4)),
@@ -101,10 +102,11 @@ def _compiler_available() -> bool:
     return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
 
 
-def _every_op(x, w, b, q, k, v, a8, b8, vq, vk, vv, cu_q, cu_k, pq, kc, vc, table, seqlens, key_mask):
+def _every_op(x, w, b, q, k, v, a8, b8, vq, vk, vv, cu_q, cu_k, pq, kc, vc, table, seqlens, key_mask, wgu):
     """Every op once, with defaulted arguments passed by keyword (the form that collided)."""
     y = ops.linear(x, w, bias=b, activation="silu", rung="auto", fallback="torch")
-    z = ops.matmul(y, w, rung="auto", fallback="torch")
+    g, _ = ops.linear_swiglu(y, wgu, need_preact=True, rung="auto", fallback="torch")
+    z = ops.matmul(y + g[:, :6], w, rung="auto", fallback="torch")
     o, lse = ops.sdpa(q, k, v, causal="bottom_right", scale=None, enable_gqa=True, rung="auto", fallback="torch")
     s = ops.scaled_mm(a8, b8, torch.ones((), dtype=F32), torch.ones((), dtype=F32), out_dtype=F32, rung="auto",
                       fallback="torch")
@@ -129,7 +131,7 @@ def _inputs(m, s):
                 pq=randn(2, 4, 8), kc=randn(6, 4, 2, 8), vc=randn(6, 4, 2, 8),
                 table=torch.tensor([[5, 0, 3], [2, 1, 0]], dtype=torch.int32),
                 seqlens=torch.tensor([10, 3], dtype=torch.int32),
-                key_mask=torch.arange(s)[None, :] >= 2)
+                key_mask=torch.arange(s)[None, :] >= 2, wgu=randn(16, 6, grad=True))
 
 
 @pytest.mark.skipif(not _compiler_available(), reason="Inductor on CPU needs a C++ compiler")
@@ -161,7 +163,7 @@ def test_inductor_compiles_every_op_forward_and_backward_without_recompiling(mon
             want = _every_op(**inp)
             for a, r in zip(got, want):
                 assert a.shape == r.shape and torch.allclose(a, r, rtol=1e-5, atol=1e-5)
-            grads = [inp[n] for n in ("x", "w", "b", "q", "k", "v", "vq", "vk", "vv")]
+            grads = [inp[n] for n in ("x", "w", "b", "q", "k", "v", "vq", "vk", "vv", "wgu")]
             seed = [randn(*t.shape) for t in got[:3]]
             got_grads = torch.autograd.grad(got[:3], grads, seed)
             want_grads = torch.autograd.grad(want[:3], grads, seed)

@@ -1,0 +1,101 @@
+"""The gated (SwiGLU) epilogue on an sm_90 GPU: silu(x Wg^T) * (x Wu^T) and the product itself
+from one `sm90_persistent` GEMM, against float64, for every schedule and tile class the
+heuristic picks, edge tiles, both majors of the weight and NaN propagation; `ops.linear_swiglu`
+forward and backward on the gated and the unfused routes. Outputs come from an allocator
+poisoned with NaN, so an element the kernel does not write fails the check."""
+
+import pytest
+import torch
+
+from cute_kernels.bench.fuzz_record import poison
+from cute_kernels.gemm import gated
+from cute_kernels.gemm.sm90_config import Sm90GemmConfig
+
+pytestmark = pytest.mark.gpu
+
+CONFIGS = {
+    "heuristic": None,
+    "coop_128x256_2x1": Sm90GemmConfig(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1),
+    "coop_128x192_1x1": Sm90GemmConfig(tile_m=128, tile_n=192, cluster_m=1, cluster_n=1),
+    "pingpong_128x128_1x2": Sm90GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, schedule="pingpong"),
+    "pingpong_64x128": Sm90GemmConfig(tile_m=64, tile_n=128, cluster_m=1, cluster_n=1, schedule="pingpong"),
+}
+
+
+def _hopper():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+
+
+def _rel(x, ref):
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+def _problem(m, i, k, dtype, weight_major="K", seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, k, generator=gen, device="cuda").to(dtype)
+    w = torch.randn(2 * i, k, generator=gen, device="cuda").to(dtype)
+    if weight_major == "N":  # the same values with unit stride along the 2I rows
+        w = w.t().contiguous().t()
+    return x, w
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("m,i,k", [(384, 512, 256), (300, 200, 192), (129, 1000, 520)])
+@pytest.mark.parametrize("preact", [True, False])
+def test_gated_kernel_matches_float64(name, m, i, k, preact):
+    _hopper()
+    x, w = _problem(m, i, k, torch.bfloat16, seed=m + i)
+    poison("cuda", 4 * m * i)
+    out = gated.gated_product(x, w, preact, alpha=0.75, config=CONFIGS[name])
+    assert out is not None
+    h, p = out
+    ref_p = 0.75 * x.double() @ w.double().t()
+    assert h.shape == (m, i) and _rel(h, gated.swiglu_of_product(ref_p)) < 6e-3
+    if preact:
+        assert p.shape == (m, 2 * i) and _rel(p, ref_p) < 5e-3
+    else:
+        assert p is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("weight_major", ["K", "N"])
+def test_public_entry_routes_and_matches(dtype, weight_major):
+    _hopper()
+    for m in (1, 64, 128, 129, 1000):
+        x, w = _problem(m, 256, 384, dtype, weight_major, seed=m)
+        poison("cuda", 8 * m * 256)
+        h, p = gated.matmul_swiglu(x, w, preact=True)
+        route = gated.last_route()
+        assert route.startswith("sm90_persistent") == (m > gated.SKINNY_M), (m, route)
+        ref_p = x.double() @ w.double().t()
+        assert _rel(h, gated.swiglu_of_product(ref_p)) < (6e-3 if dtype == torch.bfloat16 else 2e-3), (m, route)
+        assert _rel(p, ref_p) < 5e-3
+
+
+def test_nan_in_a_row_stays_in_that_row():
+    _hopper()
+    x, w = _problem(512, 256, 256, torch.bfloat16)
+    x[7, 3] = float("nan")
+    h, _ = gated.matmul_swiglu(x, w)
+    assert gated.last_route().startswith("sm90_persistent")
+    assert h[7].isnan().all() and not h[8].isnan().any() and not h[:7].isnan().any()
+
+
+@pytest.mark.parametrize("m", [64, 777])
+def test_op_forward_and_backward_against_float64(m):
+    _hopper()
+    import cute_kernels.ops as ops
+
+    wg = torch.randn(384, 256, device="cuda", dtype=torch.bfloat16)
+    wu = torch.randn(384, 256, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = gated.interleave_gate_up(wg, wu).requires_grad_()
+    h, p = ops.linear_swiglu(x, w, True)
+    dh = torch.randn_like(h)
+    dx, dw = torch.autograd.grad(h, (x, w), dh)
+    xd, gd, ud = (t.detach().double().requires_grad_() for t in (x, wg, wu))
+    ref = torch.nn.functional.silu(xd @ gd.t()) * (xd @ ud.t())
+    rx, rg, ru = torch.autograd.grad(ref, (xd, gd, ud), dh.double())
+    assert _rel(h, ref) < 6e-3
+    assert _rel(dx, rx) < 1e-2 and _rel(dw, gated.interleave_gate_up(rg, ru)) < 1e-2
