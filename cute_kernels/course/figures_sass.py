@@ -224,13 +224,18 @@ def warp_spec_sass(ctx):
 @figure("epilogue_loads", "17-sol-gemm.md", "compile")
 def epilogue_loads(ctx):
     rows = []
-    for label, c in (("no epilogue terms", "pingpong_128x128_1x2"), ("+ bias (staged per tile)", "pingpong_128x128_1x2_bias"),
-                     ("+ beta * C, bias, GELU (C per element)", "epi_c_bias_n_gelu")):
-        r = _report("gemm.sm90_persistent", c)
+    bf16, fp8 = "gemm.sm90_persistent", "gemm.sm90_persistent_fp8"
+    for label, variant, c in (("no epilogue terms", bf16, "pingpong_128x128_1x2"),
+                              ("+ bias (staged per tile)", bf16, "pingpong_128x128_1x2_bias"),
+                              ("+ beta * C, bias, GELU (C per element)", bf16, "epi_c_bias_n_gelu"),
+                              ("fp8, row-wise scales (both staged per tile)", fp8, "e4m3_rowwise"),
+                              ("SwiGLU gated, product stored too (reads nothing)", bf16, "swiglu_preact")):
+        r = _report(variant, c)
         rows.append([label, f"`{c}`", _count(r, "LDG"), _count(r, "LDS"), _count(r, "STS"), r.registers])
     return ("What the fused epilogue reads, in `sm90_persistent` builds (static instruction counts): the "
-            "bias comes from global memory once per tile (`LDG`), through shared memory (`STS`, then `LDS` per "
-            "accumulator pair); C is read per element, so its build's `LDG` count grows with the tile.\n\n"
+            "bias and fp8's row-wise scales come from global memory once per tile (`LDG`), through shared "
+            "memory (`STS`, then `LDS` per accumulator pair); C is read per element, so its build's `LDG` "
+            "count grows with the tile.\n\n"
             + md_table(["epilogue", "build", "LDG", "LDS", "STS", "registers"], rows, align="llrrrr"))
 
 

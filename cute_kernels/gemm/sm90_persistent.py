@@ -93,13 +93,14 @@ class Sm90PersistentGemm:
         ) if self.gated else self.tiled_mma
         if self.gated and self.a_dtype.width == 8:
             raise ValueError("a gated epilogue takes 16-bit inputs")
-        # the bias slice of a tile, staged in smem once per tile (one buffer per warpgroup owning tiles)
-        self.bias_stage = epilogue.StagedBias(self.epi, self.tile_mnk[:2], self.epi_threads) \
-            if self.epi.bias is not None else None
-        self.bias_buffers = 2 if self.pingpong else 1
-        self.bias_elems = self.bias_stage.smem_elems(self.bias_buffers) if self.bias_stage is not None else 0
-        self.stages = cfg.resolved_stages(self.a_dtype.width // 8, self.c_dtype.width,
-                                          extra_bytes=4 * self.bias_elems + 16 if self.bias_elems else 0)
+        # the tile's slices of the bias and row-wise scales, staged in smem once per tile (one
+        # buffer per warpgroup owning tiles); an absent vector gets an empty range
+        self.staged = epilogue.staged_vectors(self.epi, self.tile_mnk[:2], self.epi_threads)
+        self.stage_buffers = 2 if self.pingpong else 1
+        self.staged_elems = {name: self.staged[name].smem_elems(self.stage_buffers) if name in self.staged else 0
+                             for name in epilogue.STAGED}
+        extra = sum(4 * n + 16 for n in self.staged_elems.values() if n)
+        self.stages = cfg.resolved_stages(self.a_dtype.width // 8, self.c_dtype.width, extra_bytes=extra)
         tm, tn, tk = self.tile_mnk
         self.promote = self.a_dtype.width == 8 and not cfg.fp8_fast_accum
         if self.a_dtype.width == 8 and (self.a_major != "K" or self.b_major != "K"):
@@ -145,7 +146,9 @@ class Sm90PersistentGemm:
             sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.smem_a_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.smem_b_layout)], 1024]
             sC: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(self.smem_c_layout)], 1024]
-            sBias: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.bias_elems], 16]  # empty without bias
+            sBias: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.staged_elems["bias"]], 16]
+            sScaleA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.staged_elems["scale_a"]], 16]
+            sScaleB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.staged_elems["scale_b"]], 16]
 
         self.storage = Storage
         self.kernel(
@@ -191,9 +194,11 @@ class Sm90PersistentGemm:
         sA = storage.sA.get_tensor(smem_a_layout.outer, swizzle=smem_a_layout.inner)
         sB = storage.sB.get_tensor(smem_b_layout.outer, swizzle=smem_b_layout.inner)
         sC = storage.sC.get_tensor(smem_c_layout.outer, swizzle=smem_c_layout.inner)
-        sBias = None  # the staged bias slices, (length, buffer)
-        if cutlass.const_expr(self.bias_stage is not None):
-            sBias = storage.sBias.get_tensor(cute.make_layout((self.bias_stage.length, self.bias_buffers)))
+        # the staged slices, (length, buffer) each, in `epilogue.STAGED` order (None: not staged)
+        sStaged = [None, None, None]
+        for i, (name, field) in enumerate(zip(epilogue.STAGED, (storage.sBias, storage.sScaleA, storage.sScaleB))):
+            if cutlass.const_expr(name in self.staged):
+                sStaged[i] = field.get_tensor(cute.make_layout((self.staged[name].length, self.stage_buffers)))
 
         # --- partition: global tiles (rows, K, RestRows, RestK, L) and their TMA views
         tm, tn, tk = self.tile_mnk
@@ -205,7 +210,7 @@ class Sm90PersistentGemm:
         cC = cute.local_tile(cute.make_identity_tensor(mC.shape), (tm, self.out_tile_n), (None, None, None))
         if cutlass.const_expr(self.epi.scale_ab and not self.epi.scale_rows):
             alpha = alpha * scale_a[0].to(cutlass.Float32) * scale_b[0].to(cutlass.Float32)
-        epi_args = (cC, (mC.shape[0], mC.shape[1]), alpha, beta, c_src, bias, scale_a, scale_b, sBias, tma_p, gP)
+        epi_args = (cC, (mC.shape[0], mC.shape[1]), alpha, beta, c_src, bias, scale_a, scale_b, sStaged, tma_p, gP)
         tAsA, tAgA = tma.partition_load(tma_a, cluster_layout, cluster_coord, 0, sA, gA)
         tBsB, tBgB = tma.partition_load(tma_b, cluster_layout, cluster_coord, 1, sB, gB)
         k_tiles = cute.size(gA, mode=[3])
@@ -276,7 +281,7 @@ class Sm90PersistentGemm:
         consumer of the previous fill released it.
         """
         cfg = self.config
-        cC, extent_mn, alpha, beta, c_src, bias, scale_a, scale_b, sBias, tma_p, gP = epi_args
+        cC, extent_mn, alpha, beta, c_src, bias, scale_a, scale_b, sStaged, tma_p, gP = epi_args
         ring = cfg.epi_stages // 2 if self.pingpong else cfg.epi_stages
         epi_barrier = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=self.epi_threads)
         # Ping-pong math order: warpgroup wg may start waiting on the mainloop pipeline only after
@@ -307,12 +312,15 @@ class Sm90PersistentGemm:
         tRS_rAcc = cute.make_rmem_tensor(frag_shape, self.acc_dtype)
         tRS_rC = cute.make_rmem_tensor(frag_shape, self.c_dtype)
         store_pipe = hpipe.make_store_pipeline(stages=ring, threads=self.epi_threads)
-        s_bias = None
-        if cutlass.const_expr(self.bias_stage is not None):
-            bias_regs = self.bias_stage.fragment()
-            # the (row or column) extent the bias covers and this warpgroup's smem slice
-            bias_limit = extent_mn[0] if cutlass.const_expr(self.epi.bias == "m") else extent_mn[1]
-            s_bias = sBias[(None, wg)]
+        # per staged vector (`epilogue.STAGED` order; None where not staged): its source, its
+        # registers between prefetch and stage, and this warpgroup's smem slice
+        sources = (bias, scale_a, scale_b)
+        stage_regs = [None, None, None]
+        slices = [None, None, None]
+        for i, name in enumerate(epilogue.STAGED):
+            if cutlass.const_expr(name in self.staged):
+                stage_regs[i] = self.staged[name].fragment()
+                slices[i] = sStaged[i][(None, wg)]
         store_warp = 4 + 4 * wg  # the first warp of the (first) consumer warpgroup issues TMA stores
         stride = 2 if self.pingpong else 1
 
@@ -328,11 +336,14 @@ class Sm90PersistentGemm:
         done = cutlass.Int32(0)
         while work.is_valid_tile:
             m, n, l = work.tile_idx
-            # the first row or column of this tile's bias slice
-            bias_origin = m * self.tile_mnk[0] if cutlass.const_expr(self.epi.bias == "m") else n * self.tile_mnk[1]
-            if cutlass.const_expr(self.bias_stage is not None):
-                # loaded now so that the loads' latency hides under the main loop
-                self.bias_stage.prefetch(bias, bias_regs, bias_origin, bias_limit, ctidx)
+            # the tile's first row and column: where its staged slices start
+            m0, n0 = m * self.tile_mnk[0], n * self.out_tile_n
+            for i, name in enumerate(epilogue.STAGED):
+                if cutlass.const_expr(name in self.staged):
+                    # loaded now so that the loads' latency hides under the main loop
+                    along_m = self.staged[name].dim == "m"
+                    self.staged[name].prefetch(sources[i], stage_regs[i], m0 if along_m else n0,
+                                               extent_mn[0] if along_m else extent_mn[1], ctidx)
             if cutlass.const_expr(self.pingpong):
                 if done > 0 or wg == 1:
                     my_turn.arrive_and_wait()
@@ -378,8 +389,10 @@ class Sm90PersistentGemm:
                 release.advance(k_tiles)
 
             # epilogue: fuse in registers, then sub-tiles of epi_tile through the smem ring and TMA store
-            if cutlass.const_expr(self.bias_stage is not None):
-                self.bias_stage.stage(bias_regs, s_bias, ctidx)
+            if cutlass.const_expr(len(self.staged) > 0):
+                for i, name in enumerate(epilogue.STAGED):
+                    if cutlass.const_expr(name in self.staged):
+                        self.staged[name].stage(stage_regs[i], slices[i], ctidx)
                 epi_barrier.arrive_and_wait()
             if cutlass.const_expr(self.gated):
                 # the product first (its sub-tiles read the accumulator before gating rewrites it)
@@ -396,8 +409,9 @@ class Sm90PersistentGemm:
             else:
                 fusion = None
                 if cutlass.const_expr(self.epi.fused):
+                    staged = (*slices, m0, n0) if cutlass.const_expr(len(self.staged) > 0) else None
                     fusion = (r2s.retile(thr_mma.partition_C(cC[(None, None, m, n, l)])), extent_mn, alpha, beta,
-                              c_src, bias, scale_a, scale_b, s_bias, bias_origin)
+                              c_src, bias, scale_a, scale_b, staged)
                 self.store_subtiles(tRS_acc, alpha, fusion, r2s, tRS_sC, tRS_rAcc, tRS_rC, sC, tma_c,
                                     gC[(None, None, m, n, l)], done * self.subtile_count(self.out_tile_n), ring, wg,
                                     warp_idx, store_warp, epi_barrier, store_pipe)
@@ -427,10 +441,9 @@ class Sm90PersistentGemm:
         for e in cutlass.range_constexpr(cute.size(g_sub, mode=[1])):
             for v in cutlass.range_constexpr(frag_size):
                 if cutlass.const_expr(fusion is not None):
-                    coords, extent_mn, alpha, beta, c_src, bias, scale_a, scale_b, s_bias, bias_origin = fusion
+                    coords, extent_mn, alpha, beta, c_src, bias, scale_a, scale_b, staged = fusion
                     tRS_rAcc[v] = epilogue.fuse(self.epi, tRS_vals[e * frag_size + v], coords[e * frag_size + v],
-                                                extent_mn, alpha, beta, c_src, bias, scale_a, scale_b, s_bias,
-                                                bias_origin)
+                                                extent_mn, alpha, beta, c_src, bias, scale_a, scale_b, staged)
                 else:
                     tRS_rAcc[v] = tRS_vals[e * frag_size + v] * scale
             tRS_rC.store(tRS_rAcc.load().to(self.c_dtype))

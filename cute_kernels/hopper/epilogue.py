@@ -15,14 +15,16 @@ epilogue sub-tile at a time), masked to the problem's M x N, so any strides and 
 are handled; each element is read by exactly the thread that owns it, before that tile's TMA
 store is issued, so C may alias D.
 
-The bias can be read the same way, but a kernel that walks tiles stages it instead
-(`StagedBias`): each tile's slice of the bias vector is loaded from global memory once, at the
-start of the tile, into registers spread over the epilogue threads (the loads' latency hides
-under the main loop), written to shared memory after the main loop, and every accumulator
-element reads its value there. Why: read per element, a thread issues one predicated global
-load per accumulator value of every sub-tile (16 per 64x32 sub-tile, half of them duplicates),
-and each sub-tile waits a global round trip between the main loop and the store; measured on
-ViT-B's layers (H200, M = 12608, K = 768) the bias made the GEMM 26-29% slower than without it.
+The bias and row-wise scales can be read the same way, but a kernel that walks tiles stages
+them instead (`StagedVector`, `staged_vectors`): each tile's slice of the bias vector (and of
+the two fp8 scale vectors, one per row and one per column) is loaded from global memory once,
+at the start of the tile, into registers spread over the epilogue threads (the loads' latency
+hides under the main loop), written to shared memory after the main loop, and every
+accumulator element reads its values there. Why: read per element, a thread issues one
+predicated global load per accumulator value of every sub-tile and vector (16 per 64x32
+sub-tile, half of them duplicates), and each sub-tile waits a global round trip between the
+main loop and the store; measured on ViT-B's layers (H200, M = 12608, K = 768) the bias alone
+made the GEMM 26-29% slower than without it.
 """
 
 from __future__ import annotations
@@ -118,8 +120,7 @@ def activate(x, name: str | None):
 
 
 @cute.jit
-def fuse(spec: cutlass.Constexpr, x, coord, extent_mn, alpha, beta, c_src, bias, scale_a, scale_b,
-         staged_bias=None, bias_origin=None):
+def fuse(spec: cutlass.Constexpr, x, coord, extent_mn, alpha, beta, c_src, bias, scale_a, scale_b, staged=None):
     """act(alpha * [scale_a[m] * scale_b[n] *] x + beta * C[coord] + bias[coord's m or n]) for
     one fp32 accumulator value (the row-wise scales with `spec.scale_rows`; per-tensor scales
     are already in alpha).
@@ -127,15 +128,22 @@ def fuse(spec: cutlass.Constexpr, x, coord, extent_mn, alpha, beta, c_src, bias,
     `coord` is its (m, n, l) (from the identity tensor partitioned like the accumulator); C,
     bias and row-wise scales are read only inside `extent_mn` = (M, N) (outside, the TMA store
     clips the value). Called per epilogue sub-tile, so only one sub-tile's loads are in flight.
-    With `staged_bias` (the tile's slice in shared memory, `StagedBias`) the bias is read there
-    at coord's m or n minus `bias_origin` (the tile's first row or column), unmasked: the slice
-    holds zeros past the problem's edge.
+    With `staged` = (bias slice, scale_a slice, scale_b slice, m0, n0) (the tile's slices in
+    shared memory, `StagedVector`, None where not staged; the tile's first row and column) the
+    staged vectors are read there at coord's m - m0 or n - n0, unmasked: the slices hold zeros
+    past the problem's edge.
     """
+    s_bias, s_scale_a, s_scale_b, m0, n0 = staged if cutlass.const_expr(staged is not None) else (None,) * 5
+    bias_staged = s_bias is not None
+    rows_staged = s_scale_a is not None
     x = x * alpha
     mi, ni, li = coord
-    if cutlass.const_expr(spec.beta_c or (spec.bias is not None and staged_bias is None) or spec.scale_rows):
+    if cutlass.const_expr(spec.scale_rows and rows_staged):
+        x = x * s_scale_a[mi - m0] * s_scale_b[ni - n0]
+    if cutlass.const_expr(spec.beta_c or (spec.bias is not None and not bias_staged) or
+                          (spec.scale_rows and not rows_staged)):
         inside = cute.elem_less((mi, ni), extent_mn)
-        if cutlass.const_expr(spec.scale_rows):
+        if cutlass.const_expr(spec.scale_rows and not rows_staged):
             sv = cutlass.Float32(0.0)
             if inside:
                 sv = scale_a[mi].to(cutlass.Float32) * scale_b[ni].to(cutlass.Float32)
@@ -145,7 +153,7 @@ def fuse(spec: cutlass.Constexpr, x, coord, extent_mn, alpha, beta, c_src, bias,
             if inside:
                 cv = c_src[mi, ni, li].to(cutlass.Float32)
             x = x + beta * cv
-        if cutlass.const_expr(spec.bias is not None and staged_bias is None):
+        if cutlass.const_expr(spec.bias is not None and not bias_staged):
             bv = cutlass.Float32(0.0)
             if inside:
                 if cutlass.const_expr(spec.bias == "m"):
@@ -153,10 +161,10 @@ def fuse(spec: cutlass.Constexpr, x, coord, extent_mn, alpha, beta, c_src, bias,
                 else:
                     bv = bias[ni].to(cutlass.Float32)
             x = x + bv
-    if cutlass.const_expr(spec.bias == "m" and staged_bias is not None):
-        x = x + staged_bias[mi - bias_origin]
-    if cutlass.const_expr(spec.bias == "n" and staged_bias is not None):
-        x = x + staged_bias[ni - bias_origin]
+    if cutlass.const_expr(spec.bias == "m" and bias_staged):
+        x = x + s_bias[mi - m0]
+    if cutlass.const_expr(spec.bias == "n" and bias_staged):
+        x = x + s_bias[ni - n0]
     return activate(x, spec.activation)
 
 
@@ -190,26 +198,42 @@ def gate_in_place(gate: cutlass.Constexpr, acc: cute.Tensor, alpha):
                         acc[(c, r, 2 * j), m, n] = g * sig * u
 
 
-class StagedBias:
-    """A tile's slice of the bias vector in shared memory, loaded once per tile (module
-    docstring). For `spec.bias` "n" the slice is the tile's `tile_n` columns, for "m" its
-    `tile_m` rows; `threads` epilogue threads (thread index `tid`) share the loads, each
-    holding `per_thread` values in registers between `prefetch` and `stage`.
+STAGED = ("bias", "scale_a", "scale_b")  # the vectors a tile may stage, in `fuse`'s `staged` order
 
-        bias_s = StagedBias(spec, (tile_m, tile_n), threads)   # trace time
-        smem_elems = bias_s.smem_elems(buffers)                # fp32 elements to allocate
-        regs = bias_s.fragment()                               # per consumer thread
-        bias_s.prefetch(bias, regs, origin, limit, tid)        # tile start: global -> registers
+
+def staged_vectors(spec: EpilogueSpec, tile_mn: tuple, threads: int) -> dict:
+    """{name: StagedVector} for the vectors `spec` reads (among `STAGED`): the bias along its
+    dim, and with row-wise scales scale_a per row ("m") and scale_b per column ("n")."""
+    out = {}
+    if spec.bias is not None:
+        out["bias"] = StagedVector(spec.bias, tile_mn, threads)
+    if spec.scale_rows:
+        out["scale_a"] = StagedVector("m", tile_mn, threads)
+        out["scale_b"] = StagedVector("n", tile_mn, threads)
+    return out
+
+
+class StagedVector:
+    """A tile's slice of a per-row ("m") or per-column ("n") vector in shared memory, loaded
+    once per tile (module docstring): the tile's `tile_m` rows or `tile_n` columns; `threads`
+    epilogue threads (thread index `tid`) share the loads, each holding `per_thread` values in
+    registers between `prefetch` and `stage`.
+
+        vec = StagedVector("n", (tile_m, tile_n), threads)     # trace time
+        smem_elems = vec.smem_elems(buffers)                   # fp32 elements to allocate
+        regs = vec.fragment()                                  # per consumer thread
+        vec.prefetch(bias, regs, origin, limit, tid)           # tile start: global -> registers
         ... main loop ...
-        bias_s.stage(regs, s_slice, tid); barrier              # registers -> smem, then sync
-        fuse(..., staged_bias=s_slice, bias_origin=origin)     # per accumulator element
+        vec.stage(regs, s_slice, tid); barrier                 # registers -> smem, then sync
+        fuse(..., staged=(s_slice, None, None, m0, n0))        # per accumulator element
 
     The caller's barrier after `stage` orders the smem writes before every read; the next
     tile's `stage` comes after the barrier that ends this tile's epilogue, so no read sees it.
     """
 
-    def __init__(self, spec: EpilogueSpec, tile_mn: tuple, threads: int):
-        self.length = tile_mn[0] if spec.bias == "m" else tile_mn[1]
+    def __init__(self, dim: str, tile_mn: tuple, threads: int):
+        self.dim = dim
+        self.length = tile_mn[0] if dim == "m" else tile_mn[1]
         self.threads = threads
         self.per_thread = -(-self.length // threads)
 
@@ -220,16 +244,16 @@ class StagedBias:
         return cute.make_rmem_tensor((self.per_thread,), cutlass.Float32)
 
     @cute.jit
-    def prefetch(self, bias: cute.Tensor, regs: cute.Tensor, origin, limit, tid):
-        """regs[j] = bias[origin + tid + j * threads] as fp32 where that index is inside the
+    def prefetch(self, vec: cute.Tensor, regs: cute.Tensor, origin, limit, tid):
+        """regs[j] = vec[origin + tid + j * threads] as fp32 where that index is inside the
         slice and below `limit` (the problem's M or N), else 0."""
         for j in cutlass.range_constexpr(self.per_thread):
             idx = tid + j * self.threads
-            bv = cutlass.Float32(0.0)
+            v = cutlass.Float32(0.0)
             if idx < self.length:
                 if origin + idx < limit:
-                    bv = bias[origin + idx].to(cutlass.Float32)
-            regs[j] = bv
+                    v = vec[origin + idx].to(cutlass.Float32)
+            regs[j] = v
 
     @cute.jit
     def stage(self, regs: cute.Tensor, s_slice: cute.Tensor, tid):

@@ -31,13 +31,17 @@ def test_epilogue_reads_global_memory_only_when_fused(config, loads):
     assert (n_ldg > 0) == loads, f"{config}: {n_ldg} LDG"
 
 
-@pytest.mark.parametrize("config,per_thread", [("pingpong_128x128_1x2_bias", 1), ("tile_128x192_1x2_bias_gelu", 1),
-                                               ("skinny_swap_64x16", 1)])
-def test_bias_is_read_once_per_tile(config, per_thread):
-    # hopper.epilogue.StagedBias: each epilogue thread loads its share of the tile's bias slice
-    # from global memory once per tile (`per_thread` loads), and every accumulator element reads
-    # the slice from shared memory; read per element, the build issued one predicated global
-    # load per accumulator value (128 in the ping-pong 128x128 build)
-    report = _sass("gemm.sm90_persistent", config)
+@pytest.mark.parametrize("variant,config,per_thread", [
+    ("gemm.sm90_persistent", "pingpong_128x128_1x2_bias", 1), ("gemm.sm90_persistent", "tile_128x192_1x2_bias_gelu", 1),
+    ("gemm.sm90_persistent", "skinny_swap_64x16", 1),
+    ("gemm.sm90_persistent_fp8", "e4m3_rowwise", 2),  # one scale per row and one per column
+])
+def test_bias_and_row_scales_are_read_once_per_tile(variant, config, per_thread):
+    # hopper.epilogue.StagedVector: each epilogue thread loads its share of the tile's slice of
+    # each vector from global memory once per tile (`per_thread` loads), and every accumulator
+    # element reads the slices from shared memory; read per element, the builds issued one
+    # predicated global load per accumulator value and vector (128 in the ping-pong 128x128
+    # bias build, 128 in the fp8 row-wise one)
+    report = _sass(variant, config)
     assert report.histogram["LDG"] == per_thread, report.histogram["LDG"]
     assert report.histogram["LDS"] > 0
