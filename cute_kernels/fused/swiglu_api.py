@@ -114,39 +114,69 @@ def forward_plan_for(gate, up=None, *, interleaved: bool = False):
         return None
 
 
-def swiglu_backward(dout, gate, up=None, *, interleaved: bool = False):
+def swiglu_backward(dout, gate, up=None, *, interleaved: bool = False, out=None):
     """(dgate, dup) of `swiglu_forward`, or one interleaved (..., 2I) gradient (dup None) when
-    `interleaved`."""
+    `interleaved`. `out`: (dgate, dup) tensors to write instead (shaped and typed as gate, last
+    dimension contiguous, other strides free: e.g. the gate and up blocks of one gradient), not
+    with `interleaved`."""
     sig = None
-    if plain_tensors(dout, gate, up):
+    outs = () if out is None else tuple(out)
+    if plain_tensors(dout, gate, up, *outs):
         try:
             sig = ("bwd", bool(interleaved), tensor_signature(dout), tensor_signature(gate),
-                   None if up is None else tensor_signature(up))
+                   None if up is None else tensor_signature(up), *(tensor_signature(t) for t in outs))
             plan = _PLANS.get(sig)
         except TypeError:
             plan = sig = None
         if plan is not None:
-            return plan(dout, gate, up)
+            return plan(dout, gate, up, *outs)
     op = "cute_kernels.fused.swiglu_backward"
     out_shape = _check(op, gate, up, interleaved, dout)
+    if out is not None:
+        if interleaved or len(outs) != 2:
+            raise ValueError(f"{op}: out takes (dgate, dup) and not the interleaved layout")
+        for name, t in zip(("dgate", "dup"), outs):
+            check_tensor(op, f"out {name}", t)
+            if tuple(t.shape) != tuple(gate.shape) or t.dtype != gate.dtype or t.device != gate.device or \
+                    (t.numel() and t.stride(-1) != 1):
+                raise ValueError(f"{op}: out {name} must be shaped {tuple(gate.shape)}, {gate.dtype} on "
+                                 f"{gate.device} with a contiguous last dimension, got {tuple(t.shape)} "
+                                 f"{t.dtype} strides {tuple(t.stride())}")
     from .swiglu import SwigluBackward, backward_args
 
     width = out_shape[-1]
     gw = gate.shape[-1]
     probe = torch.empty((0,), dtype=gate.dtype, device=gate.device)
     inputs = [rows_view(gate, gw)] + ([] if up is None else [rows_view(up, gw)])
-    config = _config(width, gate.dtype, interleaved, True, inputs + [probe], [rows_view(dout, width)])
+    given = [_out_rows(t, gw) for t in outs]
+    config = _config(width, gate.dtype, interleaved, True, inputs + (given or [probe]), [rows_view(dout, width)])
     fn = compile_tvm_ffi(SwigluBackward(config), backward_args(config), ("fused.swiglu_bwd", config))
     gshape, device = tuple(gate.shape), gate.device
 
-    def plan(dout, gate, up):
-        dg = torch.empty(gshape, dtype=gate.dtype, device=device)
-        du = None if interleaved else torch.empty(gshape, dtype=gate.dtype, device=device)
+    def plan(dout, gate, up, *outs):
+        if outs:
+            dg, du = outs
+        else:
+            dg = torch.empty(gshape, dtype=gate.dtype, device=device)
+            du = None if interleaved else torch.empty(gshape, dtype=gate.dtype, device=device)
         if dg.numel():
             fn(rows_view(dout, width), rows_view(gate, gw), None if up is None else rows_view(up, gw),
-               dg.view(-1, gw), None if du is None else du.view(-1, gw))
+               _out_rows(dg, gw), None if du is None else _out_rows(du, gw))
         return dg, du
 
     if sig is not None:
         _PLANS.put(sig, plan)
-    return plan(dout, gate, up)
+    return plan(dout, gate, up, *outs)
+
+
+def _out_rows(t, width: int):
+    """An output (..., width) as (rows, width) rows it writes in place: a view, never a copy
+    (rows_view would copy a layout whose leading dimensions do not merge)."""
+    if t.dim() == 2:
+        return t
+    rows = t.numel() // width if width else 0
+    try:
+        return t.view(rows, width)
+    except RuntimeError:
+        raise ValueError(f"cute_kernels.fused.swiglu_backward: an out tensor of shape {tuple(t.shape)} and strides "
+                         f"{tuple(t.stride())} is not one (rows, {width}) view") from None

@@ -7,7 +7,8 @@ the first call):
 - `linear(x, weight, bias=None, activation=None, rung="auto", fallback="none")`:
   activation in {None, "relu", "gelu", "gelu_tanh", "silu"} (`gemm.activations`).
 - `linear_swiglu(x, weight, need_preact=True, rung="auto", fallback="none")` -> (h, p): silu(gate) * up of x
-  times an interleaved gate-up weight, gated in the GEMM's epilogue on sm_90 (`gated`).
+  times an interleaved gate-up weight, gated in the GEMM's epilogue on sm_90 (`gated`),
+  differentiable through `linear_swiglu_backward`.
 - `scaled_mm(a, b, scale_a, scale_b, bias=None, out_dtype=None, rung="auto", fallback="none")`: FP8.
 - `sdpa(q, k, v, causal=None, scale=None, enable_gqa=False, window_left=-1, window_right=-1,
   rung="auto", fallback="none")` -> (out, lse), and `sdpa_backward(...)` -> (dq, dk, dv);
@@ -38,7 +39,7 @@ from .attention import CAUSAL, paged_decode, sdpa, sdpa_backward, sdpa_varlen, s
 from .attention_masked import sdpa_masked, sdpa_masked_backward
 from .fallback import FALLBACK_COUNTS, FALLBACKS, FallbackWarning
 from .gemm import ACTIVATIONS, linear, matmul, scaled_mm
-from .gated import linear_swiglu
+from .gated import linear_swiglu, linear_swiglu_backward
 from . import fused
 from .fused import (cross_entropy, cross_entropy_backward, linear_cross_entropy, linear_cross_entropy_backward, norm,
                     norm_backward, rotary, rotary_, softmax, softmax_backward, swiglu, swiglu_backward)
@@ -46,7 +47,7 @@ from . import eager_attention, eager_fused, eager_gemm  # noqa: E402,F401 (the e
 
 FUSED_OPS = ("norm", "norm_backward", "softmax", "softmax_backward", "cross_entropy", "cross_entropy_backward", "rotary",
              "rotary_", "swiglu", "swiglu_backward", "linear_cross_entropy", "linear_cross_entropy_backward")
-OPS = ("matmul", "linear", "linear_swiglu", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
+OPS = ("matmul", "linear", "linear_swiglu", "linear_swiglu_backward", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
        "sdpa_masked", "sdpa_masked_backward")
 
 # Names no schema argument of ours may take. Inductor lowers an op it has no lowering for through
@@ -57,7 +58,7 @@ OPS = ("matmul", "linear", "linear_swiglu", "scaled_mm", "sdpa", "sdpa_backward"
 RESERVED_ARGUMENT_NAMES = frozenset({"kernel", "cls", "self", "name", "layout", "op_overload", "python_kernel_name"})
 
 __all__ = [
-    "matmul", "linear", "linear_swiglu", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
+    "matmul", "linear", "linear_swiglu", "linear_swiglu_backward", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
     "sdpa_masked", "sdpa_masked_backward",
     "fused", "FUSED_OPS", *FUSED_OPS,
     "ACTIVATIONS", "CAUSAL", "FALLBACKS", "FALLBACK_COUNTS", "FallbackWarning", "OPS", "RESERVED_ARGUMENT_NAMES",

@@ -7,8 +7,13 @@ alternating blocks of 8 rows); h (..., I); p (..., 2I) = x @ weight^T, returned 
 the backward) when `need_preact`, else empty. With rung="auto", on an sm_90 GPU with M above the
 skinny bound, one GEMM gates its own accumulators (`gemm.gated.gated_product`); otherwise (or
 with `rung` naming a GEMM rung) `matmul` computes p on that rung and the elementwise SwiGLU
-kernel gates it, reading p's gate and up blocks in place. The backward
-runs the SwiGLU backward kernel on those blocks, then dx = dp W and dW = dp^T x on `matmul`.
+kernel gates it, reading p's gate and up blocks in place.
+
+    linear_swiglu_backward(dh, x, weight, p, need_dx=True, need_dw=True, rung="auto",
+                           fallback="none") -> (dx or empty, dw or empty)
+
+is its backward, one op: the SwiGLU backward kernel reads p's gate and up blocks in place and
+writes dp's (no copy between them), then dx = dp W and dW = dp^T x on the GEMM.
 """
 
 from __future__ import annotations
@@ -19,10 +24,10 @@ from torch import Tensor
 from cute_kernels.gemm.gated import GATE_BLOCK, gate_up_rows, swiglu_of_product
 
 from .fallback import check_fallback, device_guard, note_fallback, on_cuda
-from .fused import swiglu, swiglu_backward
+from .fused import swiglu
 from .gemm import matmul
 
-__all__ = ["linear_swiglu"]
+__all__ = ["linear_swiglu", "linear_swiglu_backward"]
 
 
 def _check(x: Tensor, weight: Tensor) -> None:
@@ -85,15 +90,54 @@ def _grad(ctx, dh, _dp):
     if p.numel() == 0 and x.numel() and weight.numel():
         raise RuntimeError("cute_kernels.linear_swiglu: the forward ran with need_preact=False; call it with "
                            "gradients enabled (nn.functional.linear_swiglu does) to differentiate it")
-    n2, k = weight.shape
-    fb, rung = ctx.fallback, ctx.rung
-    dg, du = swiglu_backward(dh.to(p.dtype).reshape(-1, GATE_BLOCK), *gate_up_rows(p), False, fb)
-    dp = torch.cat((dg, du), dim=1).reshape(-1, n2)
-    x2 = x.reshape(-1, k)
     needs = ctx.needs_input_grad
-    dx = matmul(dp, weight, rung=rung, fallback=fb).reshape(x.shape) if needs[0] else None
-    dw = matmul(dp.t(), x2, rung=rung, fallback=fb) if needs[1] else None
-    return dx, dw, None, None, None
+    dx, dw = linear_swiglu_backward(dh, x, weight, p, needs[0], needs[1], ctx.rung, ctx.fallback)
+    return dx if needs[0] else None, dw if needs[1] else None, None, None, None
+
+
+def _dp(dh, p, kernel_backward):
+    """dp (rows, 2I) from dh and the product p: the SwiGLU backward of p's gate and up blocks,
+    written into dp's own blocks (`kernel_backward(dh8, g, u, out)`)."""
+    dp = torch.empty(p.shape, dtype=p.dtype, device=p.device).reshape(-1, p.shape[-1])
+    kernel_backward(dh.to(p.dtype).reshape(-1, GATE_BLOCK), *gate_up_rows(p), gate_up_rows(dp))
+    return dp
+
+
+def _reference_dp(dh8, g, u, out):
+    """The SwiGLU backward in torch, at least fp32 math, written into out = (dg, du)."""
+    wide = torch.promote_types(g.dtype, torch.float32)
+    gf, uf, d = g.to(wide), u.to(wide), dh8.to(wide)
+    s = torch.sigmoid(gf)
+    out[0].copy_(d * uf * s * (1 + gf * (1 - s)))
+    out[1].copy_(d * gf * s)
+
+
+@torch.library.custom_op("cute_kernels::linear_swiglu_backward", mutates_args=())
+def linear_swiglu_backward(dh: Tensor, x: Tensor, weight: Tensor, p: Tensor, need_dx: bool = True,
+                           need_dw: bool = True, rung: str = "auto", fallback: str = "none") -> tuple[Tensor, Tensor]:
+    """(dx or empty, dweight or empty) of `linear_swiglu` (module docstring)."""
+    check_fallback("linear_swiglu_backward", fallback)
+    dh, x, weight, p = dh.detach(), x.detach(), weight.detach(), p.detach()
+    n2, k = weight.shape
+    x2 = x.reshape(-1, k)
+    if fallback == "torch" and not on_cuda(dh, x, weight, p):
+        note_fallback("linear_swiglu_backward", f"inputs on {x.device}")
+        dp = _dp(dh, p, _reference_dp)
+        dx = (dp @ weight).reshape(x.shape) if need_dx else x.new_empty((0,))
+        return dx, dp.t() @ x2 if need_dw else weight.new_empty((0,))
+    from cute_kernels.fused import swiglu_backward as kernel_swiglu_backward
+
+    with device_guard(x):
+        dp = _dp(dh, p, lambda d, g, u, out: kernel_swiglu_backward(d, g, u, out=out))
+        dx = matmul(dp, weight, rung=rung, fallback=fallback).reshape(x.shape) if need_dx else x.new_empty((0,))
+        dw = matmul(dp.t(), x2, rung=rung, fallback=fallback) if need_dw else weight.new_empty((0,))
+    return dx, dw
+
+
+@linear_swiglu_backward.register_fake
+def _linear_swiglu_backward_fake(dh, x, weight, p, need_dx=True, need_dw=True, rung="auto", fallback="none"):
+    return (x.new_empty(x.shape) if need_dx else x.new_empty((0,)),
+            weight.new_empty(weight.shape) if need_dw else weight.new_empty((0,)))
 
 
 linear_swiglu.register_autograd(_grad, setup_context=_setup)

@@ -99,3 +99,18 @@ def test_op_forward_and_backward_against_float64(m):
     rx, rg, ru = torch.autograd.grad(ref, (xd, gd, ud), dh.double())
     assert _rel(h, ref) < 6e-3
     assert _rel(dx, rx) < 1e-2 and _rel(dw, gated.interleave_gate_up(rg, ru)) < 1e-2
+
+
+def test_swiglu_backward_writes_the_gradient_blocks_in_place():
+    _hopper()
+    from cute_kernels.fused import swiglu_backward
+
+    p = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16)
+    dh = torch.randn(300 * 256 // 8, 8, device="cuda", dtype=torch.bfloat16)
+    g, u = gated.gate_up_rows(p)
+    dg, du = swiglu_backward(dh, g, u)
+    dp = torch.full_like(p, float("nan"))
+    out = gated.gate_up_rows(dp)
+    got = swiglu_backward(dh, g, u, out=out)
+    assert got[0].data_ptr() == out[0].data_ptr() and got[1].data_ptr() == out[1].data_ptr()
+    assert torch.equal(out[0], dg) and torch.equal(out[1], du) and not dp.isnan().any()

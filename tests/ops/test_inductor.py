@@ -42,6 +42,7 @@ def _example_args(name):
         "matmul": (randn(4, 5), randn(5, 3)),
         "linear": (randn(4, 5), randn(3, 5)),
         "linear_swiglu": (randn(4, 5), randn(32, 5)),
+        "linear_swiglu_backward": (randn(4, 16), randn(4, 5), randn(32, 5), randn(4, 32)),
         "scaled_mm": (randn(4, 5), randn(5, 3), torch.ones(()), torch.ones(())),
         "sdpa": (q, k, v),
         "sdpa_backward": (randn(1, 2, 4, 8), q, k, v, randn(1, 2, 4, 8), randn(1, 2, 4)),
