@@ -36,8 +36,6 @@ from .sm90_config import SKINNY_M
 __all__ = ["GATE_BLOCK", "interleave_gate_up", "split_gate_up", "gate_up_rows", "swiglu_of_product",
            "matmul_swiglu", "gated_kernel_reason", "gated_product", "last_route", "SKINNY_M"]
 
-# At most SKINNY_M rows the gated kernel is not used: small M runs matmul's skinny path (swap-AB,
-# split-K), whose epilogue does not gate.
 _ROUTE = ["none"]
 _GEMM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # `matmul`'s; others run on torch.matmul
 
@@ -130,7 +128,7 @@ def gated_kernel_reason(x2, w) -> str | None:
     why = _device_reason(x2)
     if why is not None:
         return why
-    if x2.shape[0] <= SKINNY_M:
+    if x2.shape[0] <= SKINNY_M:  # matmul's skinny path (swap-AB, split-K) serves it; its epilogue does not gate
         return f"M = {x2.shape[0]} <= {SKINNY_M} (the skinny path)"
     return None
 

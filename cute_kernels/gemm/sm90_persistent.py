@@ -420,7 +420,6 @@ class Sm90PersistentGemm:
             work = sched.get_current_work()
         store_pipe.producer_tail()
 
-
     def subtile_count(self, tile_n: int) -> int:
         """Epilogue sub-tiles in a (tile_m, tile_n) tile (trace time)."""
         return (self.tile_mnk[0] // self.epi_tile[0]) * (tile_n // self.epi_tile[1])
@@ -456,6 +455,7 @@ class Sm90PersistentGemm:
                 store_pipe.producer_commit()
                 store_pipe.producer_acquire()
             epi_barrier.arrive_and_wait()
+
 
 def _make_rung():
     from cute_kernels.gemm.sm90_rung import Sm90Rung
