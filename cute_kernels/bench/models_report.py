@@ -13,7 +13,6 @@ saying when it was measured.
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 from pathlib import Path
 
@@ -56,16 +55,9 @@ def plot_models(result: BenchResult, path: str | Path, max_bytes: int = 200_000)
     ax.set_ylabel("speedup over stock (stock ms / ours ms)")
     ax.set_title(f"models suite, {result.device}, {result.date}", fontsize=9)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for dpi in (110, 90, 70, 55):
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=dpi)
-        if buf.tell() <= max_bytes:
-            break
-    plt.close(fig)
-    path.write_bytes(buf.getvalue())
-    return path
+    from .plot import save_png
+
+    return save_png(fig, path, max_bytes=max_bytes, what="plot of the models suite")
 
 
 def _when(stamp: str) -> str:

@@ -47,7 +47,7 @@ class Sm90PersistentGemm:
     Schedules: "cooperative" (both consumer warpgroups on one tile, split along M) and
     "pingpong" (each warpgroup owns whole tiles, alternating; see `consume` for why its
     hand-off barrier makes the parity-only mbarrier waits exact). Both are checked on H200 by
-    scripts/hopper_gemm_check.py batch and tests/gemm/test_sm90_epilogue.py.
+    tests/gemm/test_sm90_gpu.py, test_sm90_epilogue.py and the GEMM fuzz.
     """
 
     fuses_epilogue = True
