@@ -36,15 +36,17 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warp
 
+from cute_kernels.layouts import Layout, composition
+from cute_kernels.layouts.atoms_sm90 import GATE_BLOCK, gate_selector
+
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")  # torch definitions: gemm.activations
 BIAS_DIMS = ("m", "n")
 GATES = ("swiglu",)
 # A gated product's columns alternate blocks of GATE_BLOCK gate and GATE_BLOCK up columns. A
 # wgmma accumulator fragment holds, per thread, two adjacent columns of every 8-column block,
 # so with 8-column blocks a thread holds each gate value beside its up value, and the gated
-# values form exactly the fragment of the half-width tile (`gate_view`): stmatrix and the TMA
-# store run as for any output.
-GATE_BLOCK = 8
+# values form exactly the fragment of the half-width tile (`gate_view`, from the workbench's
+# `layouts.atoms_sm90.gate_selector`): stmatrix and the TMA store run as for any output.
 _SQRT_2_OVER_PI = 0.7978845608028654
 _SQRT_1_2 = 0.7071067811865476
 _LOG2_E = 1.4426950408889634
@@ -170,12 +172,13 @@ def fuse(spec: cutlass.Constexpr, x, coord, extent_mn, alpha, beta, c_src, bias,
 
 def gate_view(acc: cute.Tensor) -> cute.Tensor:
     """The gate half of a wgmma accumulator fragment ((2, 2, N/8), MMA_M, MMA_N) as a fragment
-    of the half-width tile ((2, 2, N/16), MMA_M, MMA_N): its even 8-column blocks, in place,
-    where `gate_in_place` leaves the gated values (trace time; a view, no registers)."""
+    of the half-width tile ((2, 2, N/16), MMA_M, MMA_N), in place, where `gate_in_place` leaves
+    the gated values (trace time; a view, no registers): the fragment's value mode composed with
+    `layouts.atoms_sm90.gate_selector`, the even 8-column blocks."""
     (c2, r2, blocks), mm, mn = acc.shape
-    (sc, sr, sb), sm, sn = acc.layout.stride
-    return cute.make_tensor(acc.iterator, cute.make_layout(((c2, r2, blocks // 2), mm, mn),
-                                                           stride=((sc, sr, 2 * sb), sm, sn)))
+    values, sm, sn = acc.layout.stride
+    view = composition(Layout((c2, r2, blocks), tuple(values)), gate_selector(GATE_BLOCK * blocks))
+    return cute.make_tensor(acc.iterator, cute.make_layout((view.shape, mm, mn), stride=(view.stride, sm, sn)))
 
 
 @cute.jit
@@ -189,7 +192,7 @@ def gate_in_place(gate: cutlass.Constexpr, acc: cute.Tensor, alpha):
             for j in cutlass.range_constexpr(blocks // 2):
                 for r in cutlass.range_constexpr(r2):
                     for c in cutlass.range_constexpr(c2):
-                        g = acc[(c, r, 2 * j), m, n] * alpha
+                        g = acc[(c, r, 2 * j), m, n] * alpha  # the even blocks: `gate_selector`'s
                         u = acc[(c, r, 2 * j + 1), m, n] * alpha
                         # sigmoid by the approximate reciprocal: an IEEE division would call
                         # its slow-path subroutine once per value (64 CALLs in a 128x256 tile)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 
 from .atoms import MmaAtom
+from .composition import composition
 from .layout import Layout
 
 THR_ID = Layout(128, 1)
@@ -43,6 +44,32 @@ def rs_a_layout(k: int) -> Layout:
 def c_layout(n: int) -> Layout:
     """Accumulator of ``m64nN``: ``(T128, V) -> m + 64*n`` with ``N/2`` values per thread."""
     return Layout(((4, 8, 4), (2, 2, n // 8)), ((128, 1, 16), (64, 8, 512)))
+
+
+GATE_BLOCK = 8  # columns per gate (and per up) block of a gated product: one accumulator column block
+GATE_UP_OFFSET = 4  # values from a gate value to its up value in the accumulator's value order
+
+
+def gate_selector(n: int) -> Layout:
+    """Which of a thread's ``m64nN`` accumulator values are gate elements when the product's
+    columns alternate blocks of 8 gate and 8 up columns (the SwiGLU epilogue,
+    ``hopper.epilogue.gate_view``): ``V' -> V``, from the values of the half-width ``m64n(N/2)``
+    accumulator to the values of ``c_layout(n)`` holding their gate element, the even 8-column
+    blocks; each one's up element is ``GATE_UP_OFFSET`` values further, in the same thread, so
+    ``c_layout(n)`` composed with this selector puts every gated value where ``c_layout(n // 2)``
+    puts the output (``gate_layouts``)."""
+    if n % (2 * GATE_BLOCK):
+        raise ValueError(f"gate_selector: N = {n} must be a multiple of {2 * GATE_BLOCK}")
+    return Layout((2, 2, n // 16), (1, 2, 2 * GATE_UP_OFFSET))
+
+
+def gate_layouts(n: int) -> tuple[Layout, int]:
+    """(gate, up_offset): ``gate`` maps ``(T128, V')`` to ``m + 64*col`` of the product element
+    each thread gates into its output value ``V'`` (``c_layout(n // 2)``'s values) for a 64xN
+    gate-up product; its up element is ``up_offset`` further (8 columns)."""
+    full = c_layout(n)
+    gate = composition(Layout(full.shape[1], full.stride[1]), gate_selector(n))
+    return Layout((full.shape[0], gate.shape), (full.stride[0], gate.stride)), 64 * GATE_BLOCK
 
 
 _T16 = {"F16F16F16": ("f16", "f16"), "F32F16F16": ("f32", "f16"), "F32BF16BF16": ("f32", "bf16")}

@@ -135,16 +135,16 @@ def test_gate_view_pairs_each_gate_value_with_its_up_value_in_the_same_thread(n)
     # element, value (c, r, 2j + 1) its up element in the same row, and value (c, r, j) of the
     # 64x(N/2) fragment is where their gated value belongs: output column 8j + i for product
     # columns 16j + i (gate) and 16j + 8 + i (up).
-    from cute_kernels.layouts.atoms_sm90 import c_layout
+    from cute_kernels.layouts.atoms_sm90 import GATE_UP_OFFSET, c_layout, gate_layouts, gate_selector
 
     full, half = c_layout(n), c_layout(n // 2)
+    select = gate_selector(n)
+    gate_tv, up_offset = gate_layouts(n)
     for t in range(128):
-        for j in range(n // 16):
-            for r in range(2):
-                for c in range(2):
-                    out = half(t, c + 2 * r + 4 * j)
-                    gate = full(t, c + 2 * r + 4 * (2 * j))
-                    up = full(t, c + 2 * r + 4 * (2 * j + 1))
-                    row, col = out % 64, out // 64
-                    assert gate % 64 == up % 64 == row
-                    assert gate // 64 == 16 * (col // 8) + col % 8 and up // 64 == gate // 64 + 8
+        for v in range(select.size()):
+            out = half(t, v)
+            gate, up = full(t, select(v)), full(t, select(v) + GATE_UP_OFFSET)
+            row, col = out % 64, out // 64
+            assert gate % 64 == up % 64 == row
+            assert gate // 64 == 16 * (col // 8) + col % 8 and up // 64 == gate // 64 + 8
+            assert gate_tv(t, v) == gate and gate + up_offset == up
