@@ -29,7 +29,7 @@ import dataclasses
 
 import torch
 
-from cute_kernels.hopper.epilogue import GATE_BLOCK, EpilogueSpec
+from cute_kernels.layouts.atoms_sm90 import GATE_BLOCK  # pure Python: importing this loads no DSL
 
 from .sm90_config import SKINNY_M
 
@@ -170,6 +170,8 @@ def gated_product(x2, w, preact: bool, alpha: float = 1.0, config=None):
     cannot address an operand as it lies (the caller then runs the unfused route). The caller
     has checked the operands (`matmul_swiglu`'s checks) and `gated_kernel_reason`. `config`: an
     `Sm90GemmConfig` (default: the heuristic's for the M x 2I x K product)."""
+    from cute_kernels.hopper.epilogue import EpilogueSpec
+
     from .sm90_persistent import rung
     from .sm90_rung import tma_operand
 

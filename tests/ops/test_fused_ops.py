@@ -204,3 +204,15 @@ def test_backward_makes_no_zeros_for_outputs_without_a_gradient():
         grads = torch.autograd.grad((loss, y.sum(), rows.sum(), out.sum()), (xs, ws, x, w, logits, q, k, v))
     assert not unused & set(fills.shapes), fills.shapes
     assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+
+
+def test_importing_the_torch_layers_loads_no_dsl():
+    # The ops, nn modules and bench cases import torch only; the CuTe DSL loads on the first
+    # kernel call (a CPU user of the fallbacks, the CLI and the docs never pay its import).
+    import subprocess
+    import sys
+
+    code = ("import sys, cute_kernels.ops, cute_kernels.nn, cute_kernels.gemm.gated, cute_kernels.bench.gemm_fuzz, "
+            "cute_kernels.bench.fused_cases; print('cutlass' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
