@@ -11,7 +11,9 @@
   F.scaled_dot_product_attention for timm and other models: `rebind`); `route()`: the generic
   TorchFunctionMode fallback.
 - `GatedMLP` (mlp.py): a SwiGLU MLP whose gate/up GEMM gates in its epilogue (one interleaved
-  gate-up weight); `from_projections(gate_proj, up_proj, down_proj)`.
+  gate-up weight); `from_projections(gate_proj, up_proj, down_proj)`; `fuse_gated_mlps(model)`
+  puts one in place of every SwiGLU MLP of a model (Hugging Face's Llama, Mistral, Qwen2),
+  keeping its state-dict keys.
 - `parallel`: tensor parallelism on our `linear` (`ColumnParallelLinear`, `RowParallelLinear`,
   `TensorParallelMLP`).
 """
@@ -23,7 +25,7 @@ from cute_kernels.runtime.eager import transparent_mode
 from . import functional, fused_functional, parallel
 from .linear import Linear
 from .losses import CrossEntropyLoss, LinearCrossEntropyLoss
-from .mlp import GatedMLP
+from .mlp import GatedMLP, fuse_gated_mlps
 from .norms import LayerNorm, RMSNorm, replacement_for
 from .parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 from .routing import PatchReport, patch, route
@@ -33,5 +35,6 @@ from .routing import PatchReport, patch, route
 transparent_mode(route)
 
 __all__ = ["ColumnParallelLinear", "CrossEntropyLoss", "GatedMLP", "LayerNorm", "Linear", "LinearCrossEntropyLoss", "PatchReport",
-           "RMSNorm", "RowParallelLinear", "TensorParallelMLP", "functional", "fused_functional", "parallel", "patch",
+           "RMSNorm", "RowParallelLinear", "TensorParallelMLP", "functional", "fuse_gated_mlps", "fused_functional",
+           "parallel", "patch",
            "replacement_for", "route"]

@@ -114,3 +114,29 @@ def test_swiglu_backward_writes_the_gradient_blocks_in_place():
     got = swiglu_backward(dh, g, u, out=out)
     assert got[0].data_ptr() == out[0].data_ptr() and got[1].data_ptr() == out[1].data_ptr()
     assert torch.equal(out[0], dg) and torch.equal(out[1], du) and not dp.isnan().any()
+
+
+def test_a_transformers_llama_with_fused_mlps_matches_stock():
+    _hopper()
+    transformers = pytest.importorskip("transformers")
+    import copy
+
+    import cute_kernels.nn as cnn
+
+    cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=1000)
+    torch.manual_seed(0)
+    stock = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16)
+    ours = copy.deepcopy(stock)
+    assert cnn.fuse_gated_mlps(ours) == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    ids = torch.randint(0, 1000, (2, 100), device="cuda")  # 200 tokens: past the skinny bound, the gated kernel
+    ref = copy.deepcopy(stock).float()
+    out_ref, out_s, out_o = ref(ids, labels=ids), stock(ids, labels=ids), ours(ids, labels=ids)
+    # ours against the fp32 model, no further than stock's bf16 is (with margin)
+    bound = 3 * _rel(out_s.logits, out_ref.logits.double()) + 1e-3
+    assert _rel(out_o.logits, out_ref.logits.double()) < bound
+    out_o.loss.backward()
+    out_ref.loss.backward()
+    mlp_o, mlp_r = ours.model.layers[0].mlp, ref.model.layers[0].mlp
+    want = gated.interleave_gate_up(mlp_r.gate_proj.weight.grad, mlp_r.up_proj.weight.grad)
+    assert _rel(mlp_o.gate_up.grad, want.double()) < 3e-2
