@@ -77,6 +77,7 @@ class ModelsSettings:
     device: str = "cuda"
     size: str = "bench"  # "tiny" exercises the harness (CPU)
     fallback: str = "none"
+    fuse_mlps: bool = False  # ours also gets `nn.fuse_gated_mlps` (SwiGLU in the gate/up GEMM's epilogue)
 
     def validate(self) -> None:
         for name in self.models:
@@ -128,7 +129,19 @@ def _rel(a, b) -> float:
 
 
 def _grads(model) -> dict:
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    """{parameter name: its gradient}, a fused MLP's under the stock model's names (the gate
+    and up gradients split out of the interleaved one), so every gradient is compared."""
+    from cute_kernels.gemm.gated import split_gate_up
+    from cute_kernels.nn import GatedMLP
+
+    out = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    for name, m in model.named_modules():
+        if isinstance(m, GatedMLP) and m.state_dict_names and m.gate_up.grad is not None:
+            gate, up, down = m.state_dict_names
+            out[f"{name}.{gate}.weight"], out[f"{name}.{up}.weight"] = split_gate_up(m.gate_up.grad.detach())
+            if m.down.weight.grad is not None:
+                out[f"{name}.{down}.weight"] = m.down.weight.grad.detach().clone()
+    return out
 
 
 def _errors(spec, ours, stock, batch, train: bool, step_ours, step_stock) -> dict:
@@ -461,6 +474,8 @@ def _build(name: str, settings: ModelsSettings) -> _Model:
     stock = model_specs.build(spec, size=settings.size, device=settings.device, dtype=dtype, seed=settings.seed)
     ours = copy.deepcopy(stock)
     cnn.patch(ours, fallback=settings.fallback)
+    if settings.fuse_mlps:
+        cnn.fuse_gated_mlps(ours, fallback=settings.fallback)
     batch = model_specs.make_batch(spec, size=settings.size, device=settings.device, seed=settings.seed, dtype=dtype)
     return _Model(spec, stock, ours, batch)
 

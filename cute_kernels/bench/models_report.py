@@ -88,6 +88,9 @@ def models_page(result: BenchResult | None, json_name: str | None = None, plot_n
     head += [f"Run {_when(result.timestamp or result.date)} on {result.device}; torch {v.get('torch')}, "
              f"transformers {v.get('transformers')}, timm {v.get('timm')}, CuTe DSL {dsl}. "
              f"Result: `{json_name or 'the JSON'}`.", ""]
+    if result.settings.get("fuse_mlps"):
+        head += ["In this run the cute_kernels side also had `cute_kernels.nn.fuse_gated_mlps(model)`: every "
+                 "SwiGLU MLP on the gate/up GEMM that gates in its epilogue.", ""]
     merged = result.settings.get("merged") or []
     if merged:
         head += ["Rows noted *measured DATE* come from an earlier run merged in (each case whole, stock and ours "

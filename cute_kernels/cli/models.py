@@ -38,6 +38,8 @@ def add_parser(sub) -> None:
     p.add_argument("--size", choices=("bench", "small", "tiny"), default="bench",
                    help="model size (small: the GPU tests' models, tiny: the CPU tests')")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fuse-mlps", action="store_true",
+                   help="also put every SwiGLU MLP on the gated GEMM (cute_kernels.nn.fuse_gated_mlps)")
     p.add_argument("--json", metavar="FILE", help="write the result JSON here")
     p.add_argument("--out-dir", metavar="DIR", help="write DIR/YYYY-MM-DD-models-<device>.json and .png, and the "
                                                     "page (--doc)")
@@ -85,7 +87,7 @@ def run_bench(args) -> int:
                               iters=args.iters, warmup=args.warmup, prompts=args.prompts,
                               prompt_len=args.prompt_len, new_tokens=args.new_tokens, seed=args.seed,
                               device=args.device, size=args.size,
-                              fallback="torch" if args.device == "cpu" else "none")
+                              fallback="torch" if args.device == "cpu" else "none", fuse_mlps=args.fuse_mlps)
     try:
         settings.validate()
     except ValueError as err:

@@ -40,6 +40,28 @@ def test_tiny_run_records_in_the_schema_and_the_page_is_drawn_from_them(tmp_path
     assert "| llama_gqa_padded/train_eager |" in page and "r.png" in page and "Geometric mean" in page
 
 
+def test_fused_mlps_are_checked_gradient_by_gradient():
+    """With `fuse_mlps`, ours runs its MLPs on the gated GEMM and every stock gradient, the MLPs'
+    gate and up included (split out of the fused one), is compared."""
+    from cute_kernels.bench import models
+
+    settings = ModelsSettings(models=("llama_gqa",), modes=("train_eager",), rounds=1, iters=1, warmup=0,
+                              device="cpu", size="tiny", fallback="torch", fuse_mlps=True)
+    m = models._build("llama_gqa", settings)
+    import cute_kernels.nn as cnn
+
+    assert any(isinstance(mod, cnn.GatedMLP) for mod in m.ours.modules())
+    result = run_models(settings, log=lambda line: None)
+    ours = next(r for r in result.records if r.impl == "cute_kernels")
+    assert ours.ok and ours.rel_err < 1e-5, (ours.rel_err, ours.extra)
+    stock_grads, our_grads = (models._grads(x) for x in (m.stock, m.ours))
+    assert not stock_grads and not our_grads  # no step run on these copies
+    loss = models._forward(m.spec, m.ours, m.batch)[0]
+    loss.backward()
+    names = set(models._grads(m.ours))
+    assert {n for n, _ in m.stock.named_parameters()} <= names
+
+
 def test_cli_routes_bench_models_and_checks_names(capsys):
     from cute_kernels.cli import main
 
