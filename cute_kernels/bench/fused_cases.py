@@ -140,8 +140,8 @@ class FusedCase:
         h = self.dims[0]
         if op == "linear_swiglu_fwd":  # x, W read; h written (the product never leaves the chip)
             return float(e * (m * h + 2 * n * h + m * n))
-        if op == "linear_swiglu_fwd_bwd":  # + the product kept, dh read, dx and dW written
-            return float(e * (m * h + 2 * n * h + m * n + 2 * m * n + m * n + m * h + 2 * n * h))
+        if op == "linear_swiglu_fwd_bwd":  # x, W, dh read; h, dx, dW written (each once)
+            return float(e * (2 * m * h + 4 * n * h + 2 * m * n))
         # linear_cross_entropy: x, W read; dx, dW written (the logits never leave the chip)
         return float(e * (2 * m * h + 2 * n * h) + 8 * m)
 
