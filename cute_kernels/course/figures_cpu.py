@@ -293,6 +293,24 @@ def gemm_results(ctx):
     return _results_table(ctx, "gemm", impls={"sm90_persistent", "cublas", "quack"})
 
 
+@figure("gate_pairs", "17-sol-gemm.md")
+def gate_pairs(ctx):
+    from cute_kernels.layouts.atoms_sm90 import c_layout, gate_layouts
+
+    gate, up_offset = gate_layouts(64)
+    out = c_layout(32)
+    rows = []
+    for t in range(2):
+        for v in range(8):
+            g, o = gate(t, v), out(t, v)
+            rows.append([t, v, g % 64, g // 64, (g + up_offset) // 64, o // 64])
+    return ("From `layouts.atoms_sm90.gate_layouts(64)` and `c_layout(32)`: for two threads, the product elements "
+            "each value of a 64x64 gate-up tile's output gates (row, gate column, up column), and where that "
+            "value lands in the 64x32 output.\n\n"
+            + md_table(["thread", "value", "row", "gate column", "up column", "output column"], rows,
+                       align="rrrrrr"))
+
+
 # ---- page 18: attention I ---------------------------------------------------------------------
 
 @figure("masks", "18-attention-algorithm.md", what="picture")
