@@ -39,6 +39,18 @@ def _check(x: Tensor, weight: Tensor) -> None:
                          f"{2 * GATE_BLOCK} (gemm.gated.interleave_gate_up)")
     if x.dtype != weight.dtype:
         raise TypeError(f"cute_kernels.linear_swiglu: input is {x.dtype} but weight is {weight.dtype}")
+    if x.device != weight.device:
+        raise ValueError(f"cute_kernels.linear_swiglu: input is on {x.device} but weight is on {weight.device}")
+
+
+def _check_backward(dh: Tensor, x: Tensor, weight: Tensor, p: Tensor) -> None:
+    _check(x, weight)
+    n2, rows = weight.shape[0], x.numel() // max(1, x.shape[-1])
+    for name, t, width in (("dh", dh, n2 // 2), ("p", p, n2)):
+        if t.dim() < 1 or t.shape[-1] != width or t.numel() != rows * width or t.dtype != x.dtype or \
+                t.device != x.device:
+            raise ValueError(f"cute_kernels.linear_swiglu_backward: {name} must be (..., {width}) over the input's "
+                             f"{rows} rows in {x.dtype} on {x.device}, got {tuple(t.shape)} {t.dtype} on {t.device}")
 
 
 @torch.library.custom_op("cute_kernels::linear_swiglu", mutates_args=())
@@ -96,10 +108,10 @@ def _grad(ctx, dh, _dp):
 
 
 def _dp(dh, p, kernel_backward):
-    """dp (rows, 2I) from dh and the product p: the SwiGLU backward of p's gate and up blocks,
-    written into dp's own blocks (`kernel_backward(dh8, g, u, out)`)."""
+    """dp (rows, 2I) from dh (in p's dtype) and the product p: the SwiGLU backward of p's gate and
+    up blocks, written into dp's own blocks (`kernel_backward(dh8, g, u, out)`)."""
     dp = torch.empty(p.shape, dtype=p.dtype, device=p.device).reshape(-1, p.shape[-1])
-    kernel_backward(dh.to(p.dtype).reshape(-1, GATE_BLOCK), *gate_up_rows(p), gate_up_rows(dp))
+    kernel_backward(dh.reshape(-1, GATE_BLOCK), *gate_up_rows(p), gate_up_rows(dp))
     return dp
 
 
@@ -117,6 +129,8 @@ def linear_swiglu_backward(dh: Tensor, x: Tensor, weight: Tensor, p: Tensor, nee
                            need_dw: bool = True, rung: str = "auto", fallback: str = "none") -> tuple[Tensor, Tensor]:
     """(dx or empty, dweight or empty) of `linear_swiglu` (module docstring)."""
     check_fallback("linear_swiglu_backward", fallback)
+    dh = dh if dh.dtype == p.dtype else dh.to(p.dtype)
+    _check_backward(dh, x, weight, p)
     dh, x, weight, p = dh.detach(), x.detach(), weight.detach(), p.detach()
     n2, k = weight.shape
     x2 = x.reshape(-1, k)
@@ -136,6 +150,7 @@ def linear_swiglu_backward(dh: Tensor, x: Tensor, weight: Tensor, p: Tensor, nee
 
 @linear_swiglu_backward.register_fake
 def _linear_swiglu_backward_fake(dh, x, weight, p, need_dx=True, need_dw=True, rung="auto", fallback="none"):
+    _check(x, weight)
     return (x.new_empty(x.shape) if need_dx else x.new_empty((0,)),
             weight.new_empty(weight.shape) if need_dw else weight.new_empty((0,)))
 

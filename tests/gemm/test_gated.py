@@ -97,6 +97,24 @@ def test_op_matches_autograd_of_the_definition_through_the_fallback():
     assert set(result.values()) == {"SUCCESS"}, result
 
 
+@pytest.mark.parametrize("call,exc,msg", [
+    (lambda ops: ops.linear_swiglu(torch.randn(3, 8), torch.randn(24, 8), fallback="torch"), ValueError, "multiple of 16"),
+    (lambda ops: ops.linear_swiglu(torch.randn(3, 8), torch.randn(32, 8, dtype=F64), fallback="torch"), TypeError,
+     "weight is torch.float64"),
+    (lambda ops: ops.linear_swiglu(torch.randn(3, 8), torch.randn(32, 8, device="meta"), fallback="torch"), ValueError,
+     "weight is on meta"),
+    (lambda ops: ops.linear_swiglu_backward(torch.randn(3, 15), torch.randn(3, 8), torch.randn(32, 8),
+                                            torch.randn(3, 32), fallback="torch"), ValueError, "dh must be"),
+    (lambda ops: ops.linear_swiglu_backward(torch.randn(3, 16), torch.randn(3, 8), torch.randn(32, 8),
+                                            torch.randn(4, 32), fallback="torch"), ValueError, "p must be"),
+])
+def test_op_arguments_are_checked_before_anything_runs(call, exc, msg):
+    import cute_kernels.ops as ops
+
+    with pytest.raises(exc, match=msg):
+        call(ops)
+
+
 def test_op_without_preact_refuses_to_differentiate():
     import warnings
 
