@@ -227,8 +227,8 @@ def _lce(x, w, labels, impl):
     return F.cross_entropy((x @ w.t()).float(), labels)
 
 
-def _linear_swiglu(x, inputs, impl):
-    """h = silu(x Wg^T) * (x Wu^T) as `impl` computes it, and the weight it differentiates:
+def _linear_swiglu(x, w, impl):
+    """h = silu(x Wg^T) * (x Wu^T) as `impl` computes it from the weight w it multiplies by:
     ours, one gated GEMM over the interleaved weight; cute_kernels_gemm, our GEMM over the
     concatenated [Wg; Wu] then our SwiGLU kernel on its halves; the peers, F.linear (cuBLAS)
     over [Wg; Wu] then their SwiGLU (eager's and torch.compile's: silu(g) * u)."""
@@ -237,15 +237,15 @@ def _linear_swiglu(x, inputs, impl):
     if impl == "cute_kernels":
         from cute_kernels.nn import fused_functional as ff
 
-        return ff.linear_swiglu(x, inputs["w_gate_up"])
+        return ff.linear_swiglu(x, w)
     if impl == "quack":
         raise Unsupported("quack 0.6.5's gated GEMM is not benchmarked here")
     if impl == "cute_kernels_gemm":
         from cute_kernels.nn import functional as cf
 
-        g, u = cf.linear(x, inputs["w_cat"]).chunk(2, dim=-1)
+        g, u = cf.linear(x, w).chunk(2, dim=-1)
     else:
-        g, u = F.linear(x, inputs["w_cat"]).chunk(2, dim=-1)
+        g, u = F.linear(x, w).chunk(2, dim=-1)
     return _swiglu(g, u, "cute_kernels" if impl == "cute_kernels_gemm" else impl)
 
 
@@ -400,10 +400,9 @@ def _prepare(impl: str, case, inputs) -> Prepared:
     if op.startswith("linear_swiglu"):
         from cute_kernels.gemm.gated import split_gate_up
 
-        # every implementation differentiates its own copy of the weight it multiplies by
+        # the weight each multiplies by (each differentiates its own copy): ours the interleaved one
         key = "w_gate_up" if impl == "cute_kernels" else "w_cat"
-        weights = dict(inputs)
-        f = maybe_compiled(lambda x, w: _linear_swiglu(x, {**weights, key: w}, base))
+        f = maybe_compiled(lambda x, w: _linear_swiglu(x, w, base))
         if op == "linear_swiglu_fwd":
             x, w = inputs["x"], inputs[key]
 

@@ -402,7 +402,7 @@ class Sm90PersistentGemm:
                     self.store_subtiles(tRS_acc, alpha, None, r2s, tRS_sC, tRS_rAcc, tRS_rC, sC, tma_p,
                                         gP[(None, None, m, n, l)], base, ring, wg, warp_idx, store_warp,
                                         epi_barrier, store_pipe)
-                epilogue.gate_in_place(self.epi.gate, acc_main, alpha)
+                epilogue.gate_in_place(acc_main, alpha)
                 self.store_subtiles(tRS_acc_out, 1.0, None, r2s_out, tRS_sC_out, tRS_rAcc, tRS_rC, sC, tma_c,
                                     gC[(None, None, m, n, l)], base + pre_count, ring, wg, warp_idx, store_warp,
                                     epi_barrier, store_pipe)

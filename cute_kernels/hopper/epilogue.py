@@ -37,7 +37,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warp
 
 from cute_kernels.layouts import Layout, composition
-from cute_kernels.layouts.atoms_sm90 import GATE_BLOCK, gate_selector
+from cute_kernels.layouts.atoms_sm90 import GATE_BLOCK, GATE_UP_OFFSET, gate_selector
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")  # torch definitions: gemm.activations
 BIAS_DIMS = ("m", "n")
@@ -182,23 +182,24 @@ def gate_view(acc: cute.Tensor) -> cute.Tensor:
 
 
 @cute.jit
-def gate_in_place(gate: cutlass.Constexpr, acc: cute.Tensor, alpha):
+def gate_in_place(acc: cute.Tensor, alpha):
     """Every gate value of `acc` (accumulator fragment, module GATE_BLOCK layout) becomes
-    silu(alpha * g) * (alpha * u) with the up value beside it in the same thread (`gate_view`
-    reads the results). NaN and Inf propagate as torch's silu(g) * u."""
+    silu(alpha * g) * (alpha * u) with its up value, `GATE_UP_OFFSET` values further in the same
+    thread: the values `layouts.atoms_sm90.gate_selector` picks, which `gate_view` then reads.
+    NaN and Inf propagate as torch's silu(g) * u."""
     (c2, r2, blocks), mm, mn = acc.shape
+    select = gate_selector(GATE_BLOCK * blocks)
     for n in cutlass.range_constexpr(mn):
         for m in cutlass.range_constexpr(mm):
-            for j in cutlass.range_constexpr(blocks // 2):
-                for r in cutlass.range_constexpr(r2):
-                    for c in cutlass.range_constexpr(c2):
-                        g = acc[(c, r, 2 * j), m, n] * alpha  # the even blocks: `gate_selector`'s
-                        u = acc[(c, r, 2 * j + 1), m, n] * alpha
-                        # sigmoid by the approximate reciprocal: an IEEE division would call
-                        # its slow-path subroutine once per value (64 CALLs in a 128x256 tile)
-                        sig = cute.arch.rcp_approx(cutlass.Float32(1.0) + cute.math.exp2(
-                            g * cutlass.Float32(-_LOG2_E), fastmath=True))
-                        acc[(c, r, 2 * j), m, n] = g * sig * u
+            for v in cutlass.range_constexpr(select.size()):
+                i = select(v)  # the gate value's index in the fragment's (2, 2, N/8) value mode
+                g = acc[i, m, n] * alpha
+                u = acc[i + GATE_UP_OFFSET, m, n] * alpha
+                # sigmoid by the approximate reciprocal: an IEEE division would call its
+                # slow-path subroutine once per value (64 CALLs in a 128x256 tile)
+                sig = cute.arch.rcp_approx(cutlass.Float32(1.0) + cute.math.exp2(
+                    g * cutlass.Float32(-_LOG2_E), fastmath=True))
+                acc[i, m, n] = g * sig * u
 
 
 STAGED = ("bias", "scale_a", "scale_b")  # the vectors a tile may stage, in `fuse`'s `staged` order

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from cute_kernels.fused import reference
 from cute_kernels.gemm.gated import GATE_BLOCK, gate_up_rows, swiglu_of_product
 
 from .fallback import check_fallback, device_guard, note_fallback, on_cuda
@@ -116,12 +117,9 @@ def _dp(dh, p, kernel_backward):
 
 
 def _reference_dp(dh8, g, u, out):
-    """The SwiGLU backward in torch, at least fp32 math, written into out = (dg, du)."""
-    wide = torch.promote_types(g.dtype, torch.float32)
-    gf, uf, d = g.to(wide), u.to(wide), dh8.to(wide)
-    s = torch.sigmoid(gf)
-    out[0].copy_(d * uf * s * (1 + gf * (1 - s)))
-    out[1].copy_(d * gf * s)
+    """The SwiGLU backward's torch definition (`fused.reference`), written into out = (dg, du)."""
+    for dst, src in zip(out, reference.swiglu_backward(dh8, g, u)):
+        dst.copy_(src)
 
 
 @torch.library.custom_op("cute_kernels::linear_swiglu_backward", mutates_args=())
