@@ -107,7 +107,7 @@ def _check_nan_propagates(rank, device, dtype, fallback):
     assert torch.isfinite(y[torch.arange(8) != 3]).all(), f"rank {rank}: NaN leaked into other rows"
 
 
-def _worker(rank, port, backend, dtype_name, tol):
+def _worker(rank, port, backend, dtype_name, tol, done_dir):
     os.environ.update(NCCL_ENV)
     dtype = getattr(torch, dtype_name)
     if backend == "nccl":
@@ -125,31 +125,41 @@ def _worker(rank, port, backend, dtype_name, tol):
             _check_case(rank, device, dtype, activation, bias, tol, fallback)
         _check_nan_propagates(rank, device, dtype, fallback)
         dist.barrier()
+        # Recorded before the teardown: torch's gloo/TCPStore teardown can abort a process
+        # ("terminate called without an active exception") after every check has passed.
+        with open(os.path.join(done_dir, f"rank{rank}.ok"), "w") as f:
+            f.write("ok")
     finally:
         dist.destroy_process_group()
+    os._exit(0)  # skip the interpreter's teardown of the distributed C++ threads
 
 
-def _spawn(backend, dtype_name, tol):
+def _spawn(backend, dtype_name, tol, tmp_path):
     """Run `_worker` on WORLD processes; a failure in any re-raises here with its traceback, and
-    a hang is killed after SPAWN_TIMEOUT_S."""
+    a hang is killed after SPAWN_TIMEOUT_S. A process killed by a signal counts as a failure
+    unless every rank had recorded that all its checks passed (a crash in torch's teardown)."""
     import torch.multiprocessing as mp
 
     os.environ.update(NCCL_ENV)  # inherited by the children before they import NCCL
-    ctx = mp.spawn(_worker, args=(_free_port(), backend, dtype_name, tol), nprocs=WORLD, join=False)
+    ctx = mp.spawn(_worker, args=(_free_port(), backend, dtype_name, tol, str(tmp_path)), nprocs=WORLD, join=False)
     deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            pytest.fail(f"tensor-parallel {backend} test did not finish within {SPAWN_TIMEOUT_S} s")
+    try:
+        while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                pytest.fail(f"tensor-parallel {backend} test did not finish within {SPAWN_TIMEOUT_S} s")
+    except mp.ProcessExitedException:
+        if not all((tmp_path / f"rank{r}.ok").exists() for r in range(WORLD)):
+            raise
 
 
 # ---- CPU: gloo, float64 ------------------------------------------------------------------------
 
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo needed")
-def test_tp_mlp_gloo_float64_matches_full_mlp():
-    _spawn("gloo", "float64", 1e-12)
+def test_tp_mlp_gloo_float64_matches_full_mlp(tmp_path):
+    _spawn("gloo", "float64", 1e-12, tmp_path)
 
 
 # ---- in-process: the world-of-one case and bad input -------------------------------------------
@@ -214,9 +224,9 @@ def test_bad_arguments_raise_clear_errors():
 # ---- GPU: NCCL on two GPUs, bf16, our kernels ----------------------------------------------------
 
 @pytest.mark.gpu
-def test_tp_mlp_nccl_bf16_matches_single_gpu():
+def test_tp_mlp_nccl_bf16_matches_single_gpu(tmp_path):
     if torch.cuda.device_count() < WORLD:
         pytest.skip(f"needs {WORLD} GPUs, found {torch.cuda.device_count()}")
     if not dist.is_nccl_available():
         pytest.skip("torch.distributed NCCL backend not available")
-    _spawn("nccl", "bfloat16", 2e-2)
+    _spawn("nccl", "bfloat16", 2e-2, tmp_path)
