@@ -15,6 +15,13 @@ Structure (one CTA per SM, walking output tiles with a static persistent schedul
 - the epilogue fuses alpha, beta * C, bias and the activation in registers, converts, writes 128x32 sub-tiles to smem with stmatrix and
   one warp stores them with TMA through a ring of buffers; stores drain asynchronously under
   the next tile's main loop.
+- a split-K build (`split_k=True`, launched through `SplitKLaunch`) takes A and B with K cut
+  into equal chunks along their batch mode and reduces the chunks' products in the kernel
+  (`exchange_partials`): every chunk writes its fp32 accumulators to a workspace and counts
+  itself in on a per-tile counter; the chunk that arrives last sums the tile's partials in
+  chunk order (so the sum does not depend on which CTA finished first) and runs the ordinary
+  fused epilogue into the (M, N, 1) output. No CTA waits on another; the counters reset
+  themselves.
 - a gated build (`EpilogueSpec.gate`, SwiGLU) computes a (tile_m, tile_n) tile of the gate-up
   product and stores its (tile_m, tile_n / 2) gated half (and, with `gate_preact`, the product
   itself first): the output and the scheduler's tiles are half as wide as B's.
@@ -22,6 +29,7 @@ Structure (one CTA per SM, walking output tiles with a static persistent schedul
 
 from __future__ import annotations
 
+import math
 
 import cutlass
 import cutlass.cute as cute
@@ -51,10 +59,15 @@ class Sm90PersistentGemm:
     """
 
     fuses_epilogue = True
+    reduces_split_k = True  # has a split-K build (`split_k=True`, `SplitKLaunch`)
 
-    def __init__(self, config: Sm90GemmConfig, acc_dtype=cutlass.Float32, epilogue_spec: EpilogueSpec | None = None):
+    def __init__(self, config: Sm90GemmConfig, acc_dtype=cutlass.Float32, epilogue_spec: EpilogueSpec | None = None,
+                 split_k: bool = False):
         self.config = config.validate()
         self.epi = (epilogue_spec or EpilogueSpec()).validate()
+        self.split_k = split_k
+        if split_k and self.epi.gate is not None:
+            raise ValueError("a split-K build takes no gated epilogue (its tiles are the gate-up product's)")
         self.pingpong = config.schedule == "pingpong"
         if self.pingpong and (config.epi_stages % 2 or config.tile_m not in (64, 128)):
             raise ValueError("ping-pong splits the epilogue ring between 2 warpgroups (even epi_stages) "
@@ -99,7 +112,7 @@ class Sm90PersistentGemm:
         self.stage_buffers = 2 if self.pingpong else 1
         self.staged_elems = {name: self.staged[name].smem_elems(self.stage_buffers) if name in self.staged else 0
                              for name in epilogue.STAGED}
-        extra = sum(4 * n + 16 for n in self.staged_elems.values() if n)
+        extra = sum(4 * n + 16 for n in self.staged_elems.values() if n) + (8 if self.split_k else 0)  # + sLast
         self.stages = cfg.resolved_stages(self.a_dtype.width // 8, self.c_dtype.width, extra_bytes=extra)
         tm, tn, tk = self.tile_mnk
         self.promote = self.a_dtype.width == 8 and not cfg.fp8_fast_accum
@@ -128,6 +141,14 @@ class Sm90PersistentGemm:
         (pass any tensor of the compiled dtype otherwise); with `scale_ab` alpha is multiplied by
         scale_a[0] * scale_b[0] (per-tensor fp8 scales, read on the device), or with `scale_rows`
         each element by scale_a[m] * scale_b[n] (row-wise scales, (M,) and (N,))."""
+        # the split-K operands are never read by this build: the bias stands in for them
+        self.launch_with(a, b, c, c_src, bias, scale_a, scale_b, bias, bias, alpha, beta, max_active_clusters, stream)
+
+    @cute.jit
+    def launch_with(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, c_src: cute.Tensor, bias: cute.Tensor,
+                    scale_a: cute.Tensor, scale_b: cute.Tensor, workspace: cute.Tensor, counters: cute.Tensor,
+                    alpha: cutlass.Float32, beta: cutlass.Float32, max_active_clusters: cutlass.Constexpr, stream):
+        """`__call__`'s launch, plus a split-K build's workspace and counters (`SplitKLaunch`)."""
         self._setup(a, b, c)
         cfg = self.config
         tm, tn, tk = self.tile_mnk
@@ -137,7 +158,11 @@ class Sm90PersistentGemm:
         # a gated build's product, stored beside its gated half (else a stand-in never used)
         tma_p, gP = tma.make_tma_store(c_src, self.smem_c_layout, self.epi_tile) \
             if cutlass.const_expr(self.epi.gate_preact) else (tma_c, gC)
-        sched = tile_scheduler.make_params(c, (tm, self.out_tile_n), self.cluster_mn, cfg.swizzle, cfg.raster == "m")
+        # the scheduler's units: output tiles per batch, or with split-K per K chunk (A's batch mode)
+        units = cute.make_identity_tensor((c.shape[0], c.shape[1], a.shape[2])) if cutlass.const_expr(self.split_k) \
+            else c
+        sched = tile_scheduler.make_params(units, (tm, self.out_tile_n), self.cluster_mn, cfg.swizzle,
+                                           cfg.raster == "m")
         grid = tile_scheduler.grid_shape(sched, max_active_clusters)
 
         @cute.struct
@@ -149,12 +174,14 @@ class Sm90PersistentGemm:
             sBias: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.staged_elems["bias"]], 16]
             sScaleA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.staged_elems["scale_a"]], 16]
             sScaleB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.staged_elems["scale_b"]], 16]
+            # split-K: per tile-owning warpgroup, whether its chunk was the tile's last to arrive
+            sLast: cute.struct.MemRange[cutlass.Int32, 2 if self.split_k else 0]
 
         self.storage = Storage
         self.kernel(
             tma_a, gA, tma_b, gB, tma_c, gC, tma_p, gP, self.tiled_mma, cute.make_layout((*self.cluster_mn, 1)),
             self.smem_a_layout, self.smem_b_layout, self.smem_c_layout, sched, alpha, beta, c_src, bias,
-            scale_a, scale_b,
+            scale_a, scale_b, workspace, counters, a.shape[2],
         ).launch(grid=grid, block=[self.roles.threads, 1, 1], cluster=(*self.cluster_mn, 1),
                  min_blocks_per_mp=1, stream=stream)
 
@@ -166,7 +193,8 @@ class Sm90PersistentGemm:
                smem_a_layout: cute.ComposedLayout, smem_b_layout: cute.ComposedLayout,
                smem_c_layout: cute.ComposedLayout, sched_params: utils.PersistentTileSchedulerParams,
                alpha: cutlass.Float32, beta: cutlass.Float32, c_src: cute.Tensor, bias: cute.Tensor,
-               scale_a: cute.Tensor, scale_b: cute.Tensor):
+               scale_a: cute.Tensor, scale_b: cute.Tensor, workspace: cute.Tensor, counters: cute.Tensor,
+               splits: cutlass.Int32):
         cfg = self.config
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -211,6 +239,8 @@ class Sm90PersistentGemm:
         if cutlass.const_expr(self.epi.scale_ab and not self.epi.scale_rows):
             alpha = alpha * scale_a[0].to(cutlass.Float32) * scale_b[0].to(cutlass.Float32)
         epi_args = (cC, (mC.shape[0], mC.shape[1]), alpha, beta, c_src, bias, scale_a, scale_b, sStaged, tma_p, gP)
+        split_args = (workspace, counters, splits, storage.sLast.get_tensor(cute.make_layout(2))) \
+            if cutlass.const_expr(self.split_k) else None
         tAsA, tAgA = tma.partition_load(tma_a, cluster_layout, cluster_coord, 0, sA, gA)
         tBsB, tBgB = tma.partition_load(tma_b, cluster_layout, cluster_coord, 1, sB, gB)
         k_tiles = cute.size(gA, mode=[3])
@@ -231,10 +261,10 @@ class Sm90PersistentGemm:
             if cutlass.const_expr(self.pingpong):
                 # consumer warpgroup wg (0 or 1, a runtime value) takes every other tile
                 wg = warpgroup - 1
-                self.consume(ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, epi_args, k_tiles,
+                self.consume(ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, epi_args, split_args, k_tiles,
                              tidx - THREADS_PER_WARPGROUP * (1 + wg), warp_idx, wg)
             else:
-                self.consume(ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, epi_args, k_tiles,
+                self.consume(ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, epi_args, split_args, k_tiles,
                              tidx - THREADS_PER_WARPGROUP, warp_idx, 0)
 
     @cute.jit
@@ -259,7 +289,8 @@ class Sm90PersistentGemm:
         ab_pipe.producer_tail(state)
 
     @cute.jit
-    def consume(self, ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, epi_args, k_tiles, ctidx, warp_idx, wg):
+    def consume(self, ab_pipe, sched_params, tiled_mma, sA, sB, sC, gC, tma_c, epi_args, split_args, k_tiles, ctidx,
+                warp_idx, wg):
         """Consumer warpgroups: main loop of wgmma over the k-tiles, then the TMA-store epilogue.
 
         Cooperative (`wg` = 0, static): both warpgroups run this on every tile, each on half its rows.
@@ -333,7 +364,8 @@ class Sm90PersistentGemm:
             read.advance(k_tiles * wg)
             release.advance(k_tiles * wg)
         work = sched.get_current_work()
-        done = cutlass.Int32(0)
+        done = cutlass.Int32(0)  # tiles this warpgroup has run
+        stored = cutlass.Int32(0)  # tiles it has stored (its epilogue ring's position)
         while work.is_valid_tile:
             m, n, l = work.tile_idx
             # the tile's first row and column: where its staged slices start
@@ -388,37 +420,101 @@ class Sm90PersistentGemm:
                 read.advance(k_tiles)
                 release.advance(k_tiles)
 
-            # epilogue: fuse in registers, then sub-tiles of epi_tile through the smem ring and TMA store
-            if cutlass.const_expr(len(self.staged) > 0):
-                for i, name in enumerate(epilogue.STAGED):
-                    if cutlass.const_expr(name in self.staged):
-                        self.staged[name].stage(stage_regs[i], slices[i], ctidx)
-                epi_barrier.arrive_and_wait()
-            if cutlass.const_expr(self.gated):
-                # the product first (its sub-tiles read the accumulator before gating rewrites it)
-                pre_count = self.subtile_count(self.tile_mnk[1]) if cutlass.const_expr(self.epi.gate_preact) else 0
-                base = done * (pre_count + self.subtile_count(self.out_tile_n))
-                if cutlass.const_expr(self.epi.gate_preact):
-                    self.store_subtiles(tRS_acc, alpha, None, r2s, tRS_sC, tRS_rAcc, tRS_rC, sC, tma_p,
-                                        gP[(None, None, m, n, l)], base, ring, wg, warp_idx, store_warp,
+            # split-K: the chunks' sums meet in the workspace; only the tile's last chunk stores it
+            stores = True
+            l_out = l
+            if cutlass.const_expr(self.split_k):
+                stores = self.exchange_partials(acc_main, split_args, m, n, l, extent_mn, ctidx, wg, epi_barrier)
+                l_out = 0
+            if stores:
+                # epilogue: fuse in registers, then sub-tiles of epi_tile through the smem ring and TMA store
+                if cutlass.const_expr(len(self.staged) > 0):
+                    for i, name in enumerate(epilogue.STAGED):
+                        if cutlass.const_expr(name in self.staged):
+                            self.staged[name].stage(stage_regs[i], slices[i], ctidx)
+                    epi_barrier.arrive_and_wait()
+                if cutlass.const_expr(self.gated):
+                    # the product first (its sub-tiles read the accumulator before gating rewrites it)
+                    pre_count = self.subtile_count(self.tile_mnk[1]) if cutlass.const_expr(self.epi.gate_preact) else 0
+                    base = stored * (pre_count + self.subtile_count(self.out_tile_n))
+                    if cutlass.const_expr(self.epi.gate_preact):
+                        self.store_subtiles(tRS_acc, alpha, None, r2s, tRS_sC, tRS_rAcc, tRS_rC, sC, tma_p,
+                                            gP[(None, None, m, n, l_out)], base, ring, wg, warp_idx, store_warp,
+                                            epi_barrier, store_pipe)
+                    epilogue.gate_in_place(acc_main, alpha)
+                    self.store_subtiles(tRS_acc_out, 1.0, None, r2s_out, tRS_sC_out, tRS_rAcc, tRS_rC, sC, tma_c,
+                                        gC[(None, None, m, n, l_out)], base + pre_count, ring, wg, warp_idx, store_warp,
                                         epi_barrier, store_pipe)
-                epilogue.gate_in_place(acc_main, alpha)
-                self.store_subtiles(tRS_acc_out, 1.0, None, r2s_out, tRS_sC_out, tRS_rAcc, tRS_rC, sC, tma_c,
-                                    gC[(None, None, m, n, l)], base + pre_count, ring, wg, warp_idx, store_warp,
-                                    epi_barrier, store_pipe)
-            else:
-                fusion = None
-                if cutlass.const_expr(self.epi.fused):
-                    staged = (*slices, m0, n0) if cutlass.const_expr(len(self.staged) > 0) else None
-                    fusion = (r2s.retile(thr_mma.partition_C(cC[(None, None, m, n, l)])), extent_mn, alpha, beta,
-                              c_src, bias, scale_a, scale_b, staged)
-                self.store_subtiles(tRS_acc, alpha, fusion, r2s, tRS_sC, tRS_rAcc, tRS_rC, sC, tma_c,
-                                    gC[(None, None, m, n, l)], done * self.subtile_count(self.out_tile_n), ring, wg,
-                                    warp_idx, store_warp, epi_barrier, store_pipe)
+                else:
+                    fusion = None
+                    if cutlass.const_expr(self.epi.fused):
+                        staged = (*slices, m0, n0) if cutlass.const_expr(len(self.staged) > 0) else None
+                        coords = r2s.retile(thr_mma.partition_C(cC[(None, None, m, n, l_out)]))
+                        fusion = (coords, extent_mn, alpha, beta, c_src, bias, scale_a, scale_b, staged)
+                    self.store_subtiles(tRS_acc, alpha, fusion, r2s, tRS_sC, tRS_rAcc, tRS_rC, sC, tma_c,
+                                        gC[(None, None, m, n, l_out)], stored * self.subtile_count(self.out_tile_n),
+                                        ring, wg, warp_idx, store_warp, epi_barrier, store_pipe)
+                stored += 1
             done += 1
             sched.advance_to_next_work(advance_count=stride)
             work = sched.get_current_work()
         store_pipe.producer_tail()
+
+    @cute.jit
+    def exchange_partials(self, acc: cute.Tensor, split_args, m, n, l, extent_mn, ctidx, wg, epi_barrier):
+        """Split-K's in-kernel reduction for chunk `l` of tile (m, n); True when this warpgroup
+        (or pair, cooperative) now holds the tile's whole sum in `acc` and stores the tile.
+
+        Every chunk writes `acc` to its slot of the workspace (fp32; per (tile, chunk) one block
+        of tile_m * tile_n values, thread t's value group g at 16-byte vector g * threads + t,
+        so each warp writes 512 contiguous bytes). After a barrier (which orders every thread's
+        stores before it) one thread adds 1 to the tile's counter, acquire-release: the chunk that
+        brings the count to S is the tile's last, resets the counter for the next launch, and
+        sums all S blocks in chunk order into `acc` (its own included, re-read: the same order
+        whichever CTA arrived last, so the sum is deterministic). Nothing waits on another CTA,
+        so no grid residency is assumed. Tiles wholly outside the output do nothing (their
+        units only round the grid to clusters and swizzle bands)."""
+        workspace, counters, splits, s_last = split_args
+        tm, tn = self.tile_mnk[0], self.tile_mnk[1]
+        threads = self.epi_threads
+        nvec = cute.size(acc) // 4
+        per_block = tm * tn // 4  # 16-byte vectors per (tile, chunk) block
+        acc_v = cute.make_tensor(acc.iterator, cute.make_layout((4, nvec), stride=(1, 4)))
+        ws = cute.make_tensor(workspace.iterator, cute.make_layout((4, workspace.shape[0] // 4), stride=(1, 4)))
+        vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128)
+        stores = cutlass.Boolean(False)
+        if m * tm < extent_mn[0] and n * tn < extent_mn[1]:
+            tile = m + n * ((extent_mn[0] + tm - 1) // tm)
+            counter = counters.iterator + tile
+            mine = (tile * splits + l) * per_block + ctidx
+            for v in cutlass.range_constexpr(nvec):
+                cute.copy(vec, acc_v[(None, v)], ws[(None, mine + v * threads)])
+            epi_barrier.arrive_and_wait()
+            if ctidx == 0:
+                arrived = cute.arch.atomic_add(counter, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+                last = cutlass.Int32(0)
+                if arrived == splits - 1:
+                    last = cutlass.Int32(1)
+                    cute.arch.store(counter, cutlass.Int32(0))
+                s_last[wg] = last
+            epi_barrier.arrive_and_wait()
+            if s_last[wg] == 1:
+                group = math.gcd(nvec, _SPLIT_VECS)
+                part = cute.make_rmem_tensor(cute.make_layout((4, group), stride=(1, 4)), cutlass.Float32)
+                first = tile * splits * per_block + ctidx
+                for v in cutlass.range_constexpr(nvec):
+                    cute.copy(vec, ws[(None, first + v * threads)], acc_v[(None, v)])
+                for j in cutlass.range(1, splits, unroll=1):
+                    block = first + j * per_block
+                    # a group of vectors in flight at a time: loads issued together, then added
+                    for g in cutlass.range_constexpr(nvec // group):
+                        for v in cutlass.range_constexpr(group):
+                            cute.copy(vec, ws[(None, block + (g * group + v) * threads)], part[(None, v)])
+                        for v in cutlass.range_constexpr(group):
+                            for e in cutlass.range_constexpr(4):
+                                acc_v[e, g * group + v] = acc_v[e, g * group + v] + part[e, v]
+                stores = cutlass.Boolean(True)
+        return stores
 
     def subtile_count(self, tile_n: int) -> int:
         """Epilogue sub-tiles in a (tile_m, tile_n) tile (trace time)."""
@@ -457,6 +553,32 @@ class Sm90PersistentGemm:
             epi_barrier.arrive_and_wait()
 
 
+# 16-byte workspace vectors a split-K reduction keeps in flight per thread (32 registers) while
+# it adds a chunk's block (ptxas hoists further loads where registers allow)
+_SPLIT_VECS = 8
+
+
+class SplitKLaunch:
+    """The launch of a split-K build (`Sm90PersistentGemm(..., split_k=True)`): a and b carry the
+    K chunks in their batch mode (L = S chunks), c is the (M, N, 1) output, `workspace` an fp32
+    vector of at least tiles * S * tile_m * tile_n elements (16-byte aligned; its contents are
+    scratch) and `counters` an int32 vector of at least one zero per output tile
+    (ceil(M / tile_m) * ceil(N / tile_n)), left zero by every launch that completes, so one
+    zeroed buffer serves every launch that does not run concurrently with another using it."""
+
+    def __init__(self, kern: "Sm90PersistentGemm"):
+        if not kern.split_k:
+            raise ValueError("SplitKLaunch needs a split-K build: Sm90PersistentGemm(..., split_k=True)")
+        self.kern = kern
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, c_src: cute.Tensor, bias: cute.Tensor,
+                 scale_a: cute.Tensor, scale_b: cute.Tensor, workspace: cute.Tensor, counters: cute.Tensor,
+                 alpha: cutlass.Float32, beta: cutlass.Float32, max_active_clusters: cutlass.Constexpr, stream):
+        self.kern.launch_with(a, b, c, c_src, bias, scale_a, scale_b, workspace, counters, alpha, beta,
+                              max_active_clusters, stream)
+
+
 def _make_rung():
     from cute_kernels.gemm.sm90_rung import Sm90Rung
 
@@ -493,6 +615,13 @@ VARIANTS = {
     "swiglu_preact": {"gate": "swiglu", "gate_preact": True},
     "swiglu_pingpong_128x128_1x2": {"tile_n": 128, "schedule": "pingpong", "cluster_m": 1, "cluster_n": 2,
                                     "gate": "swiglu"},
+    # split-K builds (in-kernel reduction): the weight-gradient class (M-major A, N-major B)
+    # and the swapped small-M one with a fused bias and activation
+    "split_k": {"split_k": True, "a_major": "MN", "b_major": "MN"},
+    "split_k_128x192_bias_gelu": {"split_k": True, "tile_n": 192, "cluster_m": 1, "cluster_n": 2, "bias": "n",
+                                  "activation": "gelu_tanh", "out_dtype": "fp32"},
+    "split_k_skinny_swap_64x16": {"split_k": True, "tile_m": 64, "tile_n": 16, "schedule": "pingpong",
+                                  "cluster_m": 1, "c_major": "M", "bias": "m"},
     # swap-AB builds of the small-M path (sm90_skinny): 16 output columns, M-major output
     "skinny_swap_64x16": {"tile_m": 64, "tile_n": 16, "schedule": "pingpong", "cluster_m": 1, "c_major": "M",
                           "bias": "m"},
@@ -512,6 +641,9 @@ FP8_VARIANTS = {
                                "cluster_m": 1, "c_major": "M", "scale_ab": True, "bias": "m"},
     # row-wise scales (one per row of A, one per column of B), as torch._scaled_mm's
     "e4m3_rowwise": {"in_dtype": "e4m3", "tile_n": 128, "tile_k": 128, "scale_ab": True, "scale_rows": True},
+    # split-K reduced in the kernel, on the promoted (two-accumulator) path
+    "e4m3_rowwise_split_k": {"in_dtype": "e4m3", "tile_n": 128, "tile_k": 128, "scale_ab": True, "scale_rows": True,
+                             "split_k": True},
 }
 
 

@@ -99,6 +99,24 @@ def _dummy_bias(device) -> torch.Tensor:
     return t
 
 
+_split_counters = WarmCache("gemm.sm90.split_k_counters")
+# Output tiles an in-kernel split-K launch may have (one counter each). `pick_split_k` splits
+# only problems of less than half a wave of tiles, so this is never the limit in practice.
+SPLIT_COUNTERS = 4096
+
+
+def split_counters(device) -> torch.Tensor:
+    """The int32 tile counters of in-kernel split-K launches (`sm90_persistent.SplitKLaunch`)
+    on torch's current stream of `device`: zeroed once, left zero by every completed launch.
+    One buffer per stream, so launches that may run concurrently never share counters; kept
+    for the life of the process (a captured CUDA graph may hold its address)."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    t = _split_counters.get(key)
+    if t is None:
+        t = _split_counters[key] = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
+    return t
+
+
 def _cuda_reason(a, b, out) -> str | None:
     """Why these tensors cannot reach an sm_90 kernel (not all on CUDA, or the device is not
     Hopper), or None. The device's capability is asked once per device and remembered."""
@@ -261,13 +279,14 @@ class Sm90Rung:
         return _cuda_reason(a, b, out)  # last, so that every other reason can be checked on CPU
 
     def compiled(self, config: Sm90GemmConfig, A, B, C, epi: EpilogueSpec = EpilogueSpec(), Csrc=None, bias=None,
-                 scales=None):
+                 scales=None, split: bool = False):
         """(compiled function, uses_tvm_ffi) for these kernel-order tensors (compiles on first use).
 
         With TVM-FFI available the function takes torch tensors directly and launches on the
         current stream (a few microseconds of host time); otherwise DSL tensors and a stream.
         Kernels that fuse the epilogue also take (Csrc, bias, scale_a, scale_b) after C and beta
-        after alpha.
+        after alpha; `split` builds (`sm90_persistent.SplitKLaunch`: K chunks in A's and B's
+        batch mode, reduced in the kernel) also take (workspace, counters) after the scales.
         """
         # a non-persistent launch: a grid of every cluster (the scheduler then hands each CTA one tile)
         ncl = max_active_clusters(config.cluster_m * config.cluster_n) if self.persistent else 65535
@@ -276,17 +295,22 @@ class Sm90Rung:
         extra = (str(Csrc.dtype), _leading(Csrc), str(bias.dtype), str(scales[0].dtype)) if fuses else ()
         key = (self.name, config, epi, str(A.dtype), str(B.dtype), str(C.dtype), _leading(A), _leading(B),
                _leading(C), *extra, ncl, tvm)
+        if split:
+            key += ("split_k",)
         if not tvm:  # DSL tensors bake a zero (broadcast) stride into the build
             key += (_zero_strides(A, B, C, Csrc) if fuses else _zero_strides(A, B, C),)
         fn = _compiled.get(key)
         if fn is None:
-            fn = _compiled[key] = self._compile(key, config, epi, A, B, C, Csrc, bias, scales, ncl, tvm, fuses)
+            fn = _compiled[key] = self._compile(key, config, epi, A, B, C, Csrc, bias, scales, ncl, tvm, fuses, split)
         return fn, tvm
 
-    def _compile(self, key, config, epi, A, B, C, Csrc, bias, scales, ncl, tvm, fuses):
+    def _compile(self, key, config, epi, A, B, C, Csrc, bias, scales, ncl, tvm, fuses, split=False):
         import cutlass
 
-        kern = self.kernel_cls(config, epilogue_spec=epi) if fuses else self.kernel_cls(config)
+        if split:
+            kern = _split_launch_cls()(self.kernel_cls(config, epilogue_spec=epi, split_k=True))
+        else:
+            kern = self.kernel_cls(config, epilogue_spec=epi) if fuses else self.kernel_cls(config)
         scalars = (cutlass.Float32(1.0), cutlass.Float32(0.0)) if fuses else (cutlass.Float32(1.0),)
         if tvm:
             from cute_kernels.runtime import TVM_FFI_OPTION, fake_stream, fake_tensor
@@ -296,17 +320,22 @@ class Sm90Rung:
                 args += (fake_tensor(Csrc.dtype, 3, leading_dim=_leading(Csrc), assumed_align=_csrc_align(epi, Csrc)),
                          fake_tensor(bias.dtype, 1, leading_dim=0, assumed_align=bias.element_size()),
                          *(fake_tensor(t.dtype, 1, leading_dim=0, assumed_align=4) for t in scales))
+            if split:
+                args += (fake_tensor(torch.float32, 1, leading_dim=0, assumed_align=16),
+                         fake_tensor(torch.int32, 1, leading_dim=0, assumed_align=4))
             return compile_kernel(kern, *args, *scalars, ncl, fake_stream(tvm_ffi_env_stream=True), key=key,
                                   options=TVM_FFI_OPTION)
         return compile_kernel(kern, *self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses, epi), *scalars, ncl,
                               _stream(), key=key)
 
     @staticmethod
-    def _dsl_tensors(A, B, C, Csrc, bias, scales, fuses, epi):
+    def _dsl_tensors(A, B, C, Csrc, bias, scales, fuses, epi, split_ws=None):
         ts = tuple(_to_cute(t, _leading(t)) for t in (A, B, C))
         if fuses:
             ts += (_to_cute(Csrc, _leading(Csrc), align=_csrc_align(epi, Csrc)),
                    _to_cute(bias, 0, align=bias.element_size()), *(_to_cute(t, 0, align=4) for t in scales))
+        if split_ws is not None:
+            ts += (_to_cute(split_ws[0], 0, align=16), _to_cute(split_ws[1], 0, align=4))
         return ts
 
     def _epi_operands(self, C, Csrc, bias, scales):
@@ -314,8 +343,9 @@ class Sm90Rung:
         one = _dummy_bias(C.device)
         return (C if Csrc is None else Csrc), (one if bias is None else bias), (scales or (one, one))
 
-    def _bound(self, config, A, B, C, alpha, epi, beta, Csrc, bias, scales):
-        """(compiled function, its arguments) for prepared kernel-order tensors."""
+    def _bound(self, config, A, B, C, alpha, epi, beta, Csrc, bias, scales, split_ws=None):
+        """(compiled function, its arguments) for prepared kernel-order tensors; `split_ws` =
+        (workspace, counters) for a split-K build (`compiled(split=True)`)."""
         fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
         for what, t in (("A", A), ("B", B), ("C", C), ("c", Csrc)):
             # every route hands over `tma_operand` views: anything else would build a bad
@@ -324,10 +354,10 @@ class Sm90Rung:
                 raise RuntimeError(f"{self.name}: internal error: operand {what} (shape {tuple(t.shape)}, strides "
                                    f"{tuple(t.stride())}) is not a TMA view; please report this")
         Csrc, bias, scales = self._epi_operands(C, Csrc, bias, scales)
-        fn, tvm = self.compiled(config, A, B, C, epi, Csrc, bias, scales)
+        fn, tvm = self.compiled(config, A, B, C, epi, Csrc, bias, scales, split=split_ws is not None)
         scalars = (alpha, beta) if fuses else (alpha,)
         if tvm:
-            args = (A, B, C, Csrc, bias, *scales, *scalars) if fuses else (A, B, C, *scalars)
+            args = (A, B, C, Csrc, bias, *scales, *(split_ws or ()), *scalars) if fuses else (A, B, C, *scalars)
             # DLPack export refuses tensors that require grad (nn.Linear's weight and bias);
             # a detached alias shares the storage
             for t in args:
@@ -335,7 +365,7 @@ class Sm90Rung:
                     args = tuple(t.detach() if type(t) is not float and t.requires_grad else t for t in args)
                     break
             return fn, args
-        return fn, (*self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses, epi), *scalars, _stream())
+        return fn, (*self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses, epi, split_ws), *scalars, _stream())
 
     def launcher(self, config, A, B, C, alpha: float = 1.0, *, epi: EpilogueSpec = EpilogueSpec(), beta: float = 0.0,
                  Csrc=None, bias=None, scales=None):
@@ -345,8 +375,8 @@ class Sm90Rung:
         return lambda: fn(*args)
 
     def launch(self, config, A, B, C, alpha: float, *, epi: EpilogueSpec = EpilogueSpec(), beta: float = 0.0,
-               Csrc=None, bias=None, scales=None) -> None:
-        fn, args = self._bound(config, A, B, C, float(alpha), epi, float(beta), Csrc, bias, scales)
+               Csrc=None, bias=None, scales=None, split_ws=None) -> None:
+        fn, args = self._bound(config, A, B, C, float(alpha), epi, float(beta), Csrc, bias, scales, split_ws)
         fn(*args)
 
     def __call__(self, a, b, out, *, alpha=1.0, beta=0.0, c=None, config: Sm90GemmConfig | None = None,
@@ -812,8 +842,8 @@ def register_compile_variants(name: str, kernel_cls, configs: dict[str, dict], r
     """Register compile-only builds with cute_kernels.runtime (no-op until the runtime exists).
 
     Each config dict holds Sm90GemmConfig fields plus optional in_dtype, out_dtype, a_major,
-    b_major, c_major for the fake operands and beta_c, bias, activation, scale_ab, scale_rows,
-    gate, gate_preact for the epilogue.
+    b_major, c_major for the fake operands, beta_c, bias, activation, scale_ab, scale_rows,
+    gate, gate_preact for the epilogue, and split_k for a split-K build (`SplitKLaunch`).
     """
     try:
         from cute_kernels.runtime.registry import CompileJob, register_variant
@@ -825,15 +855,18 @@ def register_compile_variants(name: str, kernel_cls, configs: dict[str, dict], r
     def build(**cfg):
         ops = {k: cfg.pop(k) for k in operand_keys if k in cfg}
         epi = EpilogueSpec(**{k: cfg.pop(k) for k in epi_keys if k in cfg}).validate()
+        split = cfg.pop("split_k", False)
         config = Sm90GemmConfig(**cfg).validate()
-        kern, args = compile_job_args(kernel_cls, config, epi, **ops)
-        return CompileJob(kern, args, key=(name, config, epi, tuple(sorted(ops.items()))), options=None)
+        kern, args = compile_job_args(kernel_cls, config, epi, split_k=split, **ops)
+        return CompileJob(kern, args, key=(name, config, epi, split, tuple(sorted(ops.items()))), options=None)
 
     register_variant(name, build, configs=configs, requires=requires)
 
 
-def compile_job_args(kernel_cls, config: Sm90GemmConfig, epi: EpilogueSpec = EpilogueSpec(), **operands):
-    """(kernel, fake arguments) for a compile-only build of `kernel_cls` (no GPU needed)."""
+def compile_job_args(kernel_cls, config: Sm90GemmConfig, epi: EpilogueSpec = EpilogueSpec(), split_k: bool = False,
+                     **operands):
+    """(kernel, fake arguments) for a compile-only build of `kernel_cls` (no GPU needed); with
+    `split_k`, the `SplitKLaunch` of its split-K build and that launch's arguments."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor
@@ -841,12 +874,34 @@ def compile_job_args(kernel_cls, config: Sm90GemmConfig, epi: EpilogueSpec = Epi
 
     A, B, C = fake_gemm_args(**operands)
     ncl = 132 // (config.cluster_m * config.cluster_n)
+    scalars = (cutlass.Float32(1.0), cutlass.Float32(0.0), ncl, make_fake_stream())
     if getattr(kernel_cls, "fuses_epilogue", False):
         csrc = fake_gemm_args(**operands)[2]
         bias, sa, sb = (make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(),), assumed_align=4) for _ in range(3))
-        return (kernel_cls(config, epilogue_spec=epi),
-                (A, B, C, csrc, bias, sa, sb, cutlass.Float32(1.0), cutlass.Float32(0.0), ncl, make_fake_stream()))
+        if split_k:
+            ws, counters = split_k_fakes()
+            kern = _split_launch_cls()(kernel_cls(config, epilogue_spec=epi, split_k=True))
+            return kern, (A, B, C, csrc, bias, sa, sb, ws, counters, *scalars)
+        return kernel_cls(config, epilogue_spec=epi), (A, B, C, csrc, bias, sa, sb, *scalars)
+    if split_k:
+        raise ValueError(f"{kernel_cls.__name__} has no split-K build")
     return kernel_cls(config), (A, B, C, cutlass.Float32(1.0), ncl, make_fake_stream())
+
+
+def split_k_fakes():
+    """Fake (workspace, counters) of a split-K build: fp32 and 16-byte aligned, int32."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    return (make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(),), assumed_align=16),
+            make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4))
+
+
+def _split_launch_cls():
+    from cute_kernels.gemm.sm90_persistent import SplitKLaunch
+
+    return SplitKLaunch
 
 
 from cute_kernels.gemm import sm90_skinny as _skinny  # noqa: E402 (imports this module's helpers)

@@ -9,9 +9,12 @@ swap-AB: C^T = B^T . A^T. The kernel is launched on (B, A, C^T) where C^T is `ou
     the transpose: a bias per column of C (bias_dim "n") is a bias per row of C^T ("m") and the
     other way round; C is read through the same transposed view; alpha, beta and the fp8 scales
     are unchanged. A config with `swap_ab` (sm90_config.pick_skinny_config) asks for it.
-split-K: K cut into `splits` equal chunks that the kernel sees as its batch mode, fp32
-    partials (splits, M, N) summed afterwards and the epilogue applied in torch (one extra
-    pass over M x N, small when M is). With swap-AB the partials are written transposed.
+split-K: K cut into `splits` equal chunks that the kernel sees as its batch mode. With
+    `REDUCE_IN_KERNEL` and a kernel that has a split-K build (`reduces_split_k`), the chunks
+    are summed in the kernel and the fused epilogue writes `out` directly (`SplitKLaunch`: one
+    launch, fp32 partials through an L2-resident workspace, a deterministic order); otherwise
+    fp32 partials (splits, M, N) are summed afterwards and the epilogue applied in torch (one
+    extra pass over M x N, small when M is). With swap-AB the partials are written transposed.
 
 `launch` routes one call: swap (with or without split-K), plain split-K, or nothing (the
 caller's ordinary path, with `fallback_config` in place of a swap config it cannot run).
@@ -21,6 +24,8 @@ ordinary path computes it (fp32 accumulation; split-K sums fp32 partials in fp32
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from cute_kernels.gemm import sm90_rung as _r
@@ -29,6 +34,10 @@ from cute_kernels.hopper.epilogue import EpilogueSpec
 from cute_kernels.runtime.plan_cache import WarmCache
 
 _SWAP_BIAS = {None: None, "m": "n", "n": "m"}
+# Split-K summed in the kernel (`sm90_persistent.SplitKLaunch`) rather than by torch afterwards.
+# Off by default until an H200 has checked and timed it (tests/gemm/test_sm90_skinny_gpu.py,
+# the `gemm_shapes` suite's `cute_kernels_split_reduce`); CUTE_KERNELS_SPLIT_REDUCE=1 turns it on.
+REDUCE_IN_KERNEL = os.environ.get("CUTE_KERNELS_SPLIT_REDUCE", "0") == "1"
 
 
 _swapped_specs = WarmCache("gemm.sm90_skinny.swapped_specs")
@@ -85,7 +94,7 @@ def launch(rung, config: Sm90GemmConfig, A, B, out, alpha: float, spec: Epilogue
         if spec.beta_c and Csrc is None:
             return None
         return how, launch_swapped(rung, config, A, B, out, alpha, spec, beta, Csrc, bias, scales, C)
-    plan, run = split_k_plan(rung, config, A, B, splits, out, spec, swap=how == "swap_split")
+    plan, run = split_k_plan(rung, config, A, B, splits, out, spec, swap=how == "swap_split", c=c)
     run(A, B, out, alpha, beta, c, bias, *(scales or (None, None)))
     return how, plan
 
@@ -102,23 +111,25 @@ def launch_swapped(rung, config, A, B, out, alpha, spec, beta, Csrc, bias, scale
     return B, A, C, Csrc, bias_t
 
 
-def split_k_plan(rung, config, A, B, splits, out, spec, swap: bool = False) -> tuple:
+def split_k_plan(rung, config, A, B, splits, out, spec, swap: bool = False, c=None) -> tuple:
     """(plan, run) for K split into `splits` chunks that the kernel sees as its batch mode:
-    (M, K/S, S) and (N, K/S, S) strided views of the TMA views A and B, fp32 partials (S, M, N)
-    (written through (M, N, S), or (N, M, S) with `swap`) whose rows are padded to 16 bytes so
-    TMA addresses them for any M and N, summed in fp32, then the epilogue in torch.
+    (M, K/S, S) and (N, K/S, S) strided views of the TMA views A and B. Summed in the kernel
+    where `reduced_views` allows (`_reduced_plan`); else fp32 partials (S, M, N) (written
+    through (M, N, S), or (N, M, S) with `swap`) whose rows are padded to 16 bytes so TMA
+    addresses them for any M and N, summed in fp32, then the epilogue in torch.
 
     `run(a, b, out, alpha, beta, c, bias, scale_a, scale_b)` does all that on tensors whose
     kernel-order views are A and B at the recorded sizes and strides (formed by `as_strided`
     from their own storage: the caller's 3-D views, or the 2-D tensors `matmul` was given) and
-    an `out` of the recorded layout; `plan` is `run` when it can be replayed so (a TVM-FFI
-    build), else None.
+    an `out` (and `c`, read when beta != 0) of the recorded layout; `plan` is `run` when it can
+    be replayed so (a TVM-FFI build), else None.
     """
     M, K, _ = A.shape
     N = B.shape[0]
-    ks = K // splits
-    As = A.as_strided((M, ks, splits), (A.stride(0), A.stride(1), A.stride(1) * ks))
-    Bs = B.as_strided((N, ks, splits), (B.stride(0), B.stride(1), B.stride(1) * ks))
+    As, Bs = _chunks(A, splits), _chunks(B, splits)
+    views = reduced_views(rung, config, out, spec, c, swap)
+    if views is not None:
+        return _reduced_plan(rung, config, As, Bs, out, spec, c, swap, *views)
     ws_shape, device = (splits, M, _r._round_up(N, 4)), out.device
     ws0 = torch.empty(ws_shape, dtype=torch.float32, device=device)[:, :, :N]
     perm = (2, 1, 0) if swap else (1, 2, 0)
@@ -153,6 +164,106 @@ def split_k_plan(rung, config, A, B, splits, out, spec, swap: bool = False) -> t
             o.copy_(epilogue(total, spec, beta, c, bias, sc))
         else:
             o.copy_(total)
+
+    return (run if tvm else None), run
+
+
+def _chunks(X, splits: int):
+    """The kernel-order TMA view X (rows, K, 1) as (rows, K / splits, splits): K's chunks in the batch mode."""
+    rows, k, _ = X.shape
+    ks = k // splits
+    return X.as_strided((rows, ks, splits), (X.stride(0), X.stride(1), X.stride(1) * ks))
+
+
+def split_k_reduced(rung, a, b, out, bias=None):
+    """`run()` launching the in-kernel split-K reduction of out = a @ b (+ bias per column) for
+    3-D (1, M, K), (1, K, N), (1, M, N) tensors, whatever `REDUCE_IN_KERNEL` says, with the
+    config and split the rung would pick; None when the rung would not split this problem or
+    cannot reduce it in the kernel. For timing the two reductions side by side (the bench's
+    `sm90_persistent_split_reduce`)."""
+    L, M, K = a.shape
+    N = b.shape[2]
+    A, B = _r.tma_operand(a.permute(1, 2, 0)), _r.tma_operand(b.permute(2, 1, 0))
+    if A is None or B is None or L != 1:
+        return None
+    config = rung.pick(M, N, K, a.element_size()).validate()
+    spec = EpilogueSpec(bias=None if bias is None else "n")
+    how, splits, _ = _route(rung, config, A, B, out, spec)
+    if how not in ("split", "swap_split"):
+        return None
+    swap = how == "swap_split"
+    views = reduced_views(rung, config, out, spec, None, swap, force=True)
+    if views is None:
+        return None
+    _, run = _reduced_plan(rung, config, _chunks(A, splits), _chunks(B, splits), out, spec, None, swap, *views)
+    return lambda: run(a, b, out, 1.0, 0.0, None, bias, None, None)
+
+
+def reduced_views(rung, config, out, spec: EpilogueSpec, c, swap: bool, force: bool = False) -> tuple | None:
+    """(C, Csrc): the kernel-order TMA views of `out` (L = 1) and, when beta * C is fused, of `c`,
+    through which an in-kernel split-K reduction writes its result; None when the split must be
+    summed in torch (`REDUCE_IN_KERNEL` off and not `force`d, a kernel without a split-K build,
+    a gated epilogue, an output TMA cannot store, or more tiles than `sm90_rung.SPLIT_COUNTERS`)."""
+    if not (REDUCE_IN_KERNEL or force) or not getattr(rung.kernel_cls, "reduces_split_k", False) \
+            or spec.gate is not None:
+        return None
+    perm = (2, 1, 0) if swap else (1, 2, 0)
+    C = _r.tma_operand(out.permute(perm))
+    if C is None:
+        return None
+    Csrc = _r.tma_operand(_r._unit_stride_mn(c.permute(perm))) if spec.beta_c else None
+    if spec.beta_c and Csrc is None:
+        return None
+    tiles = -(-C.shape[0] // config.tile_m) * -(-C.shape[1] // config.tile_n)
+    return (C, Csrc) if tiles <= _r.SPLIT_COUNTERS else None
+
+
+def _reduced_plan(rung, config, As, Bs, out, spec, c, swap, C, Csrc) -> tuple:
+    """`split_k_plan`'s (plan, run) for a reduction in the kernel: one `SplitKLaunch` on the K
+    chunks As, Bs (swapped with `swap`) writing act(alpha * sum + beta * c + bias) into `out`
+    through its kernel-order view C, with a per-call fp32 workspace and the stream's counters."""
+    kspec = swapped_spec(spec) if swap else spec
+    splits = As.shape[2]
+    tiles = -(-C.shape[0] // config.tile_m) * -(-C.shape[1] // config.tile_n)
+    ws_numel, device = tiles * splits * config.tile_m * config.tile_n, out.device
+    perm = (2, 1, 0) if swap else (1, 2, 0)
+    layout = lambda t: (tuple(t.shape), t.stride())  # noqa: E731
+    (sA, tA), (sB, tB), (sC, tC), (sO, tO) = layout(As), layout(Bs), layout(C), layout(out)
+    # C's source replays as a view of c when it is one, else is made per call (`_unit_stride_mn`'s copy)
+    c_view = layout(Csrc) if spec.beta_c and Csrc.data_ptr() == c.data_ptr() else None
+    c_layout = layout(c) if spec.beta_c else None
+    tvm = _r.tvm_ffi_available()
+    empty, f32, split_counters, one = torch.empty, torch.float32, _r.split_counters, _r._dummy_bias(device)
+    built = []  # the build, found on the first call (its key holds the bias dtype)
+
+    def run(a, b, out, alpha, beta, c, bias, scale_a, scale_b):
+        a = a.detach() if a.requires_grad else a
+        b = b.detach() if b.requires_grad else b
+        As, Bs = a.as_strided(sA, tA), b.as_strided(sB, tB)
+        X, Y = (Bs, As) if swap else (As, Bs)
+        out = out.detach() if out.requires_grad else out
+        Cv = out.as_strided(sC, tC)
+        Cs = Cv
+        if spec.beta_c:
+            c = c.detach() if c.requires_grad else c
+            Cs = c.as_strided(*c_view) if c_view is not None else \
+                _r.tma_operand(_r._unit_stride_mn(c.as_strided(*c_layout).permute(perm)))
+        sa = sb = one
+        if spec.scale_ab:
+            sa, sb = (t.detach() for t in _r._check_scales("", out.as_strided(sO, tO), scale_a, scale_b)[:2])
+            if spec.scale_rows and swap:  # C^T's rows are C's columns
+                sa, sb = sb, sa
+        bias_t = one if bias is None else (bias if bias.stride(0) == 1 else bias.contiguous()).detach()
+        args = (X, Y, Cv, Cs, bias_t, sa, sb, empty(ws_numel, dtype=f32, device=device), split_counters(device),
+                float(alpha), float(beta))
+        if not built:
+            built.append(rung._bound(config, X, Y, Cv, float(alpha), kspec, float(beta), Cs, bias_t, (sa, sb),
+                                     args[7:9])[0])
+        if tvm:
+            built[0](*args)
+        else:  # the DSL-tensor path (no plan): DSL tensors bound per call
+            rung.launch(config, X, Y, Cv, float(alpha), epi=kspec, beta=float(beta), Csrc=Cs, bias=bias_t,
+                        scales=(sa, sb), split_ws=args[7:9])
 
     return (run if tvm else None), run
 

@@ -49,6 +49,7 @@ class Emulator:
 
     def __init__(self):
         self.launches = 0
+        self.split_launches = 0
 
     def __call__(self, jit_fn, *args, key, options=None):
         if isinstance(jit_fn, sm90_rung.CallerOrderLaunch):
@@ -59,19 +60,36 @@ class Emulator:
                 self._gemm(A, B, C, None, None, None, alpha, beta, spec, None)
 
             return caller_order
-        spec, leads = key[2], key[6:9]
+        spec, leads, config = key[2], key[6:9], key[1]
         fuses = len(args) > 6  # (A, B, C, Csrc, bias, scale_a, scale_b, alpha, beta, clusters, stream)
+        split = "split_k" in key  # ... scale_b, workspace, counters, alpha, ...: K chunks summed in the kernel
 
         def launch(*la):
-            if fuses:
+            if split:
+                A, B, C, Csrc, bias, sa, sb, ws, counters, alpha, beta = la
+                self._check_split(A, B, C, ws, counters, config)
+            elif fuses:
                 A, B, C, Csrc, bias, sa, sb, alpha, beta = la
             else:
                 (A, B, C, alpha), Csrc, bias, sa, sb, beta = la, None, None, None, None, 0.0
-            self._gemm(A, B, C, Csrc, bias, (sa, sb), alpha, beta, spec, leads)
+            self._gemm(A, B, C, Csrc, bias, (sa, sb), alpha, beta, spec, leads, split)
 
         return launch
 
-    def _gemm(self, A, B, C, Csrc, bias, scales, alpha, beta, spec, leads):
+    def _check_split(self, A, B, C, ws, counters, config):
+        """A split-K launch's contract (`sm90_persistent.SplitKLaunch`): one output batch, a
+        16-byte aligned fp32 workspace of a block per (tile, chunk), and a zeroed int32 counter
+        per output tile."""
+        self.split_launches += 1
+        M, N, S = A.shape[0], B.shape[0], A.shape[2]
+        tiles = -(-M // config.tile_m) * -(-N // config.tile_n)
+        assert C.shape[2] == 1 and S > 1, f"split-K writes one output batch from {S} chunks, C {tuple(C.shape)}"
+        assert ws.dtype == torch.float32 and ws.data_ptr() % 16 == 0
+        assert ws.numel() >= tiles * S * config.tile_m * config.tile_n, "split-K workspace too small"
+        assert counters.dtype == torch.int32 and counters.numel() >= tiles and not counters.any(), \
+            "split-K counters must be zero and one per tile"
+
+    def _gemm(self, A, B, C, Csrc, bias, scales, alpha, beta, spec, leads, split=False):
         self.launches += 1
         if leads is not None:
             for t, lead, what in zip((A, B, C), leads, "ABC"):
@@ -79,8 +97,11 @@ class Emulator:
         M, K, L = A.shape
         N = B.shape[0]
         out_n = N // 2 if spec.gate else N  # a gated build stores the product's gated half
-        assert B.shape[1] == K and B.shape[2] == L and C.shape[0] == M and C.shape[1] >= out_n and C.shape[2] == L
-        acc = torch.einsum("mkl,nkl->mnl", A.double(), B.double()) * alpha
+        assert B.shape[1] == K and B.shape[2] == L and C.shape[0] == M and C.shape[1] >= out_n
+        assert C.shape[2] == (1 if split else L)
+        acc = torch.einsum("mkl,nkl->mnl" if not split else "mkl,nkl->mn", A.double(), B.double()) * alpha
+        if split:
+            acc = acc.unsqueeze(2)
         if spec.gate:
             from cute_kernels.gemm.gated import swiglu_of_product
 
@@ -118,6 +139,16 @@ def emulated(monkeypatch):
     invalidate()
     yield emu
     invalidate()
+
+
+@pytest.fixture(params=[False, True], ids=["split_summed_in_torch", "split_reduced_in_kernel"])
+def split_mode(request, monkeypatch, emulated):
+    """Both ways split-K sums its chunks (`sm90_skinny.REDUCE_IN_KERNEL`); with the in-kernel
+    reduction on, the test's split-K problems must reach it."""
+    from cute_kernels.gemm import sm90_skinny
+
+    monkeypatch.setattr(sm90_skinny, "REDUCE_IN_KERNEL", request.param)
+    yield request.param
 
 
 def _matrix(rows, cols, dtype, major, pad, batch=None):
@@ -226,7 +257,38 @@ def test_random_problems_on_every_route(emulated):
     assert not wrong, f"{len(wrong)} of 300 wrong, first: {wrong[:3]}"
 
 
-def test_warm_calls_replay_the_checked_launch(emulated, monkeypatch):
+@pytest.mark.parametrize("m, n, k, a_major, b_major, swapped", [
+    (256, 256, 8192, "col", "row", False),  # a weight gradient: X^T (M-major) times dY (N-major)
+    (200, 136, 4096, "row", "col", False),  # partial tiles on both sides
+    (16, 1024, 8192, "row", "col", True),  # decode-sized M: swapped and split
+    (1, 512, 16384, "row", "row", True),
+])
+def test_split_k_reduced_in_kernel_with_every_epilogue(emulated, monkeypatch, m, n, k, a_major, b_major, swapped):
+    """The in-kernel split-K reduction (`SplitKLaunch`) takes the whole epilogue in the kernel
+    (alpha, beta * C, bias per row or column, activation, fp32 output), cold and warm, and the
+    torch sum is never reached."""
+    from cute_kernels.gemm import sm90_skinny
+
+    monkeypatch.setattr(sm90_skinny, "REDUCE_IN_KERNEL", True)
+    monkeypatch.setattr(torch.Tensor, "sum", lambda *a, **kw: pytest.fail("split-K summed in torch"))
+    for alpha, beta, bias, activation, out_dtype in [(1.0, 0.0, False, None, torch.bfloat16),
+                                                     (0.5, 1.0, True, "gelu_tanh", torch.float32),
+                                                     (-2.0, 0.25, True, "relu", torch.bfloat16)]:
+        for _ in range(2):  # cold, then the stored plan
+            before = emulated.split_launches
+            a = _matrix(m, k, torch.bfloat16, a_major, 0)
+            b = _matrix(k, n, torch.bfloat16, b_major, 0)
+            c = _matrix(m, n, out_dtype, "row", 0) if beta else None
+            bias_t = torch.randn(n).to(out_dtype) if bias else None
+            out, ref = _call(persistent, a, b, out_dtype=out_dtype, alpha=alpha, beta=beta, c=c, bias=bias_t,
+                             activation=activation)
+            assert emulated.split_launches == before + 1, "not reduced in the kernel"
+            assert _rel(out, ref) < 1e-2, (m, n, k, alpha, beta, bias, activation, _rel(out, ref))
+    cfg = sm90_skinny.pick_config(m, n, k, 2, swap_ab=swapped) if swapped else None
+    assert swapped == (cfg is not None and cfg.swap_ab)
+
+
+def test_warm_calls_replay_the_checked_launch(emulated, monkeypatch, split_mode):
     """A second call of the same signature goes through the stored plan (a direct launch, a
     split-K plan or a staged call) and must give the same answer on fresh data."""
     for m, n, k, a_major, b_major in [(256, 256, 512, "row", "col"), (16, 4096, 1024, "row", "col"),
@@ -262,7 +324,7 @@ def test_matmul_warm_path_on_fresh_data(emulated, monkeypatch):
         monkeypatch.setattr(torch.Tensor, "is_cuda", real_is_cuda)
 
 
-def test_the_gemm_fuzz_problems_through_the_public_entry_points(emulated, monkeypatch):
+def test_the_gemm_fuzz_problems_through_the_public_entry_points(emulated, monkeypatch, split_mode):
     """The GPU fuzz's own problems (smaller) through `matmul`, `matmul_epilogue` and
     `matmul_swiglu` on the emulated kernel: the entry points' views, broadcasts and plans, cold
     and warm."""
@@ -285,8 +347,46 @@ def test_the_gemm_fuzz_problems_through_the_public_entry_points(emulated, monkey
     assert report.wrong == 0, [(f["problem"], f["why"]) for f in report.failures]
 
 
+def test_split_regime_problems_reduced_in_kernel_through_the_entry_points(emulated, monkeypatch):
+    """Problems of the split-K regime (few tiles, long K: the GPU test's draws, smaller) through
+    `matmul` and `matmul_epilogue` with the in-kernel reduction on: every major, epilogue,
+    output dtype and addend layout reaches `SplitKLaunch` with views it can take, or the torch
+    sum where it cannot, and the result is right either way."""
+    from cute_kernels.bench import gemm_fuzz
+    from cute_kernels.gemm import epilogue_api, sm90_skinny
+
+    monkeypatch.setattr(sm90_skinny, "REDUCE_IN_KERNEL", True)
+    monkeypatch.setattr(api, "_check_cuda", lambda t, what, device: None)
+    monkeypatch.setattr(api, "resolve", lambda kernel, a, b, out: persistent)
+    monkeypatch.setattr(epilogue_api, "_device_reason", lambda a, b: None)
+    from cute_kernels.gemm.gemv import RUNG as gemv
+
+    monkeypatch.setattr(type(gemv), "supports", lambda self, a, b, out: "not emulated here")
+    rng = random.Random(99)
+    wrong = []
+    for _ in range(80):
+        dtype = rng.choice(["bf16", "fp16"])
+        entry = rng.choice(["matmul", "epilogue"])
+        p = gemm_fuzz.Problem(m=rng.choice([1, 7, 16, 64, 100, 128, 256]), n=rng.choice([8, 64, 136, 256, 300]),
+                              k=rng.choice([2048, 4096, 4160, 8192]), dtype=dtype,
+                              out_dtype=rng.choice([dtype, "fp32"]), entry=entry, a_major=rng.choice(["row", "col"]), b_major=rng.choice(["row", "col"]),
+                              alpha=rng.choice([1.0, -0.5]), beta=rng.choice([0.0, 1.0]),
+                              c_major=rng.choice(["row", "col"]),
+                              bias=rng.choice([None, "n", "m"]) if entry == "epilogue" else None,
+                              activation=rng.choice([None, "relu", "gelu_tanh"]) if entry == "epilogue" else None)
+        with monkeypatch.context() as m:
+            m.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+            t = gemm_fuzz.inputs(p, torch.Generator().manual_seed(rng.randrange(1 << 30)), "cpu")
+            out = gemm_fuzz.call(p, t)
+        ref = gemm_fuzz.reference(p, t)
+        if not _rel(out, ref) <= gemm_fuzz.tolerance(p):
+            wrong.append((p.name, _rel(out, ref)))
+    assert not wrong, wrong[:5]
+    assert emulated.split_launches >= 20, emulated.split_launches
+
+
 @pytest.mark.parametrize("rowwise", [False, True, "a_only"])
-def test_fp8_scales_per_tensor_and_row_wise_on_every_route(emulated, monkeypatch, rowwise):
+def test_fp8_scales_per_tensor_and_row_wise_on_every_route(emulated, monkeypatch, rowwise, split_mode):
     """scaled_mm's fp8 calls (swap-AB at small M, split-K, the ordinary path, copies of
     non-K-major operands), cold and warm, with per-tensor or row-wise scales."""
     from cute_kernels.gemm import epilogue_api

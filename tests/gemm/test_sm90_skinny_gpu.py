@@ -130,3 +130,136 @@ def test_nan_propagates_through_the_swap(N):
     out = torch.zeros(1, 16, N, device="cuda", dtype=torch.bfloat16)
     rung(a, b, out, alpha=1.0, beta=0.0, c=None)
     assert out[0, 3].isnan().all() and not out[0, 4].isnan().any()
+
+
+# ---- split-K reduced in the kernel (sm90_persistent.SplitKLaunch, sm90_skinny.REDUCE_IN_KERNEL) ----
+
+@pytest.fixture
+def in_kernel(monkeypatch):
+    """The in-kernel reduction on, and every call that takes it counted (`_reduced_plan`)."""
+    from cute_kernels.gemm import sm90_skinny
+    from cute_kernels.runtime.plan_cache import invalidate
+
+    taken = []
+    real = sm90_skinny._reduced_plan
+
+    def spy(*args, **kw):
+        taken.append(args[1])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(sm90_skinny, "REDUCE_IN_KERNEL", True)
+    monkeypatch.setattr(sm90_skinny, "_reduced_plan", spy)
+    invalidate()  # plans made with the torch sum must not replay
+    yield taken
+    invalidate()
+
+
+def _counters_clean():
+    from cute_kernels.gemm import sm90_rung
+
+    torch.cuda.synchronize()
+    return all(not t.any() for t in sm90_rung._split_counters.values())
+
+
+@pytest.mark.parametrize("M,N,K,a_mm,b_nm", [
+    (768, 768, 12608, True, True),  # ViT-B's weight gradient: X^T (M-major) times dY (N-major)
+    (256, 4096, 16384, True, True),
+    (512, 2048, 8192, False, False),
+    (16, 1024, 8192, False, False),  # decode-sized M: swapped and split
+    (100, 1000, 4096, False, True),  # partial tiles (the swapped output's rows are 16-byte aligned)
+])
+def test_split_k_in_kernel_matches_float64_deterministically(in_kernel, M, N, K, a_mm, b_nm):
+    rung = _rung()
+    a, b = _operands(1, M, N, K, a_mm, b_nm)
+    out = torch.full((1, M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    rung(a, b, out, alpha=1.0, beta=0.0, c=None)
+    assert len(in_kernel) == 1, "not reduced in the kernel"
+    _check(out, a.double() @ b.double(), 1e-2)
+    first = out.clone()
+    for _ in range(3):  # warm (the stored plan), on the same data: the same bits whichever CTA ends first
+        out.fill_(float("nan"))
+        rung(a, b, out, alpha=1.0, beta=0.0, c=None)
+        assert torch.equal(out, first)
+    assert _counters_clean()
+
+
+@pytest.mark.parametrize("bias_dim", ["n", "m"])
+@pytest.mark.parametrize("act", [None, "gelu_tanh", "relu"])
+@pytest.mark.parametrize("M,N", [(768, 768), (16, 1024)], ids=["split", "swap_split"])
+def test_split_k_in_kernel_fuses_the_whole_epilogue(in_kernel, M, N, bias_dim, act):
+    rung = _rung()
+    K = 8192
+    a, b = _operands(1, M, N, K, a_mm=True, b_nm=True)
+    c = torch.randn(1, M, N, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(N if bias_dim == "n" else M, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((1, M, N), float("nan"), device="cuda", dtype=torch.float32)
+    rung(a, b, out, alpha=0.5, beta=-1.5, c=c, bias=bias, bias_dim=bias_dim, activation=act)
+    assert len(in_kernel) == 1
+    ref = 0.5 * (a.double() @ b.double()) - 1.5 * c.double()
+    ref = ref + (bias.double().view(1, 1, -1) if bias_dim == "n" else bias.double().view(1, -1, 1))
+    _check(out, _ref_act(ref, act), 1e-3)
+    assert _counters_clean()
+
+
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_split_k_in_kernel_fp8(in_kernel, rowwise):
+    from cute_kernels.gemm.epilogue_api import scaled_mm
+
+    _rung()
+    M, N, K = 16, 1024, 8192
+    a = torch.randn(M, K, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(N, K, device="cuda").to(torch.float8_e4m3fn).t()
+    sa = torch.rand(M, 1, device="cuda") + 0.5 if rowwise else torch.tensor(0.5, device="cuda")
+    sb = torch.rand(1, N, device="cuda") + 0.5 if rowwise else torch.tensor(0.25, device="cuda")
+    out = scaled_mm(a, b, sa, sb, out_dtype=torch.float32)
+    assert len(in_kernel) == 1
+    _check(out, (a.double() * sa.double()) @ (b.double() * sb.double()), 1e-5)
+
+
+@pytest.mark.parametrize("M,N", [(768, 768), (16, 1024)], ids=["split", "swap_split"])
+def test_split_k_in_kernel_propagates_nan(in_kernel, M, N):
+    rung = _rung()
+    a, b = _operands(1, M, N, 8192)
+    a[0, 3, 5000] = float("nan")  # in one K chunk of row 3 only
+    out = torch.zeros(1, M, N, device="cuda", dtype=torch.bfloat16)
+    rung(a, b, out, alpha=1.0, beta=0.0, c=None)
+    assert len(in_kernel) == 1
+    assert out[0, 3].isnan().all() and not out[0, 4].isnan().any()
+
+
+def test_split_k_in_kernel_fuzz(in_kernel):
+    """Random problems of the split-K regime (few output tiles, long K) through `matmul` and
+    `matmul_epilogue` with the in-kernel reduction on, against float64: zero wrong."""
+    import random
+
+    from cute_kernels.bench import gemm_fuzz
+
+    _rung()
+    rng = random.Random(int(torch.randint(0, 1 << 30, ()).item()))
+    wrong, cases = [], 0
+    for _ in range(300):
+        k = rng.choice([2048, 4096, 8192, 12608, 16384]) + rng.choice([0, 0, 64, 1024])
+        dtype = rng.choice(["bf16", "fp16"])
+        entry = rng.choice(["matmul", "epilogue"])
+        p = gemm_fuzz.Problem(m=rng.choice([1, 7, 16, 64, 100, 128, 256, 512, 768, 1024]),
+                              n=rng.choice([8, 64, 256, 768, 1000, 1024, 2048]), k=k, dtype=dtype,
+                              out_dtype=rng.choice([dtype, "fp32"]), entry=entry,
+                              a_major=rng.choice(["row", "col"]), b_major=rng.choice(["row", "col"]),
+                              alpha=rng.choice([1.0, -0.5]), beta=rng.choice([0.0, 1.0]),
+                              c_major=rng.choice(["row", "col"]),
+                              bias=rng.choice([None, "n", "m"]) if entry == "epilogue" else None,
+                              activation=rng.choice([None, "relu", "gelu_tanh", "silu"]) if entry == "epilogue"
+                              else None)
+        t = gemm_fuzz.inputs(p, torch.Generator(device="cuda").manual_seed(rng.randrange(1 << 30)), "cuda")
+        gemm_fuzz._poison("cuda", 2 * p.m * p.n + (p.m + p.n) * p.k)
+        out = gemm_fuzz.call(p, t)
+        ref = gemm_fuzz.reference(p, t)
+        cases += 1
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        elem = ((out.double() - ref).abs().max() / ref.pow(2).mean().sqrt()).item()
+        if not (err <= gemm_fuzz.tolerance(p) and elem <= gemm_fuzz.element_tolerance(p)):
+            wrong.append(f"{p.name}: rel {err:.3g}, element {elem:.3g}")
+    print(f"split-K in-kernel fuzz: {cases} cases, {len(in_kernel)} reduced in the kernel, {len(wrong)} wrong")
+    assert len(in_kernel) >= 50, "too few problems reached the in-kernel reduction"
+    assert not wrong, f"{len(wrong)} wrong: {wrong[:10]}"
+    assert _counters_clean()
