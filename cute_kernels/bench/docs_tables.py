@@ -8,13 +8,16 @@ A page marks a place for a suite's results with
 
 and `python -m cute_kernels.bench.docs_tables docs/*.md` replaces what lies between with the
 newest `docs/results/YYYY-MM-DD-SUITE-<device>.json`: where it came from (date, device,
-versions), its table (only the listed implementations, if any) and its plot. The figures in the
-docs are therefore always a run's own output, never typed in.
+versions), its table (only the listed implementations, if any) and its plot. A `summary` block
+(`<!-- BEGIN GENERATED: summary SUITE -->`) stands for the same run in a few lines instead of
+the table (what the results index shows for suites whose table is on a topic page). The figures
+in the docs are therefore always a run's own output, never typed in.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from pathlib import Path
@@ -23,7 +26,7 @@ from cute_kernels.bench.records import BenchResult, load_result
 from cute_kernels.bench.table import format_table, is_fuzz
 
 _BLOCK = re.compile(
-    r"(?P<begin><!-- BEGIN GENERATED: results (?P<suite>[\w-]+)(?: (?P<impls>[\w,]+))? -->\n)"
+    r"(?P<begin><!-- BEGIN GENERATED: (?P<kind>results|summary) (?P<suite>[\w-]+)(?: (?P<impls>[\w,]+))? -->\n)"
     r"(?P<body>.*?)"
     r"(?P<end><!-- END GENERATED -->)",
     re.DOTALL,
@@ -44,8 +47,7 @@ def render_block(result: BenchResult, json_path: Path, page: Path, impls: list[s
     versions = ", ".join(f"{k} {v}" for k, v in sorted(result.versions.items()) if v)
     rel = Path(_relpath(json_path, page.parent))
     fuzz = is_fuzz(records)
-    command = result.settings.get("command")
-    by = f"`{command}`" if command else ("the GPU tests" if fuzz else f"`cute-kernels bench {result.suite}`")
+    by = _made_by(result, fuzz)
     what = ("each problem against a float64 reference, outputs poisoned first; `wrong` counts those "
             "outside the bar, `errors` those that raised" if fuzz
             else "the ratio is to the fastest peer in the same run")
@@ -55,6 +57,35 @@ def render_block(result: BenchResult, json_path: Path, page: Path, impls: list[s
         "",
         format_table(records),
     ]
+    png = json_path.with_suffix(".png")
+    if png.exists():
+        lines += ["", f"![{result.suite} on {result.device}]({Path(_relpath(png, page.parent)).as_posix()})"]
+    return "\n".join(lines) + "\n"
+
+
+def _made_by(result: BenchResult, fuzz: bool) -> str:
+    command = result.settings.get("command")
+    return f"`{command}`" if command else ("the GPU tests" if fuzz else f"`cute-kernels bench {result.suite}`")
+
+
+def render_summary(result: BenchResult, json_path: Path, page: Path) -> str:
+    """A few lines standing for `result` on `page`: where it came from, how many cases, and per
+    implementation of ours its ratio to the fastest peer (geomean, worst case), then the plot."""
+    rel = Path(_relpath(json_path, page.parent))
+    cases = {r.case for r in result.records}
+    failed = [r for r in result.records if not r.ok]
+    lines = [f"{_made_by(result, is_fuzz(result.records))} on {result.device}, {result.date} "
+             f"([{rel.name}]({rel.as_posix()})): {len(cases)} case{'s' if len(cases) != 1 else ''}, "
+             f"{len(result.records)} records"
+             + (f", {len(failed)} failing" if failed else "") + "."]
+    for impl in dict.fromkeys(r.impl for r in result.records if r.kind == "ours"):
+        ratios = [(r.ratio_to_best_peer, r.case) for r in result.records
+                  if r.impl == impl and r.ok and r.ratio_to_best_peer]
+        if ratios:
+            geo = math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios))
+            worst = min(ratios)
+            lines.append(f"- `{impl}`: {geo:.2f}x the fastest peer (geomean of {len(ratios)}), "
+                         f"worst {worst[0]:.2f}x ({worst[1]}), best {max(ratios)[0]:.2f}x")
     png = json_path.with_suffix(".png")
     if png.exists():
         lines += ["", f"![{result.suite} on {result.device}]({Path(_relpath(png, page.parent)).as_posix()})"]
@@ -78,7 +109,10 @@ def fill_page(page: Path, results_dir: Path) -> tuple[str, list[str]]:
             missing.append(m["suite"])
             return m.group(0)
         impls = m["impls"].split(",") if m["impls"] else None
-        return m["begin"] + "\n" + render_block(load_result(path), path, page, impls) + "\n" + m["end"]
+        result = load_result(path)
+        body = render_summary(result, path, page) if m["kind"] == "summary" else \
+            render_block(result, path, page, impls)
+        return m["begin"] + "\n" + body + "\n" + m["end"]
 
     return _BLOCK.sub(replace, text), missing
 

@@ -55,3 +55,16 @@ def test_a_result_made_by_another_command_names_that_command(tmp_path):
     page.write_text("<!-- BEGIN GENERATED: results transformer -->\n<!-- END GENERATED -->\n")
     text, _ = fill_page(page, results)
     assert "Measured by `python examples/transformer_block.py`" in text
+
+
+def test_a_summary_block_gives_the_ratios_not_the_table(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    _write(results, "2026-11-30", "gemm", 630.0)
+    page = tmp_path / "page.md"
+    page.write_text("<!-- BEGIN GENERATED: summary gemm -->\n<!-- END GENERATED -->\n")
+    text, missing = fill_page(page, results)
+    assert missing == [] and "| case" not in text  # no table
+    assert "`cute-kernels bench gemm` on NVIDIA H200, 2026-11-30" in text and "1 case, 2 records" in text
+    assert "`sm90_persistent`: 0.90x the fastest peer (geomean of 1), worst 0.90x (4096x4096x4096)" in text
+    assert "(results/2026-11-30-gemm-h200.json)" in text
