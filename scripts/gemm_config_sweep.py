@@ -3,11 +3,14 @@ cuBLAS, in one process (L2 flushed, medians), to ground `sm90_config.pick_config
 
     python3 scripts/gemm_config_sweep.py [--out FILE.json] [--shapes 12608x768x3072,768x3072x12608_am_bn,...]
                                          [--configs 128x256c2,128x192c1x2,...] [--splits 1,2,4] [--hot]
+                                         [--reduce torch|kernel|both]
 
 Shapes are `bench.cases.GemmCase` names (layout suffix _bn: B read N-major, the input gradient;
 _am_bn: A M-major too, the weight gradient). Prints, per shape, each (config, split) time
 relative to cuBLAS (ratio = cuBLAS ms / ours ms) and the one the heuristic picks; writes every
-time to the JSON file. A split other than 1 forces `pick_split_k`'s answer for that run.
+time to the JSON file. A split other than 1 forces `pick_split_k`'s answer for that run; `--reduce`
+says how its chunks are summed: by torch afterwards, in the kernel (`sm90_skinny.REDUCE_IN_KERNEL`,
+keys `.../s4k`), or both.
 """
 
 from __future__ import annotations
@@ -52,16 +55,17 @@ def _cfgs():
 
 
 @contextlib.contextmanager
-def _forced_split(split: int | None):
+def _forced_split(split: int | None, in_kernel: bool = False):
     from cute_kernels.gemm import sm90_skinny
 
-    saved = sm90_skinny.pick_split_k
+    saved, saved_reduce = sm90_skinny.pick_split_k, sm90_skinny.REDUCE_IN_KERNEL
     if split is not None:
         sm90_skinny.pick_split_k = lambda *a, **k: split
+    sm90_skinny.REDUCE_IN_KERNEL = in_kernel
     try:
         yield
     finally:
-        sm90_skinny.pick_split_k = saved
+        sm90_skinny.pick_split_k, sm90_skinny.REDUCE_IN_KERNEL = saved, saved_reduce
 
 
 def _problem(name: str):
@@ -73,24 +77,32 @@ def _problem(name: str):
     return case, a.unsqueeze(0), bt.t().unsqueeze(0)
 
 
-def _runs(names, cfg_names, splits):
+def _modes(reduce: str, split: int) -> tuple:
+    """The reductions (in_kernel flags) to time a split with: one for an unsplit run."""
+    if split == 1 or reduce == "torch":
+        return (False,)
+    return (True,) if reduce == "kernel" else (False, True)
+
+
+def _runs(names, cfg_names, splits, reduce="torch"):
     for name in names:
         for cfg in cfg_names:
             for s in splits:
-                yield name, cfg, s
+                for in_kernel in _modes(reduce, s):
+                    yield name, cfg, s, in_kernel
 
 
-def trace(names, cfg_names, splits) -> None:
+def trace(names, cfg_names, splits, reduce="torch") -> None:
     """The launches `main` makes, for runtime.precompile's workers."""
     from cute_kernels.gemm.sm90_persistent import rung
     from cute_kernels.runtime import plan_cache
 
     cfgs = _cfgs()
-    for name, cfg, s in _runs(names, cfg_names, splits):
+    for name, cfg, s, in_kernel in _runs(names, cfg_names, splits, reduce):
         _, a, b = _problem(name)
         out = torch.empty(1, a.shape[1], b.shape[2], device="cuda", dtype=torch.bfloat16)
         plan_cache.invalidate()
-        with contextlib.suppress(Exception), _forced_split(s):
+        with contextlib.suppress(Exception), _forced_split(s, in_kernel):
             rung(a, b, out, config=cfgs[cfg])
 
 
@@ -125,6 +137,8 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default=",".join(VIT))
     p.add_argument("--configs", default=",".join(_cfgs()))
     p.add_argument("--splits", default="1")
+    p.add_argument("--reduce", choices=("torch", "kernel", "both"), default="torch",
+                   help="how a split's chunks are summed: by torch afterwards, in the kernel, or both")
     p.add_argument("--no-precompile", action="store_true")
     p.add_argument("--hot", action="store_true",
                    help="time back-to-back calls without flushing the L2 (inputs left there, as in a model "
@@ -134,7 +148,7 @@ def main(argv=None) -> int:
     splits = [int(s) for s in args.splits.split(",")]
     cfgs = _cfgs()
     if not args.no_precompile:
-        print(precompile("scripts.gemm_config_sweep:trace", names, cfg_names, splits), flush=True)
+        print(precompile("scripts.gemm_config_sweep:trace", names, cfg_names, splits, args.reduce), flush=True)
     results = []
     for name in names:
         case, a, b = _problem(name)
@@ -151,23 +165,23 @@ def main(argv=None) -> int:
         picked = pick_config(M, N, K)
         row = {"shape": name, "cublas_ms": t_cublas, "picked": str(picked),
                "picked_split": pick_split_k(M, N, K, 1, picked), "configs": {}}
-        for cfg in cfg_names:
-            for s in splits:
-                key = cfg if s == 1 else f"{cfg}/s{s}"
-                try:
-                    plan_cache.invalidate()  # a stored plan would replay another variant's launch
-                    with _forced_split(s):
-                        out.fill_(float("nan"))
-                        rung(a, b, out, config=cfgs[cfg])
-                        err = ((out[0].double() - ref).norm() / ref.norm()).item()
-                        if not err < 1e-2:
-                            row["configs"][key] = {"error": f"rel_err {err}"}
-                            continue
-                        t = bench(lambda: rung(a, b, out, config=cfgs[cfg]))
-                    row["configs"][key] = {"ms": t, "ratio": t_cublas / t,
-                                           "picked": cfgs[cfg] == picked and s == row["picked_split"]}
-                except Exception as e:  # noqa: BLE001 - the row says why
-                    row["configs"][key] = {"error": f"{type(e).__name__}: {str(e)[:120]}"}
+        for _, cfg, s, in_kernel in _runs([name], cfg_names, splits, args.reduce):
+            key = cfg if s == 1 else f"{cfg}/s{s}" + ("k" if in_kernel else "")
+            try:
+                plan_cache.invalidate()  # a stored plan would replay another variant's launch
+                with _forced_split(s, in_kernel):
+                    out.fill_(float("nan"))
+                    rung(a, b, out, config=cfgs[cfg])
+                    err = ((out[0].double() - ref).norm() / ref.norm()).item()
+                    if not err < 1e-2:
+                        row["configs"][key] = {"error": f"rel_err {err}"}
+                        continue
+                    t = bench(lambda: rung(a, b, out, config=cfgs[cfg]))
+                row["configs"][key] = {"ms": t, "ratio": t_cublas / t,
+                                       "picked": cfgs[cfg] == picked and s == row["picked_split"]
+                                       and not in_kernel}
+            except Exception as e:  # noqa: BLE001 - the row says why
+                row["configs"][key] = {"error": f"{type(e).__name__}: {str(e)[:120]}"}
         ok = [(v["ratio"], k_) for k_, v in row["configs"].items() if "ratio" in v]
         best = max(ok) if ok else (0.0, "-")
         pick = next((k_ for k_, v in row["configs"].items() if v.get("picked")), "?")
