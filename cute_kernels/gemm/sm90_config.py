@@ -243,6 +243,14 @@ _TILE_SPEED = {(256, "cooperative"): 1.0, (192, "cooperative"): 0.97, (128, "pin
 _PARTIALS_BYTES_PER_S = 3.0e12  # split-K's fp32 partials: written, summed, cast (HBM streaming)
 _SPLIT_FIXED_S = 6e-6  # the sum and the cast: two more kernels
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+# Split-K reduced in the kernel (`sm90_persistent.SplitKLaunch`): any chunk count, the chunks
+# whole k-tiles. Estimates, not yet fitted (no H200 run of it): a unit writes its fp32 tile to
+# the L2 workspace and the tile's last unit reads all S back, at about what one SM streams from
+# L2 with 21 16-byte loads in flight per thread; plus a microsecond of counter and latency.
+SPLITS_IN_KERNEL = tuple(range(1, 17))
+_SM_L2_BYTES_PER_S = 2.5e11
+_REDUCE_FIXED_S = 1e-6
+MIN_CHUNK_K_TILES = 4  # in-kernel chunks of fewer k-tiles than this leave the pipeline no depth
 
 
 def _tile_speed(config: Sm90GemmConfig, k: int) -> float:
@@ -252,30 +260,43 @@ def _tile_speed(config: Sm90GemmConfig, k: int) -> float:
 
 
 def split_seconds(m: int, n: int, k: int, config: Sm90GemmConfig, splits: int, in_bytes: int = 2,
-                  num_sms: int = 132) -> float:
+                  num_sms: int = 132, in_kernel: bool = False) -> float:
     """Estimated GPU seconds of an M x N x K problem with `config` and K cut into `splits`: whole
     waves of (tile, chunk) units over the SMs, the last one partly idle (why: ViT's M = 12608
     makes 99 x 3 = 297 tiles of 128x256 at N = 768, 2.25 waves of 132 SMs, so a quarter of the
     machine idles in the last one; 128x192 tiles make 396, 3.0 waves: 0.77x cuBLAS against 0.96x
     measured at 12608x768x3072), each unit a tile's FLOPs at `_SM_FLOPS` times its class speed,
     plus, when split, the fp32 partials' traffic (8 bytes per output element per split, written
-    and read, then the sum's and the cast's 10) and two launches. Tiles are counted in the
-    kernel's orientation (N x M for a `swap_ab` config)."""
+    and read, then the sum's and the cast's 10) and two launches. With `in_kernel` the chunks
+    are whole k-tiles and the partials go through L2: each wave's units write their tiles and
+    the last unit of a tile reads all `splits` back (`_SM_L2_BYTES_PER_S`). Tiles are counted
+    in the kernel's orientation (N x M for a `swap_ab` config)."""
     rows, cols = (n, m) if config.swap_ab else (m, n)
     units = -(-rows // config.tile_m) * -(-cols // config.tile_n) * splits
     waves = -(-units // num_sms)
-    flops = 2.0 * config.tile_m * config.tile_n * -(-k // splits)
+    chunk = -(-(-(-k // config.tile_k)) // splits) * config.tile_k if in_kernel else -(-k // splits)
+    flops = 2.0 * config.tile_m * config.tile_n * chunk
     t = waves * flops / (_SM_FLOPS * _tile_speed(config, k) * (2 if in_bytes == 1 else 1))
-    if splits > 1:
+    if splits > 1 and in_kernel:
+        t += (waves + splits) * 4 * config.tile_m * config.tile_n / _SM_L2_BYTES_PER_S + _REDUCE_FIXED_S
+    elif splits > 1:
         t += (8 * splits + 10) * m * n / _PARTIALS_BYTES_PER_S + _SPLIT_FIXED_S
     return t
 
 
-def valid_split(k: int, splits: int, config: Sm90GemmConfig, in_bytes: int = 2) -> bool:
+def valid_split(k: int, splits: int, config: Sm90GemmConfig, in_bytes: int = 2, in_kernel: bool = False) -> bool:
     """Whether K cuts into `splits` equal chunks the kernel can take as its batch mode: chunks
-    of at least 8 k-tiles whose length keeps TMA's 16-byte stride alignment."""
+    of at least 8 k-tiles whose length keeps TMA's 16-byte stride alignment. With `in_kernel`
+    (chunks of whole k-tiles, `SplitKLaunch`): chunks of at least `MIN_CHUNK_K_TILES` k-tiles,
+    the last one not empty."""
+    if splits == 1:
+        return True
+    if in_kernel:
+        tiles = -(-k // config.tile_k)
+        chunk = -(-tiles // splits)
+        return chunk >= MIN_CHUNK_K_TILES and (splits - 1) * chunk < tiles
     ks = k // splits
-    return splits == 1 or (k % splits == 0 and (ks * in_bytes) % 16 == 0 and ks >= 8 * config.tile_k)
+    return k % splits == 0 and (ks * in_bytes) % 16 == 0 and ks >= 8 * config.tile_k
 
 
 def estimated_seconds(m: int, n: int, k: int, config: Sm90GemmConfig, in_bytes: int = 2, num_sms: int = 132) -> float:
@@ -284,22 +305,23 @@ def estimated_seconds(m: int, n: int, k: int, config: Sm90GemmConfig, in_bytes: 
 
 
 def pick_split_k(m: int, n: int, k: int, l: int, config: Sm90GemmConfig, in_bytes: int = 2,
-                 num_sms: int = 132) -> int:
+                 num_sms: int = 132, in_kernel: bool = False) -> int:
     """How many K chunks to split an unbatched problem with less than half a wave of tiles into
     (1 = none), among the splits `valid_split` admits. The split becomes the kernel's batch mode,
     so a batched problem is not split; with half a wave or more the partials cost more than the
     split gains (measured). A 16-bit problem takes the split of least `split_seconds`; a swap-AB
     (small-M, memory-bound) or fp8 one, which the FLOP model does not describe, the most splits
     that keep within two waves of (tile, chunk) units. Tiles are counted in the kernel's
-    orientation (N x M for a `swap_ab` config)."""
+    orientation (N x M for a `swap_ab` config). `in_kernel`: the splits of a reduction in the
+    kernel (`SPLITS_IN_KERNEL`, `valid_split(in_kernel=True)`, its `split_seconds`)."""
     rows, cols = (n, m) if config.swap_ab else (m, n)
     tiles = -(-rows // config.tile_m) * -(-cols // config.tile_n)
     if l != 1 or 2 * tiles > num_sms:
         return 1
-    valid = [s for s in SPLITS if valid_split(k, s, config, in_bytes)]
+    valid = [s for s in (SPLITS_IN_KERNEL if in_kernel else SPLITS) if valid_split(k, s, config, in_bytes, in_kernel)]
     if config.swap_ab or in_bytes == 1:
         return max(s for s in valid if s == 1 or tiles * s <= 2 * num_sms)
-    return min(valid, key=lambda s: split_seconds(m, n, k, config, s, in_bytes, num_sms))
+    return min(valid, key=lambda s: split_seconds(m, n, k, config, s, in_bytes, num_sms, in_kernel))
 
 
 def with_overrides(config: Sm90GemmConfig, **kw) -> Sm90GemmConfig:

@@ -15,8 +15,8 @@ Structure (one CTA per SM, walking output tiles with a static persistent schedul
 - the epilogue fuses alpha, beta * C, bias and the activation in registers, converts, writes 128x32 sub-tiles to smem with stmatrix and
   one warp stores them with TMA through a ring of buffers; stores drain asynchronously under
   the next tile's main loop.
-- a split-K build (`split_k=True`, launched through `SplitKLaunch`) takes A and B with K cut
-  into equal chunks along their batch mode and reduces the chunks' products in the kernel
+- a split-K build (`split_k=True`, launched through `SplitKLaunch`) cuts K's k-tiles into
+  chunks, one scheduler unit per (tile, chunk), and reduces the chunks' products in the kernel
   (`exchange_partials`): every chunk writes its fp32 accumulators to a workspace and counts
   itself in on a per-tile counter; the chunk that arrives last sums the tile's partials in
   chunk order (so the sum does not depend on which CTA finished first) and runs the ordinary
@@ -142,13 +142,16 @@ class Sm90PersistentGemm:
         scale_a[0] * scale_b[0] (per-tensor fp8 scales, read on the device), or with `scale_rows`
         each element by scale_a[m] * scale_b[n] (row-wise scales, (M,) and (N,))."""
         # the split-K operands are never read by this build: the bias stands in for them
-        self.launch_with(a, b, c, c_src, bias, scale_a, scale_b, bias, bias, alpha, beta, max_active_clusters, stream)
+        self.launch_with(a, b, c, c_src, bias, scale_a, scale_b, bias, bias, cutlass.Int32(1), alpha, beta,
+                         max_active_clusters, stream)
 
     @cute.jit
     def launch_with(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, c_src: cute.Tensor, bias: cute.Tensor,
                     scale_a: cute.Tensor, scale_b: cute.Tensor, workspace: cute.Tensor, counters: cute.Tensor,
-                    alpha: cutlass.Float32, beta: cutlass.Float32, max_active_clusters: cutlass.Constexpr, stream):
-        """`__call__`'s launch, plus a split-K build's workspace and counters (`SplitKLaunch`)."""
+                    splits: cutlass.Int32, alpha: cutlass.Float32, beta: cutlass.Float32,
+                    max_active_clusters: cutlass.Constexpr, stream):
+        """`__call__`'s launch, plus a split-K build's workspace, counters and K chunk count
+        (`SplitKLaunch`)."""
         self._setup(a, b, c)
         cfg = self.config
         tm, tn, tk = self.tile_mnk
@@ -158,8 +161,8 @@ class Sm90PersistentGemm:
         # a gated build's product, stored beside its gated half (else a stand-in never used)
         tma_p, gP = tma.make_tma_store(c_src, self.smem_c_layout, self.epi_tile) \
             if cutlass.const_expr(self.epi.gate_preact) else (tma_c, gC)
-        # the scheduler's units: output tiles per batch, or with split-K per K chunk (A's batch mode)
-        units = cute.make_identity_tensor((c.shape[0], c.shape[1], a.shape[2])) if cutlass.const_expr(self.split_k) \
+        # the scheduler's units: output tiles per batch, or with split-K per K chunk
+        units = cute.make_identity_tensor((c.shape[0], c.shape[1], splits)) if cutlass.const_expr(self.split_k) \
             else c
         sched = tile_scheduler.make_params(units, (tm, self.out_tile_n), self.cluster_mn, cfg.swizzle,
                                            cfg.raster == "m")
@@ -181,7 +184,7 @@ class Sm90PersistentGemm:
         self.kernel(
             tma_a, gA, tma_b, gB, tma_c, gC, tma_p, gP, self.tiled_mma, cute.make_layout((*self.cluster_mn, 1)),
             self.smem_a_layout, self.smem_b_layout, self.smem_c_layout, sched, alpha, beta, c_src, bias,
-            scale_a, scale_b, workspace, counters, a.shape[2],
+            scale_a, scale_b, workspace, counters, splits,
         ).launch(grid=grid, block=[self.roles.threads, 1, 1], cluster=(*self.cluster_mn, 1),
                  min_blocks_per_mp=1, stream=stream)
 
@@ -244,6 +247,10 @@ class Sm90PersistentGemm:
         tAsA, tAgA = tma.partition_load(tma_a, cluster_layout, cluster_coord, 0, sA, gA)
         tBsB, tBgB = tma.partition_load(tma_b, cluster_layout, cluster_coord, 1, sB, gB)
         k_tiles = cute.size(gA, mode=[3])
+        if cutlass.const_expr(self.split_k):
+            # every unit runs one chunk of the same number of k-tiles; the last chunk's k-tiles
+            # past K are wholly out of bounds, which TMA fills with zeros (they add nothing)
+            k_tiles = (k_tiles + splits - 1) // splits
 
         if cute.size(self.cluster_mn) > 1:
             cute.arch.cluster_wait()
@@ -269,19 +276,25 @@ class Sm90PersistentGemm:
 
     @cute.jit
     def produce(self, ab_pipe, sched_params, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, a_mask, b_mask, k_tiles):
-        """Producer warp: for each scheduled tile, TMA every k-tile of A and B into the ring."""
+        """Producer warp: for each scheduled tile, TMA every k-tile of A and B into the ring (with
+        split-K, the `k_tiles` of the unit's chunk l: k-tiles l * k_tiles onwards of batch 0)."""
         sched = tile_scheduler.create(sched_params)
         work = sched.initial_work_tile_info()
         state = hpipe.producer_state(self.stages)
         while work.is_valid_tile:
             m, n, l = work.tile_idx
+            k0 = 0
+            if cutlass.const_expr(self.split_k):
+                k0, l = l * k_tiles, 0
             tAgA_t = tAgA[(None, m, None, l)]
             tBgB_t = tBgB[(None, n, None, l)]
             for kt in range(k_tiles):
                 ab_pipe.producer_acquire(state)
                 bar = ab_pipe.producer_get_barrier(state)
-                cute.copy(tma_a, tAgA_t[(None, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=a_mask)
-                cute.copy(tma_b, tBgB_t[(None, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mask)
+                cute.copy(tma_a, tAgA_t[(None, k0 + kt)], tAsA[(None, state.index)], tma_bar_ptr=bar,
+                          mcast_mask=a_mask)
+                cute.copy(tma_b, tBgB_t[(None, k0 + kt)], tBsB[(None, state.index)], tma_bar_ptr=bar,
+                          mcast_mask=b_mask)
                 ab_pipe.producer_commit(state)
                 state.advance()
             sched.advance_to_next_work()
@@ -559,12 +572,13 @@ _SPLIT_VECS = 8
 
 
 class SplitKLaunch:
-    """The launch of a split-K build (`Sm90PersistentGemm(..., split_k=True)`): a and b carry the
-    K chunks in their batch mode (L = S chunks), c is the (M, N, 1) output, `workspace` an fp32
-    vector of at least tiles * S * tile_m * tile_n elements (16-byte aligned; its contents are
-    scratch) and `counters` an int32 vector of at least one zero per output tile
-    (ceil(M / tile_m) * ceil(N / tile_n)), left zero by every launch that completes, so one
-    zeroed buffer serves every launch that does not run concurrently with another using it."""
+    """The launch of a split-K build (`Sm90PersistentGemm(..., split_k=True)`): a (M, K, 1) and b
+    (N, K, 1) as for any launch, c the (M, N, 1) output, K's k-tiles cut into `splits` chunks of
+    ceil(k_tiles / splits) each (the last one's tiles past K read as zeros), `workspace` an fp32
+    vector of at least tiles * splits * tile_m * tile_n elements (16-byte aligned; scratch) and
+    `counters` an int32 vector of at least one zero per output tile (ceil(M / tile_m) *
+    ceil(N / tile_n)), left zero by every launch that completes, so one zeroed buffer serves
+    every launch that does not run concurrently with another using it."""
 
     def __init__(self, kern: "Sm90PersistentGemm"):
         if not kern.split_k:
@@ -574,8 +588,9 @@ class SplitKLaunch:
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, c_src: cute.Tensor, bias: cute.Tensor,
                  scale_a: cute.Tensor, scale_b: cute.Tensor, workspace: cute.Tensor, counters: cute.Tensor,
-                 alpha: cutlass.Float32, beta: cutlass.Float32, max_active_clusters: cutlass.Constexpr, stream):
-        self.kern.launch_with(a, b, c, c_src, bias, scale_a, scale_b, workspace, counters, alpha, beta,
+                 splits: cutlass.Int32, alpha: cutlass.Float32, beta: cutlass.Float32,
+                 max_active_clusters: cutlass.Constexpr, stream):
+        self.kern.launch_with(a, b, c, c_src, bias, scale_a, scale_b, workspace, counters, splits, alpha, beta,
                               max_active_clusters, stream)
 
 

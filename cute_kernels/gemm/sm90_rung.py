@@ -14,7 +14,8 @@ goes through an fp32 temporary and `torch_epilogue` applies the same terms after
 Small M (decode-like, M <= 128) runs swap-AB (`sm90_skinny`): C^T = B^T A^T, so N fills the
 wgmma M side and M the narrow N side, with many pipeline stages; problems with too few tiles
 for the SMs also split K (`pick_split_k`: the chunks become the kernel's batch mode and the fp32
-partials are summed afterwards). A warm call of a signature seen before replays its launch
+partials are summed afterwards, or with `sm90_skinny.REDUCE_IN_KERNEL` they are whole k-tiles
+summed in the kernel, `sm90_persistent.SplitKLaunch`). A warm call of a signature seen before replays its launch
 without the checks (`runtime.plan_cache`); for a plain product (no epilogue beyond alpha)
 `matmul`'s warm call goes through `CallerOrderLaunch`, a build taking the caller's 2-D or 3-D
 tensors as they are, so no torch view is made per call.
@@ -285,8 +286,8 @@ class Sm90Rung:
         With TVM-FFI available the function takes torch tensors directly and launches on the
         current stream (a few microseconds of host time); otherwise DSL tensors and a stream.
         Kernels that fuse the epilogue also take (Csrc, bias, scale_a, scale_b) after C and beta
-        after alpha; `split` builds (`sm90_persistent.SplitKLaunch`: K chunks in A's and B's
-        batch mode, reduced in the kernel) also take (workspace, counters) after the scales.
+        after alpha; `split` builds (`sm90_persistent.SplitKLaunch`: K's k-tiles cut into chunks
+        reduced in the kernel) also take (workspace, counters, splits) after the scales.
         """
         # a non-persistent launch: a grid of every cluster (the scheduler then hands each CTA one tile)
         ncl = max_active_clusters(config.cluster_m * config.cluster_n) if self.persistent else 65535
@@ -322,7 +323,7 @@ class Sm90Rung:
                          *(fake_tensor(t.dtype, 1, leading_dim=0, assumed_align=4) for t in scales))
             if split:
                 args += (fake_tensor(torch.float32, 1, leading_dim=0, assumed_align=16),
-                         fake_tensor(torch.int32, 1, leading_dim=0, assumed_align=4))
+                         fake_tensor(torch.int32, 1, leading_dim=0, assumed_align=4), cutlass.Int32(2))
             return compile_kernel(kern, *args, *scalars, ncl, fake_stream(tvm_ffi_env_stream=True), key=key,
                                   options=TVM_FFI_OPTION)
         return compile_kernel(kern, *self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses, epi), *scalars, ncl,
@@ -335,7 +336,7 @@ class Sm90Rung:
             ts += (_to_cute(Csrc, _leading(Csrc), align=_csrc_align(epi, Csrc)),
                    _to_cute(bias, 0, align=bias.element_size()), *(_to_cute(t, 0, align=4) for t in scales))
         if split_ws is not None:
-            ts += (_to_cute(split_ws[0], 0, align=16), _to_cute(split_ws[1], 0, align=4))
+            ts += (_to_cute(split_ws[0], 0, align=16), _to_cute(split_ws[1], 0, align=4), cutlass.Int32(split_ws[2]))
         return ts
 
     def _epi_operands(self, C, Csrc, bias, scales):
@@ -345,7 +346,7 @@ class Sm90Rung:
 
     def _bound(self, config, A, B, C, alpha, epi, beta, Csrc, bias, scales, split_ws=None):
         """(compiled function, its arguments) for prepared kernel-order tensors; `split_ws` =
-        (workspace, counters) for a split-K build (`compiled(split=True)`)."""
+        (workspace, counters, splits) for a split-K build (`compiled(split=True)`)."""
         fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
         for what, t in (("A", A), ("B", B), ("C", C), ("c", Csrc)):
             # every route hands over `tma_operand` views: anything else would build a bad
@@ -361,8 +362,8 @@ class Sm90Rung:
             # DLPack export refuses tensors that require grad (nn.Linear's weight and bias);
             # a detached alias shares the storage
             for t in args:
-                if type(t) is not float and t.requires_grad:
-                    args = tuple(t.detach() if type(t) is not float and t.requires_grad else t for t in args)
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    args = tuple(t.detach() if isinstance(t, torch.Tensor) and t.requires_grad else t for t in args)
                     break
             return fn, args
         return fn, (*self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses, epi, split_ws), *scalars, _stream())
@@ -881,7 +882,7 @@ def compile_job_args(kernel_cls, config: Sm90GemmConfig, epi: EpilogueSpec = Epi
         if split_k:
             ws, counters = split_k_fakes()
             kern = _split_launch_cls()(kernel_cls(config, epilogue_spec=epi, split_k=True))
-            return kern, (A, B, C, csrc, bias, sa, sb, ws, counters, *scalars)
+            return kern, (A, B, C, csrc, bias, sa, sb, ws, counters, cutlass.Int32(2), *scalars)
         return kernel_cls(config, epilogue_spec=epi), (A, B, C, csrc, bias, sa, sb, *scalars)
     if split_k:
         raise ValueError(f"{kernel_cls.__name__} has no split-K build")

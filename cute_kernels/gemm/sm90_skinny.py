@@ -52,24 +52,32 @@ def swapped_spec(spec: EpilogueSpec) -> EpilogueSpec:
     return out
 
 
-def route(rung, config: Sm90GemmConfig, A, B, out, spec: EpilogueSpec) -> tuple[str | None, int]:
+def route(rung, config: Sm90GemmConfig, A, B, out, spec: EpilogueSpec, c=None) -> tuple[str | None, int]:
     """(route, splits) for kernel-order TMA views A (M, K, L), B (N, K, L) (`sm90_rung.
-    tma_operand`) and out (L, M, N).
+    tma_operand`) and out (L, M, N) (and c, read when beta != 0).
 
     route is "swap" (C^T straight into `out` with the fused epilogue), "swap_split" (swapped,
-    K split, partials transposed), "split" (K split, not swapped) or None (the caller's
-    ordinary path). "swap" needs `out`'s transpose (and c's, when read) to be TMA-addressable
-    and the rung to fuse any epilogue; the split routes write fp32 partials whose rows are
-    padded to 16 bytes, so any N qualifies.
+    K split), "split" (K split, not swapped) or None (the caller's ordinary path). "swap" needs
+    `out`'s transpose (and c's, when read) to be TMA-addressable and the rung to fuse any
+    epilogue. A split is summed in the kernel where `reduced_views` allows (its chunks whole
+    k-tiles, `pick_split_k(in_kernel=True)`), else as fp32 partials whose rows are padded to
+    16 bytes, so any N qualifies.
     """
-    return _route(rung, config, A, B, out, spec)[:2]
+    return _route(rung, config, A, B, out, spec, c)[:2]
 
 
-def _route(rung, config, A, B, out, spec):
-    """`route`, plus the (N, M, L) view of `out` the "swap" route writes (else None)."""
+def _route(rung, config, A, B, out, spec, c=None, force_in_kernel: bool = False):
+    """`route`, plus what its launch needs: the (N, M, L) view of `out` the "swap" route writes,
+    or for a split reduced in the kernel `reduced_views`' (C, Csrc); else None."""
     M, K, L = A.shape
     N = B.shape[0]
-    splits = pick_split_k(M, N, K, L, config, A.element_size()) if rung.split_k else 1
+    if not rung.split_k:
+        splits = 1
+    else:
+        reduced = reduced_views(rung, config, out, spec, c, config.swap_ab, force_in_kernel) if L == 1 else None
+        splits = pick_split_k(M, N, K, L, config, A.element_size(), in_kernel=reduced is not None)
+        if splits > 1 and reduced is not None:
+            return ("swap_split" if config.swap_ab else "split"), splits, reduced
     if config.swap_ab:
         if splits > 1:
             return "swap_split", splits, None
@@ -86,15 +94,15 @@ def launch(rung, config: Sm90GemmConfig, A, B, out, alpha: float, spec: Epilogue
     `fallback_config`). detail: for "swap", the swapped launch's kernel operands (B, A, C,
     Csrc, bias); for the split routes, the `split_k_plan` that ran (None when the call cannot
     be replayed)."""
-    how, splits, C = _route(rung, config, A, B, out, spec)
+    how, splits, views = _route(rung, config, A, B, out, spec, c)
     if how is None:
         return None
     if how == "swap":
         Csrc = _r.tma_operand(_r._unit_stride_mn(c.permute(2, 1, 0))) if spec.beta_c else None
         if spec.beta_c and Csrc is None:
             return None
-        return how, launch_swapped(rung, config, A, B, out, alpha, spec, beta, Csrc, bias, scales, C)
-    plan, run = split_k_plan(rung, config, A, B, splits, out, spec, swap=how == "swap_split", c=c)
+        return how, launch_swapped(rung, config, A, B, out, alpha, spec, beta, Csrc, bias, scales, views)
+    plan, run = split_k_plan(rung, config, A, B, splits, out, spec, swap=how == "swap_split", c=c, reduced=views)
     run(A, B, out, alpha, beta, c, bias, *(scales or (None, None)))
     return how, plan
 
@@ -111,12 +119,13 @@ def launch_swapped(rung, config, A, B, out, alpha, spec, beta, Csrc, bias, scale
     return B, A, C, Csrc, bias_t
 
 
-def split_k_plan(rung, config, A, B, splits, out, spec, swap: bool = False, c=None) -> tuple:
-    """(plan, run) for K split into `splits` chunks that the kernel sees as its batch mode:
-    (M, K/S, S) and (N, K/S, S) strided views of the TMA views A and B. Summed in the kernel
-    where `reduced_views` allows (`_reduced_plan`); else fp32 partials (S, M, N) (written
-    through (M, N, S), or (N, M, S) with `swap`) whose rows are padded to 16 bytes so TMA
-    addresses them for any M and N, summed in fp32, then the epilogue in torch.
+def split_k_plan(rung, config, A, B, splits, out, spec, swap: bool = False, c=None, reduced=None) -> tuple:
+    """(plan, run) for K split into `splits` chunks. With `reduced` (`reduced_views`' (C, Csrc))
+    one `SplitKLaunch` sums chunks of whole k-tiles in the kernel (`_reduced_plan`). Otherwise
+    the chunks are equal and the kernel sees them as its batch mode, (M, K/S, S) and (N, K/S,
+    S) strided views of the TMA views A and B, writing fp32 partials (S, M, N) (through
+    (M, N, S), or (N, M, S) with `swap`) whose rows are padded to 16 bytes so TMA addresses
+    them for any M and N, summed in fp32, then the epilogue in torch.
 
     `run(a, b, out, alpha, beta, c, bias, scale_a, scale_b)` does all that on tensors whose
     kernel-order views are A and B at the recorded sizes and strides (formed by `as_strided`
@@ -124,12 +133,11 @@ def split_k_plan(rung, config, A, B, splits, out, spec, swap: bool = False, c=No
     an `out` (and `c`, read when beta != 0) of the recorded layout; `plan` is `run` when it can
     be replayed so (a TVM-FFI build), else None.
     """
+    if reduced is not None:
+        return _reduced_plan(rung, config, A, B, splits, out, spec, c, swap, *reduced)
     M, K, _ = A.shape
     N = B.shape[0]
     As, Bs = _chunks(A, splits), _chunks(B, splits)
-    views = reduced_views(rung, config, out, spec, c, swap)
-    if views is not None:
-        return _reduced_plan(rung, config, As, Bs, out, spec, c, swap, *views)
     ws_shape, device = (splits, M, _r._round_up(N, 4)), out.device
     ws0 = torch.empty(ws_shape, dtype=torch.float32, device=device)[:, :, :N]
     perm = (2, 1, 0) if swap else (1, 2, 0)
@@ -178,9 +186,9 @@ def _chunks(X, splits: int):
 def split_k_reduced(rung, a, b, out, bias=None):
     """`run()` launching the in-kernel split-K reduction of out = a @ b (+ bias per column) for
     3-D (1, M, K), (1, K, N), (1, M, N) tensors, whatever `REDUCE_IN_KERNEL` says, with the
-    config and split the rung would pick; None when the rung would not split this problem or
-    cannot reduce it in the kernel. For timing the two reductions side by side (the bench's
-    `sm90_persistent_split_reduce`)."""
+    config and split the rung would pick for it; None when the rung would not split this
+    problem or cannot reduce it in the kernel. For timing the two reductions side by side (the
+    bench's `sm90_persistent_split_reduce`)."""
     L, M, K = a.shape
     N = b.shape[2]
     A, B = _r.tma_operand(a.permute(1, 2, 0)), _r.tma_operand(b.permute(2, 1, 0))
@@ -188,14 +196,10 @@ def split_k_reduced(rung, a, b, out, bias=None):
         return None
     config = rung.pick(M, N, K, a.element_size()).validate()
     spec = EpilogueSpec(bias=None if bias is None else "n")
-    how, splits, _ = _route(rung, config, A, B, out, spec)
-    if how not in ("split", "swap_split"):
+    how, splits, reduced = _route(rung, config, A, B, out, spec, force_in_kernel=True)
+    if how not in ("split", "swap_split") or reduced is None:
         return None
-    swap = how == "swap_split"
-    views = reduced_views(rung, config, out, spec, None, swap, force=True)
-    if views is None:
-        return None
-    _, run = _reduced_plan(rung, config, _chunks(A, splits), _chunks(B, splits), out, spec, None, swap, *views)
+    _, run = _reduced_plan(rung, config, A, B, splits, out, spec, None, how == "swap_split", *reduced)
     return lambda: run(a, b, out, 1.0, 0.0, None, bias, None, None)
 
 
@@ -205,7 +209,7 @@ def reduced_views(rung, config, out, spec: EpilogueSpec, c, swap: bool, force: b
     summed in torch (`REDUCE_IN_KERNEL` off and not `force`d, a kernel without a split-K build,
     a gated epilogue, an output TMA cannot store, or more tiles than `sm90_rung.SPLIT_COUNTERS`)."""
     if not (REDUCE_IN_KERNEL or force) or not getattr(rung.kernel_cls, "reduces_split_k", False) \
-            or spec.gate is not None:
+            or spec.gate is not None or (spec.beta_c and c is None):
         return None
     perm = (2, 1, 0) if swap else (1, 2, 0)
     C = _r.tma_operand(out.permute(perm))
@@ -218,17 +222,17 @@ def reduced_views(rung, config, out, spec: EpilogueSpec, c, swap: bool, force: b
     return (C, Csrc) if tiles <= _r.SPLIT_COUNTERS else None
 
 
-def _reduced_plan(rung, config, As, Bs, out, spec, c, swap, C, Csrc) -> tuple:
-    """`split_k_plan`'s (plan, run) for a reduction in the kernel: one `SplitKLaunch` on the K
-    chunks As, Bs (swapped with `swap`) writing act(alpha * sum + beta * c + bias) into `out`
-    through its kernel-order view C, with a per-call fp32 workspace and the stream's counters."""
+def _reduced_plan(rung, config, A, B, splits, out, spec, c, swap, C, Csrc) -> tuple:
+    """`split_k_plan`'s (plan, run) for a reduction in the kernel: one `SplitKLaunch` on the
+    TMA views A, B (swapped with `swap`), K's k-tiles in `splits` chunks, writing act(alpha *
+    sum + beta * c + bias) into `out` through its kernel-order view C, with a per-call fp32
+    workspace and the stream's counters."""
     kspec = swapped_spec(spec) if swap else spec
-    splits = As.shape[2]
     tiles = -(-C.shape[0] // config.tile_m) * -(-C.shape[1] // config.tile_n)
     ws_numel, device = tiles * splits * config.tile_m * config.tile_n, out.device
     perm = (2, 1, 0) if swap else (1, 2, 0)
     layout = lambda t: (tuple(t.shape), t.stride())  # noqa: E731
-    (sA, tA), (sB, tB), (sC, tC), (sO, tO) = layout(As), layout(Bs), layout(C), layout(out)
+    (sA, tA), (sB, tB), (sC, tC), (sO, tO) = layout(A), layout(B), layout(C), layout(out)
     # C's source replays as a view of c when it is one, else is made per call (`_unit_stride_mn`'s copy)
     c_view = layout(Csrc) if spec.beta_c and Csrc.data_ptr() == c.data_ptr() else None
     c_layout = layout(c) if spec.beta_c else None
@@ -239,8 +243,9 @@ def _reduced_plan(rung, config, As, Bs, out, spec, c, swap, C, Csrc) -> tuple:
     def run(a, b, out, alpha, beta, c, bias, scale_a, scale_b):
         a = a.detach() if a.requires_grad else a
         b = b.detach() if b.requires_grad else b
-        As, Bs = a.as_strided(sA, tA), b.as_strided(sB, tB)
-        X, Y = (Bs, As) if swap else (As, Bs)
+        X, Y = a.as_strided(sA, tA), b.as_strided(sB, tB)
+        if swap:
+            X, Y = Y, X
         out = out.detach() if out.requires_grad else out
         Cv = out.as_strided(sC, tC)
         Cs = Cv
@@ -254,16 +259,15 @@ def _reduced_plan(rung, config, As, Bs, out, spec, c, swap, C, Csrc) -> tuple:
             if spec.scale_rows and swap:  # C^T's rows are C's columns
                 sa, sb = sb, sa
         bias_t = one if bias is None else (bias if bias.stride(0) == 1 else bias.contiguous()).detach()
-        args = (X, Y, Cv, Cs, bias_t, sa, sb, empty(ws_numel, dtype=f32, device=device), split_counters(device),
-                float(alpha), float(beta))
+        split_ws = (empty(ws_numel, dtype=f32, device=device), split_counters(device), splits)
         if not built:
             built.append(rung._bound(config, X, Y, Cv, float(alpha), kspec, float(beta), Cs, bias_t, (sa, sb),
-                                     args[7:9])[0])
+                                     split_ws)[0])
         if tvm:
-            built[0](*args)
+            built[0](X, Y, Cv, Cs, bias_t, sa, sb, *split_ws, float(alpha), float(beta))
         else:  # the DSL-tensor path (no plan): DSL tensors bound per call
             rung.launch(config, X, Y, Cv, float(alpha), epi=kspec, beta=float(beta), Csrc=Cs, bias=bias_t,
-                        scales=(sa, sb), split_ws=args[7:9])
+                        scales=(sa, sb), split_ws=split_ws)
 
     return (run if tvm else None), run
 

@@ -102,3 +102,23 @@ def test_split_seconds_counts_waves_and_partials():
     assert valid_split(12608, 4, c192) and not valid_split(12608, 3, c192) and not valid_split(1024, 4, c192)
     # batched problems are never split (the split is the batch mode)
     assert pick_split_k(768, 768, 12608, 2, c192) == 1
+
+
+def test_in_kernel_splits_are_whole_k_tile_chunks_of_any_count():
+    """A split reduced in the kernel (`SplitKLaunch`) cuts K's k-tiles into chunks of
+    ceil(tiles / S), any S, the last one not empty; so K = 12608 (197 k-tiles of 64), which the
+    batch-mode split can only cut in 2 or 4, cuts in 5: 24 tiles x 5 = 120 units, one wave."""
+    from cute_kernels.gemm.sm90_config import MIN_CHUNK_K_TILES, split_seconds, valid_split
+
+    c192 = Sm90GemmConfig(tile_m=128, tile_n=192, cluster_m=1)
+    assert valid_split(12608, 5, c192, in_kernel=True) and not valid_split(12608, 5, c192)
+    assert valid_split(4104, 11, c192, in_kernel=True)  # 65 k-tiles, the last one partial: chunks of 6
+    assert not valid_split(4104, 16, c192, in_kernel=True)  # chunks of 5: the 16th would be empty
+    assert not valid_split(64 * (MIN_CHUNK_K_TILES + 1), 2, c192, in_kernel=True)  # chunks too short
+    assert pick_split_k(768, 768, 12608, 1, c192, in_kernel=True) == 5
+    # the in-kernel reduction costs less than the partials' HBM pass at every split
+    for s in (2, 4):
+        assert split_seconds(768, 768, 12608, c192, s, in_kernel=True) < split_seconds(768, 768, 12608, c192, s)
+    # still never a batched problem nor half a wave of tiles
+    assert pick_split_k(768, 768, 12608, 2, c192, in_kernel=True) == 1
+    assert pick_split_k(3072, 768, 12608, 1, c192, in_kernel=True) == 1

@@ -66,8 +66,8 @@ class Emulator:
 
         def launch(*la):
             if split:
-                A, B, C, Csrc, bias, sa, sb, ws, counters, alpha, beta = la
-                self._check_split(A, B, C, ws, counters, config)
+                A, B, C, Csrc, bias, sa, sb, ws, counters, splits, alpha, beta = la
+                self._check_split(A, B, C, ws, counters, splits, config)
             elif fuses:
                 A, B, C, Csrc, bias, sa, sb, alpha, beta = la
             else:
@@ -76,14 +76,16 @@ class Emulator:
 
         return launch
 
-    def _check_split(self, A, B, C, ws, counters, config):
-        """A split-K launch's contract (`sm90_persistent.SplitKLaunch`): one output batch, a
-        16-byte aligned fp32 workspace of a block per (tile, chunk), and a zeroed int32 counter
-        per output tile."""
+    def _check_split(self, A, B, C, ws, counters, S, config):
+        """A split-K launch's contract (`sm90_persistent.SplitKLaunch`): one batch, K's k-tiles in
+        S chunks none of which is empty, a 16-byte aligned fp32 workspace of a block per (tile,
+        chunk), and a zeroed int32 counter per output tile."""
         self.split_launches += 1
-        M, N, S = A.shape[0], B.shape[0], A.shape[2]
+        M, N, K = A.shape[0], B.shape[0], A.shape[1]
         tiles = -(-M // config.tile_m) * -(-N // config.tile_n)
-        assert C.shape[2] == 1 and S > 1, f"split-K writes one output batch from {S} chunks, C {tuple(C.shape)}"
+        k_tiles = -(-K // config.tile_k)
+        assert A.shape[2] == B.shape[2] == C.shape[2] == 1, "split-K takes one batch"
+        assert isinstance(S, int) and 1 < S and (S - 1) * -(-k_tiles // S) < k_tiles, f"{S} chunks of {k_tiles}"
         assert ws.dtype == torch.float32 and ws.data_ptr() % 16 == 0
         assert ws.numel() >= tiles * S * config.tile_m * config.tile_n, "split-K workspace too small"
         assert counters.dtype == torch.int32 and counters.numel() >= tiles and not counters.any(), \
@@ -97,11 +99,8 @@ class Emulator:
         M, K, L = A.shape
         N = B.shape[0]
         out_n = N // 2 if spec.gate else N  # a gated build stores the product's gated half
-        assert B.shape[1] == K and B.shape[2] == L and C.shape[0] == M and C.shape[1] >= out_n
-        assert C.shape[2] == (1 if split else L)
-        acc = torch.einsum("mkl,nkl->mnl" if not split else "mkl,nkl->mn", A.double(), B.double()) * alpha
-        if split:
-            acc = acc.unsqueeze(2)
+        assert B.shape[1] == K and B.shape[2] == L and C.shape[0] == M and C.shape[1] >= out_n and C.shape[2] == L
+        acc = torch.einsum("mkl,nkl->mnl", A.double(), B.double()) * alpha
         if spec.gate:
             from cute_kernels.gemm.gated import swiglu_of_product
 
@@ -259,7 +258,7 @@ def test_random_problems_on_every_route(emulated):
 
 @pytest.mark.parametrize("m, n, k, a_major, b_major, swapped", [
     (256, 256, 8192, "col", "row", False),  # a weight gradient: X^T (M-major) times dY (N-major)
-    (200, 136, 4096, "row", "col", False),  # partial tiles on both sides
+    (200, 136, 4104, "row", "col", False),  # partial tiles on both sides, a partial last k-tile
     (16, 1024, 8192, "row", "col", True),  # decode-sized M: swapped and split
     (1, 512, 16384, "row", "row", True),
 ])

@@ -162,9 +162,10 @@ def _counters_clean():
 
 
 @pytest.mark.parametrize("M,N,K,a_mm,b_nm", [
-    (768, 768, 12608, True, True),  # ViT-B's weight gradient: X^T (M-major) times dY (N-major)
+    (768, 768, 12608, True, True),  # ViT-B's weight gradient: X^T (M-major) times dY (N-major); 197 k-tiles in 5
     (256, 4096, 16384, True, True),
     (512, 2048, 8192, False, False),
+    (512, 1024, 4104, False, False),  # a partial last k-tile
     (16, 1024, 8192, False, False),  # decode-sized M: swapped and split
     (100, 1000, 4096, False, True),  # partial tiles (the swapped output's rows are 16-byte aligned)
 ])
