@@ -8,8 +8,9 @@
   kernel="auto")` -> (out, lse): the internal entry, with the log-sum-exp for a backward;
   `attention_backward(dout, q, k, v, out, lse, ...)` -> (dq, dk, dv).
 - `attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-  causal, scale, window_size, kernel)` -> (out (Tq, Hq, Dv), lse (Hq, Tq)): packed
-  variable-length batches; `attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q,
+  causal, scale, window_size, kernel, page_table)` -> (out (Tq, Hq, Dv), lse (Hq, Tq)): packed
+  variable-length batches, the keys packed too or in a paged cache (`page_table`,
+  `paged_prefill`); `attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q,
   cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, ...)` -> (dq, dk, dv).
 - `paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, scale, kernel)` -> out (B, Hq, Dv):
   one query token per sequence over a paged KV cache (split-KV, the `decode` rung); its indices

@@ -17,6 +17,9 @@ sliding window (`window_size=(left, right)`, -1 unbounded) is also per sequence:
 sequence b sees keys i + base_b - left <= j <= i + base_b + right, base_b = Sk_b - Sq_b unless
 the mask is top-left causal (`mask_rule`).
 
+Paged keys (`page_table`, prefill and chunked prefill over a paged KV cache, FlashAttention-4's
+layout): `paged_prefill`.
+
 Score features (`features`): softcap and sinks (Hq,) as in `attention_forward`, and
 `seqused_k` (B,) int32: sequence b attends to the first seqused_k[b] keys of its cu_seqlens_k
 rows (its Sk_b, alignment included), so a padded batch packed as equal-stride sequences needs
@@ -154,11 +157,13 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
 
 def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                              causal: str | None = None, scale=None, window_size=None, kernel: str = "auto",
-                             out=None, lse=None, softcap=None, sinks=None, seqused_k=None):
+                             out=None, lse=None, softcap=None, sinks=None, seqused_k=None, page_table=None):
     """(out (Tq, Hq, Dv) in q's dtype, lse (Hq, Tq) fp32 natural log): per sequence b,
     attention_forward of its rows (module docstring), GQA when Hq > Hkv (query head h reads
     key/value head h // (Hq / Hkv)). window_size: None or (left, right), -1 unbounded (module
     docstring). softcap, sinks (Hq,), seqused_k (B,) int32: `features` (the module docstring).
+    page_table (B, max_pages) int32: k and v are a paged cache (num_pages, page_size, Hkv, D)
+    and cu_seqlens_k is None (`paged_prefill`: FlashAttention-4's varlen paged layout).
     kernel: "auto" or a rung with a varlen launch. Forward only (`attention_varlen_backward` is
     the gradient; `cute_kernels.ops.sdpa_varlen` is the differentiable op).
     out, lse: optional preallocated contiguous results, overwritten entirely."""
@@ -167,6 +172,22 @@ def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
     from .api import _result
     from .dispatch import resolve
     from .registry import KERNELS
+
+    if page_table is not None:
+        from .paged_prefill import check_page_table, packed_keys
+
+        if cu_seqlens_k is not None:
+            raise ValueError(f"{_WHO}: with page_table the key lengths come from seqused_k (or the whole table); "
+                             "pass cu_seqlens_k=None")
+        if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dim() != 1:
+            raise ValueError(f"{_WHO}: cu_seqlens_q must be a 1-D int32 tensor")
+        lengths = check_page_table(page_table, k, v, cu_seqlens_q.shape[0] - 1, seqused_k, _WHO)
+        if lengths and max(lengths) > max_seqlen_k:
+            b = lengths.index(max(lengths))
+            raise ValueError(f"{_WHO}: max_seqlen_k = {max_seqlen_k} but sequence {b} uses {lengths[b]} keys of the "
+                             "paged cache (seqused_k, or its whole page_table row)")
+        k, v, cu_seqlens_k = packed_keys(k, v, page_table, lengths)
+        seqused_k = None
 
     problem = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                   causal=causal, scale=scale, window_size=window_size, softcap=softcap, sinks=sinks,
@@ -197,7 +218,7 @@ def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
 def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                               max_seqlen_k: int, *, causal: str | None = None, scale=None, window_size=None,
                               kernel: str = "auto", deterministic: bool | None = None, softcap=None, sinks=None,
-                              seqused_k=None):
+                              seqused_k=None, page_table=None):
     """(dq (Tq, Hq, D), dk (Tk, Hkv, D), dv (Tk, Hkv, Dv)), shaped and typed as q, k, v: the
     gradients of `attention_varlen_forward`'s out for the output gradient `dout` (Tq, Hq, Dv),
     given that forward's `out` and `lse` (Hq, Tq) and the same cu_seqlens, max_seqlen,
@@ -212,6 +233,9 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     import torch
 
     who = "attention_varlen_backward"
+    if page_table is not None:
+        raise NotImplementedError(f"{who}: page_table: the paged-KV backward is not implemented; gather the keys "
+                                  "(`attention.paged_prefill.packed_keys`, differentiable) and pass them packed")
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     problem = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
