@@ -74,6 +74,24 @@ def _transposed(t: cute.Tensor, rows: int, cols: int, stages: int) -> cute.Tenso
     return cute.composition(t, cute.make_layout((cols, rows, stages), stride=(rows, 1, rows * cols)))
 
 
+def split_atom(dtype, head_dim: int):
+    """The K-major smem atom of Q, dO, K and V: the widest swizzle dividing the head dim whose
+    width (elements per swizzle row) and half the head dim divide one another, because dQ_blk =
+    dS K splits the head dim over the two consumer warpgroups and each half of K^T must be
+    whole atoms or lie inside one. D = 64 and 128 keep the 128-byte swizzle (halves of 32 and
+    64 columns in 64-column rows); D = 96 takes the 32-byte one (halves of 48 in 16-column rows;
+    the 64-byte swizzle's 32-column rows would cut a half mid-row)."""
+    from cute_kernels.layouts.atoms import dtype_bits, dtype_name
+
+    bits = dtype_bits(dtype_name(dtype))
+    half = head_dim // 2
+    for row_bytes in (128, 64, 32, 16):
+        width = row_bytes * 8 // bits
+        if (head_dim * bits // 8) % row_bytes == 0 and (half % width == 0 or width % half == 0):
+            return smem_layouts.gmma_atom("K", dtype, row_bytes * 8 // bits)
+    raise ValueError(f"no GMMA smem atom splits head dim {head_dim} in two")
+
+
 class FlashAttentionSm90Bwd:
     """dq_accum (+)=, dk, dv for q, dO (B, Hq, Sq, D), k, v (B, Hkv, Sk, D), lse2 (base-2 lse,
     +inf for rows without keys) and D (B, Hq, Sq) fp32; dk, dv (B, Hq, Sk, D) per query head."""
@@ -90,7 +108,7 @@ class FlashAttentionSm90Bwd:
         # GMMA smem atoms (`cute_kernels.layouts.smem_atoms`). Q, dO, K, V are stored row-major
         # (D contiguous, K-major for S^T and dP^T; read through transposed views where they are
         # MN-major operands); dS^T is stored (keys, queries) with the queries contiguous.
-        self.smem_atom = smem_layouts.gmma_atom("K", c.dtype, c.head_dim)
+        self.smem_atom = split_atom(c.dtype, c.head_dim)
         self.ds_atom = smem_layouts.gmma_atom("K", c.dtype, c.block_m)
         # The fp32 dQ tile in 32B-swizzled 8 x 8 blocks: a thread's accumulator values then sit at
         # static offsets from one address (one XOR pattern per thread), and a warp's 64-bit stores

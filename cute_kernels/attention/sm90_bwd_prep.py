@@ -11,9 +11,10 @@ written to flat fp32 buffers of B * H * padded entries, (batch, head)-major; and
 fp32 dQ accumulator (B * H * Sq rows of D, unpadded: the backward converts it to dQ in one
 contiguous pass) set to 0 (it is added to with atomics / TMA reduce-adds), so that no separate
 memset runs. One CTA of 128
-threads covers 128 * 8 / D rows: each thread reads 8 contiguous elements of dO and of O (one
-16-byte load each) and zeroes 8 floats of the row's dQ accumulator (two 16-byte stores), and the
-D / 8 threads of a row sum with butterfly shuffles. dO and O are (B, H, Sq, D) with any strides
+threads covers 128 / R rows, R = D / 8 rounded up to a power of two: each of a row's first D / 8
+threads reads 8 contiguous elements of dO and of O (one 16-byte load each) and zeroes 8 floats of
+the row's dQ accumulator (two 16-byte stores), the rest of its R (D = 96: 4 of 16) add 0, and the
+R threads sum with butterfly shuffles. dO and O are (B, H, Sq, D) with any strides
 that are multiples of 8 elements (so each thread's 8 elements are one aligned 16-byte load: the
 (B, S, H, D) storage that attention outputs and their gradients have is read in place, not
 copied first); lse is taken flat (contiguous (B, H, Sq)).
@@ -40,16 +41,18 @@ _VEC = 8  # 16-bit elements per 16-byte load
 
 
 class BwdPrep:
-    """D and lse2 (see the module docstring) for head dim `head_dim` (a power of two from 16 to
-    256, so a row's D / 8 threads are an aligned group of lanes) and 16-bit `dtype`."""
+    """D and lse2 (see the module docstring) for head dim `head_dim` (a multiple of 8 from 16 to
+    256; a row's threads are the aligned power-of-two group of lanes above D / 8) and 16-bit
+    `dtype`."""
 
     def __init__(self, head_dim: int, dtype):
-        if head_dim not in (16, 32, 64, 128, 256):
-            raise ValueError(f"BwdPrep.head_dim must be a power of two in [16, 256] (a row's threads are a "
-                             f"power-of-two group of lanes), got {head_dim}")
+        if head_dim % _VEC or not 16 <= head_dim <= 256:
+            raise ValueError(f"BwdPrep.head_dim must be a multiple of {_VEC} in [16, 256] (16-byte loads), "
+                             f"got {head_dim}")
         self.head_dim = head_dim
         self.dtype = dtype
-        self.row_threads = head_dim // _VEC
+        self.active_threads = head_dim // _VEC  # of a row's threads, those holding 8 of its elements
+        self.row_threads = 1 << (self.active_threads - 1).bit_length()
         self.rows_per_cta = THREADS // self.row_threads
         self.shuffle_offsets = tuple(self.row_threads >> k for k in range(1, self.row_threads.bit_length()))
 
@@ -74,7 +77,7 @@ class BwdPrep:
         s = prow - bh * padded
         acc = cutlass.Float32(0.0)
         lse2 = cutlass.Float32.inf
-        if prow < total and s < seqlen_q:
+        if prow < total and s < seqlen_q and t < self.active_threads:
             row = bh * seqlen_q + s
             g_dq = cute.local_tile(cute.local_tile(mdQacc, (self.head_dim,), (row,)), (_VEC,), (t,))
             r_zero = cute.make_rmem_tensor((_VEC,), cutlass.Float32)
@@ -224,6 +227,7 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16"):
 
 
 VARIANT_CONFIGS = {"d64_float16": {"head_dim": 64, "dtype": "float16"},
+                   "d96_bfloat16": {"head_dim": 96, "dtype": "bfloat16"},
                    "d128_bfloat16": {"head_dim": 128, "dtype": "bfloat16"}}
 
 

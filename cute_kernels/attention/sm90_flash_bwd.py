@@ -90,9 +90,11 @@ What this version does not do yet (FA3 does): a dedicated producer warp for the 
 and Q blocks of 80 rows at D = 128 (128 at D = 64); both consumers meet at a named barrier
 every step (dS^T in shared memory). dQ is accumulated with fp32 atomics /
 reductions, so its rounding may vary run to run (`deterministic=True` falls back to the sm80
-backward, whose dQ pass is deterministic). Head dims other than 64 and 128 are refused
-(`supports_backward` says why): 96 because dQ's head-dim split does not fall on a swizzle atom,
-192 and 256 because the fp32 dK and dV accumulators of a 128-key block do not fit in registers.
+backward, whose dQ pass is deterministic). Head dims 64, 96 and 128 run here; D = 96 (Phi-3's)
+stores Q, dO, K and V with the 32-byte swizzle (`sm90_bwd_mainloop.split_atom`: dQ's head-dim
+split then falls on whole atoms; added 2026-12-05, compiled without spills, behind the
+unverified path "sm90_bwd_d96" until it has run on an H200). 192 and 256 are refused (`supports_backward` says why): the fp32 dK and dV accumulators
+of a 128-key block do not fit in registers.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ import cutlass
 
 from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP
 from cute_kernels.runtime import compile_kernel, tvm_ffi_available
+from cute_kernels.runtime import unverified
 from cute_kernels.runtime.arch import sm_count
 from cute_kernels.runtime.plan_cache import WarmCache, memo
 
@@ -117,7 +120,7 @@ from .sm90_bwd_mainloop import FlashAttentionSm90Bwd
 __all__ = ["FlashSm90BwdConfig", "bwd_config_for", "FlashAttentionSm90Bwd", "supports_backward", "backward",
            "build_variant", "BWD_VARIANT_CONFIGS", "HEAD_DIMS"]
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128)
 _REGS = 65536
 _SMEM_LIMIT = 227 * 1024
 
@@ -256,7 +259,8 @@ BWD_VARIANT_CONFIGS = {
                                                                       "dkv_fp32": gqa}
     for d, dt, causal, gqa in (
         (64, "float16", True, False), (64, "bfloat16", False, True), (128, "bfloat16", False, False),
-        (128, "bfloat16", True, False), (128, "float16", True, True),
+        (128, "bfloat16", True, False), (128, "float16", True, True), (96, "bfloat16", True, False),
+        (96, "float16", False, True),
     )
 }
 # The schedule options (compile-checked here; see the module docstring): the TMA reduce-add of
@@ -309,9 +313,11 @@ def supports_backward(problem) -> str | None:
         return f"the sm90_flash backward takes float16 and bfloat16, not {problem.dtype}"
     d = problem.head_dim
     if d not in HEAD_DIMS:
-        return (f"the sm90_flash backward takes head dims {HEAD_DIMS}, not {d} (96: dQ's head-dim split "
-                "does not fall on a swizzle atom; 192 and 256: the dK and dV accumulators of a 128-key "
-                "block do not fit in registers)")
+        return (f"the sm90_flash backward takes head dims {HEAD_DIMS}, not {d} (192 and 256: the dK and dV "
+                "accumulators of a 128-key block do not fit in registers)")
+    if d == 96 and not unverified.enabled("sm90_bwd_d96"):
+        return ("head dim 96 on the sm90_flash backward is built and compile-checked but has not run on an H200 "
+                "yet (the unverified path 'sm90_bwd_d96'; CUTE_KERNELS_UNVERIFIED=sm90_bwd_d96 runs it)")
     if problem.head_dim_v != d:
         return f"the sm90_flash backward needs the value head dim ({problem.head_dim_v}) equal to D ({d})"
     if not (math.isfinite(problem.scale) and problem.scale > 0):

@@ -10,7 +10,8 @@ swap-AB: C^T = B^T . A^T. The kernel is launched on (B, A, C^T) where C^T is `ou
     other way round; C is read through the same transposed view; alpha, beta and the fp8 scales
     are unchanged. A config with `swap_ab` (sm90_config.pick_skinny_config) asks for it.
 split-K: K cut into `splits` equal chunks that the kernel sees as its batch mode. With
-    `REDUCE_IN_KERNEL` and a kernel that has a split-K build (`reduces_split_k`), the chunks
+    the unverified path "split_k_in_kernel" on (`runtime.unverified`) and a kernel that has a
+    split-K build (`reduces_split_k`), the chunks
     are summed in the kernel and the fused epilogue writes `out` directly (`SplitKLaunch`: one
     launch, fp32 partials through an L2-resident workspace, a deterministic order); otherwise
     fp32 partials (splits, M, N) are summed afterwards and the epilogue applied in torch (one
@@ -24,20 +25,15 @@ ordinary path computes it (fp32 accumulation; split-K sums fp32 partials in fp32
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from cute_kernels.gemm import sm90_rung as _r
 from cute_kernels.gemm.sm90_config import Sm90GemmConfig, pick_config, pick_split_k
 from cute_kernels.hopper.epilogue import EpilogueSpec
+from cute_kernels.runtime import unverified
 from cute_kernels.runtime.plan_cache import WarmCache
 
 _SWAP_BIAS = {None: None, "m": "n", "n": "m"}
-# Split-K summed in the kernel (`sm90_persistent.SplitKLaunch`) rather than by torch afterwards.
-# Off by default until an H200 has checked and timed it (tests/gemm/test_sm90_skinny_gpu.py,
-# the `gemm_shapes` suite's `cute_kernels_split_reduce`); CUTE_KERNELS_SPLIT_REDUCE=1 turns it on.
-REDUCE_IN_KERNEL = os.environ.get("CUTE_KERNELS_SPLIT_REDUCE", "0") == "1"
 
 
 _swapped_specs = WarmCache("gemm.sm90_skinny.swapped_specs")
@@ -185,7 +181,7 @@ def _chunks(X, splits: int):
 
 def split_k_reduced(rung, a, b, out, bias=None):
     """`run()` launching the in-kernel split-K reduction of out = a @ b (+ bias per column) for
-    3-D (1, M, K), (1, K, N), (1, M, N) tensors, whatever `REDUCE_IN_KERNEL` says, with the
+    3-D (1, M, K), (1, K, N), (1, M, N) tensors, whether or not "split_k_in_kernel" is on, with the
     config and split the rung would pick for it; None when the rung would not split this
     problem or cannot reduce it in the kernel. For timing the two reductions side by side (the
     bench's `sm90_persistent_split_reduce`)."""
@@ -206,10 +202,11 @@ def split_k_reduced(rung, a, b, out, bias=None):
 def reduced_views(rung, config, out, spec: EpilogueSpec, c, swap: bool, force: bool = False) -> tuple | None:
     """(C, Csrc): the kernel-order TMA views of `out` (L = 1) and, when beta * C is fused, of `c`,
     through which an in-kernel split-K reduction writes its result; None when the split must be
-    summed in torch (`REDUCE_IN_KERNEL` off and not `force`d, a kernel without a split-K build,
+    summed in torch (the unverified path "split_k_in_kernel" off (`runtime.unverified`: until an
+    H200 has checked and timed it) and not `force`d, a kernel without a split-K build,
     a gated epilogue, an output TMA cannot store, or more tiles than `sm90_rung.SPLIT_COUNTERS`)."""
-    if not (REDUCE_IN_KERNEL or force) or not getattr(rung.kernel_cls, "reduces_split_k", False) \
-            or spec.gate is not None or (spec.beta_c and c is None):
+    if not (force or unverified.enabled("split_k_in_kernel")) or spec.gate is not None \
+            or not getattr(rung.kernel_cls, "reduces_split_k", False) or (spec.beta_c and c is None):
         return None
     perm = (2, 1, 0) if swap else (1, 2, 0)
     C = _r.tma_operand(out.permute(perm))

@@ -280,8 +280,8 @@ def test_bad_config_is_refused_on_every_call_and_the_problem_cache_is_bounded(ho
             _launch(host, p, wrong)
     assert host.launches == []
     for _ in range(2):  # a refusal is never remembered as a pass
-        with pytest.raises(ValueError, match="not 96"):
-            _launch(host, replace(p, head_dim=96, head_dim_v=96))
+        with pytest.raises(ValueError, match="not 256"):
+            _launch(host, replace(p, head_dim=256, head_dim_v=256))
         with pytest.raises(ValueError, match="must be finite"):
             _launch(host, replace(p, scale=math.nan))
     assert host.launches == []

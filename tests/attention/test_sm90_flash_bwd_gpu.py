@@ -67,7 +67,17 @@ CASES = [
     (1, 4, 1, 130, 70, 64, "bottom_right", torch.float16),
     (1, 2, 2, 64, 513, 128, "top_left", torch.bfloat16),
     (1, 3, 3, 17, 1, 64, None, torch.bfloat16),
+    # head dim 96 (Phi-3's; 32-byte swizzled operands, the unverified path "sm90_bwd_d96")
+    (1, 4, 2, 257, 300, 96, "bottom_right", torch.bfloat16),
+    (2, 2, 2, 128, 128, 96, None, torch.float16),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _head_dim_96_on(monkeypatch):
+    from cute_kernels.runtime import unverified
+
+    monkeypatch.setattr(unverified, "ENABLED", unverified.ENABLED | {"sm90_bwd_d96"})
 
 
 def _run(case, deterministic=False, **schedule):
@@ -107,7 +117,8 @@ SCHEDULES = [dict(dq_tma_reduce=True), dict(early_dv=True), dict(defer_dkv_wait=
              dict(stages=3, early_dv=True, defer_dkv_wait=True, prep_kernel=True)]
 SCHEDULE_CASES = [(1, 4, 2, 200, 333, 128, "bottom_right", torch.bfloat16),
                   (2, 2, 2, 131, 131, 64, None, torch.float16),
-                  (1, 2, 2, 300, 300, 128, "top_left", torch.float16)]
+                  (1, 2, 2, 300, 300, 128, "top_left", torch.float16),
+                  (1, 2, 1, 150, 190, 96, "bottom_right", torch.bfloat16)]
 
 
 @pytest.mark.parametrize("case", SCHEDULE_CASES, ids=lambda c: f"{c[3]}x{c[4]}xd{c[5]}-{c[6]}")

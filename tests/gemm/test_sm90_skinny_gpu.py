@@ -132,12 +132,13 @@ def test_nan_propagates_through_the_swap(N):
     assert out[0, 3].isnan().all() and not out[0, 4].isnan().any()
 
 
-# ---- split-K reduced in the kernel (sm90_persistent.SplitKLaunch, sm90_skinny.REDUCE_IN_KERNEL) ----
+# ---- split-K reduced in the kernel (sm90_persistent.SplitKLaunch, unverified path "split_k_in_kernel") ----
 
 @pytest.fixture
 def in_kernel(monkeypatch):
     """The in-kernel reduction on, and every call that takes it counted (`_reduced_plan`)."""
     from cute_kernels.gemm import sm90_skinny
+    from cute_kernels.runtime import unverified
     from cute_kernels.runtime.plan_cache import invalidate
 
     taken = []
@@ -147,7 +148,7 @@ def in_kernel(monkeypatch):
         taken.append(args[1])
         return real(*args, **kw)
 
-    monkeypatch.setattr(sm90_skinny, "REDUCE_IN_KERNEL", True)
+    monkeypatch.setattr(unverified, "ENABLED", {"split_k_in_kernel"})
     monkeypatch.setattr(sm90_skinny, "_reduced_plan", spy)
     invalidate()  # plans made with the torch sum must not replay
     yield taken

@@ -1,0 +1,64 @@
+"""Kernel paths built and compile-checked without a GPU, off until an H200 has run their tests.
+
+A path here compiles for sm_90a in CI (no spills, the instructions it must hold) and has GPU
+tests that have not yet run. A silent wrong answer is the worst bug this project can have, so
+the default routes keep away from it until those tests pass on the device; then the path
+leaves this list and becomes the default.
+
+    enabled("split_k_in_kernel") -> bool
+    CUTE_KERNELS_UNVERIFIED=split_k_in_kernel,sm90_bwd_d96   (or "all") turns paths on
+
+The GPU tests of a path turn it on themselves (`ENABLED`, or `allowing` for a block of code),
+whatever the environment says.
+"""
+
+from __future__ import annotations
+
+import os
+
+import contextlib
+
+__all__ = ["PATHS", "ENABLED", "enabled", "allowing"]
+
+PATHS = {
+    "split_k_in_kernel": "GEMM split-K summed in the kernel (gemm.sm90_persistent.SplitKLaunch), built 2026-12-05",
+    "sm90_bwd_d96": "the sm90_flash attention backward at head dim 96 (32-byte swizzled operands), built 2026-12-05",
+}
+
+
+def _from_env() -> set[str]:
+    raw = os.environ.get("CUTE_KERNELS_UNVERIFIED", "")
+    names = {n.strip() for n in raw.split(",") if n.strip()}
+    if "all" in names:
+        return set(PATHS)
+    unknown = names - set(PATHS)
+    if unknown:
+        raise ValueError(f"CUTE_KERNELS_UNVERIFIED names unknown paths {sorted(unknown)}; known: {sorted(PATHS)}")
+    return names
+
+
+ENABLED: set[str] = _from_env()
+
+
+def enabled(name: str) -> bool:
+    """Whether the unverified path `name` (one of `PATHS`) may run."""
+    if name not in PATHS:
+        raise KeyError(f"unknown unverified path {name!r}; known: {sorted(PATHS)}")
+    return name in ENABLED
+
+
+@contextlib.contextmanager
+def allowing(*names: str, on: bool = True):
+    """Within the block, the paths `names` are on (`on=False`: off), then as they were."""
+    for name in names:
+        enabled(name)  # a known name
+    saved = set(ENABLED)
+    if on:
+        ENABLED.update(names)
+    else:
+        ENABLED.difference_update(names)
+    try:
+        yield
+    finally:
+        ENABLED.clear()
+        ENABLED.update(saved)
