@@ -69,17 +69,19 @@ def test_svg_is_valid_xml(obj):
     svg = render.to_svg(obj)
     root = ET.fromstring(svg)
     assert root.tag == f"{SVG_NS}svg"
-    assert len(root.findall(f"{SVG_NS}rect")) > 4
+    cells = root.findall(f"{SVG_NS}use")  # one `use` of the cell shape per cell
+    assert len(cells) > 4 and all(c.get("href") == "#c" for c in cells)
+    assert root.find(f"{SVG_NS}defs/{SVG_NS}rect").get("id") == "c"
     html = render.to_html(obj)
     assert html.startswith("<div><pre>") and "<svg" in html
     tex = render.to_latex(obj)
-    assert "\\begin{tikzpicture}" in tex and tex.count("\\node[cell") == len(root.findall(f"{SVG_NS}rect")) - 1
+    assert "\\begin{tikzpicture}" in tex and tex.count("\\node[cell") == len(cells)
 
 
 def test_sw128_colours_by_bank():
     """Each row of the SW128 bf16 atom holds all eight bank groups once, in a row-specific order."""
     svg = render.to_svg(gmma_smem_atom("K_SW128", "bf16"))
-    fills = re.findall(r'<rect class="c" x="[^"]+" y="([^"]+)" width="44" height="28" fill="(#[0-9a-f]+)"', svg)
+    fills = re.findall(r'<use href="#c" x="[^"]+" y="([^"]+)" fill="(#[0-9a-f]+)"', svg)
     rows: dict[str, list[str]] = {}
     for y, fill in fills:
         rows.setdefault(y, []).append(fill)
