@@ -389,7 +389,8 @@ class _Launch:
 def _check_supported(problem) -> None:
     """`supports_backward`, raising ValueError with its reason; a pass is remembered per (dtype,
     head dim, value head dim, scale, features) (bounded, as `_LAUNCHES`)."""
-    key = (problem.dtype, problem.head_dim, problem.head_dim_v, problem.scale, problem.softcap, problem.seqused_k)
+    key = (problem.dtype, problem.head_dim, problem.head_dim_v, problem.scale, problem.softcap, problem.seqused_k,
+           problem.head_dim == 96 and unverified.enabled("sm90_bwd_d96"))  # a pass under the switch is not one after
     if key in _SUPPORTED:
         return
     why = supports_backward(problem)

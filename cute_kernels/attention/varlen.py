@@ -182,6 +182,8 @@ def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
         if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dim() != 1:
             raise ValueError(f"{_WHO}: cu_seqlens_q must be a 1-D int32 tensor")
         lengths = check_page_table(page_table, k, v, cu_seqlens_q.shape[0] - 1, seqused_k, _WHO)
+        if not isinstance(max_seqlen_k, int) or isinstance(max_seqlen_k, bool) or max_seqlen_k < 0:
+            raise ValueError(f"{_WHO}: max_seqlen_k must be a non-negative int, got {max_seqlen_k!r}")
         if lengths and max(lengths) > max_seqlen_k:
             b = lengths.index(max(lengths))
             raise ValueError(f"{_WHO}: max_seqlen_k = {max_seqlen_k} but sequence {b} uses {lengths[b]} keys of the "

@@ -110,7 +110,11 @@ def split_counters(device) -> torch.Tensor:
     """The int32 tile counters of in-kernel split-K launches (`sm90_persistent.SplitKLaunch`)
     on torch's current stream of `device`: zeroed once, left zero by every completed launch.
     One buffer per stream, so launches that may run concurrently never share counters; kept
-    for the life of the process (a captured CUDA graph may hold its address)."""
+    for the life of the process. While a CUDA graph is being captured, a fresh zeroed buffer
+    per launch instead: the capture records its zeroing, so each replay starts from zero and
+    no two graphs (replayed on any streams) share counters."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
     key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
     t = _split_counters.get(key)
     if t is None:

@@ -67,13 +67,14 @@ def _route(rung, config, A, B, out, spec, c=None, force_in_kernel: bool = False)
     or for a split reduced in the kernel `reduced_views`' (C, Csrc); else None."""
     M, K, L = A.shape
     N = B.shape[0]
-    if not rung.split_k:
-        splits = 1
-    else:
-        reduced = reduced_views(rung, config, out, spec, c, config.swap_ab, force_in_kernel) if L == 1 else None
-        splits = pick_split_k(M, N, K, L, config, A.element_size(), in_kernel=reduced is not None)
-        if splits > 1 and reduced is not None:
-            return ("swap_split" if config.swap_ab else "split"), splits, reduced
+    splits = 1
+    if rung.split_k:
+        if L == 1 and _reduces(rung, spec, c, force_in_kernel):
+            splits = pick_split_k(M, N, K, L, config, A.element_size(), in_kernel=True)
+            reduced = reduced_views(rung, config, out, spec, c, config.swap_ab) if splits > 1 else None
+            if reduced is not None:
+                return ("swap_split" if config.swap_ab else "split"), splits, reduced
+        splits = pick_split_k(M, N, K, L, config, A.element_size())
     if config.swap_ab:
         if splits > 1:
             return "swap_split", splits, None
@@ -199,15 +200,20 @@ def split_k_reduced(rung, a, b, out, bias=None):
     return lambda: run(a, b, out, 1.0, 0.0, None, bias, None, None)
 
 
-def reduced_views(rung, config, out, spec: EpilogueSpec, c, swap: bool, force: bool = False) -> tuple | None:
+def _reduces(rung, spec: EpilogueSpec, c, force: bool = False) -> bool:
+    """Whether a split of this call may be summed in the kernel: the path "split_k_in_kernel"
+    on (`runtime.unverified`) or `force`d, a kernel with a split-K build, no gated epilogue, c
+    given where it is read, and TVM-FFI (the split-K build is compiled for it only)."""
+    return (force or unverified.enabled("split_k_in_kernel")) and spec.gate is None \
+        and getattr(rung.kernel_cls, "reduces_split_k", False) and not (spec.beta_c and c is None) \
+        and _r.tvm_ffi_available()
+
+
+def reduced_views(rung, config, out, spec: EpilogueSpec, c, swap: bool) -> tuple | None:
     """(C, Csrc): the kernel-order TMA views of `out` (L = 1) and, when beta * C is fused, of `c`,
-    through which an in-kernel split-K reduction writes its result; None when the split must be
-    summed in torch (the unverified path "split_k_in_kernel" off (`runtime.unverified`: until an
-    H200 has checked and timed it) and not `force`d, a kernel without a split-K build,
-    a gated epilogue, an output TMA cannot store, or more tiles than `sm90_rung.SPLIT_COUNTERS`)."""
-    if not (force or unverified.enabled("split_k_in_kernel")) or spec.gate is not None \
-            or not getattr(rung.kernel_cls, "reduces_split_k", False) or (spec.beta_c and c is None):
-        return None
+    through which an in-kernel split-K reduction (`_reduces` said it may) writes its result;
+    None when the split must be summed in torch: an output TMA cannot store, or more tiles
+    than `sm90_rung.SPLIT_COUNTERS`."""
     perm = (2, 1, 0) if swap else (1, 2, 0)
     C = _r.tma_operand(out.permute(perm))
     if C is None:

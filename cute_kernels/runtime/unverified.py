@@ -8,8 +8,9 @@ leaves this list and becomes the default.
     enabled("split_k_in_kernel") -> bool
     CUTE_KERNELS_UNVERIFIED=split_k_in_kernel,sm90_bwd_d96   (or "all") turns paths on
 
-The GPU tests of a path turn it on themselves (`ENABLED`, or `allowing` for a block of code),
-whatever the environment says.
+The GPU tests of a path turn it on themselves (`allowing` for a block of code: it also forgets
+the stored launch plans, which may have been made with the other setting), whatever the
+environment says.
 """
 
 from __future__ import annotations
@@ -52,13 +53,17 @@ def allowing(*names: str, on: bool = True):
     """Within the block, the paths `names` are on (`on=False`: off), then as they were."""
     for name in names:
         enabled(name)  # a known name
+    from .plan_cache import invalidate
+
     saved = set(ENABLED)
     if on:
         ENABLED.update(names)
     else:
         ENABLED.difference_update(names)
+    invalidate()  # a stored plan may have been made with the other setting
     try:
         yield
     finally:
         ENABLED.clear()
         ENABLED.update(saved)
+        invalidate()

@@ -205,7 +205,10 @@ def test_split_k_in_kernel_fuses_the_whole_epilogue(in_kernel, M, N, bias_dim, a
 
 @pytest.mark.parametrize("rowwise", [False, True])
 def test_split_k_in_kernel_fp8(in_kernel, rowwise):
+    """fp8 through the in-kernel reduction, as close to float64 as the torch-summed split of the
+    same call (fp8 wgmma accumulates with fewer mantissa bits: about 1e-4 at K = 8192)."""
     from cute_kernels.gemm.epilogue_api import scaled_mm
+    from cute_kernels.runtime import unverified
 
     _rung()
     M, N, K = 16, 1024, 8192
@@ -213,9 +216,14 @@ def test_split_k_in_kernel_fp8(in_kernel, rowwise):
     b = torch.randn(N, K, device="cuda").to(torch.float8_e4m3fn).t()
     sa = torch.rand(M, 1, device="cuda") + 0.5 if rowwise else torch.tensor(0.5, device="cuda")
     sb = torch.rand(1, N, device="cuda") + 0.5 if rowwise else torch.tensor(0.25, device="cuda")
+    ref = (a.double() * sa.double()) @ (b.double() * sb.double())
     out = scaled_mm(a, b, sa, sb, out_dtype=torch.float32)
     assert len(in_kernel) == 1
-    _check(out, (a.double() * sa.double()) @ (b.double() * sb.double()), 1e-5)
+    with unverified.allowing("split_k_in_kernel", on=False):
+        summed = scaled_mm(a, b, sa, sb, out_dtype=torch.float32)
+    assert len(in_kernel) == 1
+    err, err_summed = ((t.double() - ref).norm().item() / ref.norm().item() for t in (out, summed))
+    assert not out.isnan().any() and err < 2e-3 and err <= 1.5 * err_summed + 1e-6, (err, err_summed)
 
 
 @pytest.mark.parametrize("M,N", [(768, 768), (16, 1024)], ids=["split", "swap_split"])
