@@ -9,8 +9,8 @@ Shapes are `bench.cases.GemmCase` names (layout suffix _bn: B read N-major, the 
 _am_bn: A M-major too, the weight gradient). Prints, per shape, each (config, split) time
 relative to cuBLAS (ratio = cuBLAS ms / ours ms) and the one the heuristic picks; writes every
 time to the JSON file. A split other than 1 forces `pick_split_k`'s answer for that run; `--reduce`
-says how its chunks are summed: by torch afterwards, in the kernel (the unverified path
-"split_k_in_kernel", `runtime.unverified`; keys `.../s4k`), or both.
+says how its chunks are summed: by torch afterwards, in the kernel (`sm90_skinny.REDUCE_IN_KERNEL`,
+the default; keys `.../s4k`), or both.
 """
 
 from __future__ import annotations
@@ -57,16 +57,15 @@ def _cfgs():
 @contextlib.contextmanager
 def _forced_split(split: int | None, in_kernel: bool = False):
     from cute_kernels.gemm import sm90_skinny
-    from cute_kernels.runtime import unverified
 
-    saved = sm90_skinny.pick_split_k
+    saved, saved_reduce = sm90_skinny.pick_split_k, sm90_skinny.REDUCE_IN_KERNEL
     if split is not None:
         sm90_skinny.pick_split_k = lambda *a, **k: split
+    sm90_skinny.REDUCE_IN_KERNEL = in_kernel
     try:
-        with unverified.allowing("split_k_in_kernel", on=in_kernel):
-            yield
+        yield
     finally:
-        sm90_skinny.pick_split_k = saved
+        sm90_skinny.pick_split_k, sm90_skinny.REDUCE_IN_KERNEL = saved, saved_reduce
 
 
 def _problem(name: str):

@@ -154,25 +154,6 @@ def _prepare_fp8_rung(name: str, case, inputs) -> Prepared:
     return Prepared(lambda: epilogue_api.scaled_mm(a, bt, sa, sb, out_dtype=out_dtype, kernel=name))
 
 
-def _prepare_split_reduce(case, inputs) -> Prepared:
-    """`sm90_persistent` on the split-K problems it would split, with the chunks summed in the
-    kernel (`sm90_skinny.split_k_reduced`) whatever the default, to time beside its torch sum."""
-    if case.dtype.startswith("fp8"):
-        raise Unsupported("timed on 16-bit inputs")
-    from cute_kernels.gemm import sm90_skinny
-    from cute_kernels.gemm.sm90_persistent import rung
-
-    out = case.empty_out(inputs)
-    a3, b3, out3 = inputs["a"].unsqueeze(0), inputs["b"].T.unsqueeze(0), out.unsqueeze(0)
-    reason = rung.supports(a3, b3, out3)
-    if reason:
-        raise Unsupported(reason)
-    run = sm90_skinny.split_k_reduced(rung, a3, b3, out3, inputs.get("bias"))
-    if run is None:
-        raise Unsupported("not a split-K problem for sm90_persistent (or not reducible in the kernel)")
-    return Prepared(run, out=out)
-
-
 def _prepare_cublas(case, inputs) -> Prepared:
     import torch
 
@@ -230,8 +211,6 @@ def gemm_impls() -> dict[str, Impl]:
     """Ours (every rung in cute_kernels.gemm.KERNELS) then the GEMM peers."""
     impls = {name: Impl(name, "ours", partial(_prepare_gemm_rung, name)) for name in our_gemm_rungs()[0]}
     impls["auto"] = Impl("auto", "ours", _prepare_auto, lambda: our_gemm_rungs()[1])
-    impls["sm90_persistent_split_reduce"] = Impl("sm90_persistent_split_reduce", "ours", _prepare_split_reduce,
-                                                 lambda: our_gemm_rungs()[1])
     impls["cublas"] = Impl("cublas", "peer", _prepare_cublas)
     impls["cublas_fp8"] = Impl("cublas_fp8", "peer", _prepare_cublas_fp8)
     impls["quack"] = Impl("quack", "peer", _prepare_quack, _needs_module("quack"))

@@ -7,7 +7,7 @@
 | `attention_bwd` | the same 8 cases, backward (dq, dk, dv through autograd) | ours with a backward, sdpa_flash, sdpa_cudnn, fa4 |
 | `copy` | 16 MiB to 1 GiB bf16 | cute_kernels (our vectorized copy), torch_copy |
 | `skinny` | M ∈ {16, 64, 128}, N = K = 8192, bf16 | as `gemm` |
-| `gemm_shapes` | the linear layers of ViT-B/L, EVA-02-B, Llama-3 1B/8B/70B, Mistral-7B, Qwen2.5-7B (`model_shapes`): prefill, decode, dX and dW, the forwards of layers with a bias as `_bias` cases (ours: `nn.functional.linear`, cuBLAS: `addmm`), plus the cliff classes | auto (`matmul`), cublas, quack; on split-K problems sm90_persistent_split_reduce (split-K summed in the kernel) |
+| `gemm_shapes` | the linear layers of ViT-B/L, EVA-02-B, Llama-3 1B/8B/70B, Mistral-7B, Qwen2.5-7B (`model_shapes`): prefill, decode, dX and dW, the forwards of layers with a bias as `_bias` cases (ours: `nn.functional.linear`, cuBLAS: `addmm`), plus the cliff classes | auto (`matmul`), cublas, quack |
 | `fp8` | e4m3 4096³ and 8192³ (bf16 out), per-tensor and row-wise scales (`_rowwise`) | as `gemm` (cublas_fp8 is the peer) |
 | `ladder` | fp32, fp16 and bf16 at 4096³ and 8192³ | every rung, cublas (fp32 without TF32) and triton_ampere (Triton held to mma.sync) |
 | `decode` | bf16 paged decode B=64, Hkv=8, D=128, ctx 8192; Hq 8/32/64 × page 16/256 | decode, fa4_paged, sdpa_gathered |
@@ -117,9 +117,8 @@ def _fast(impl: Impl) -> bool:
 
 
 def _public_entry(impl: Impl) -> bool:
-    """What a user's call runs (`matmul`, kernel "auto") against cuBLAS and quack, and on the
-    split-K problems the in-kernel reduction beside it (not yet the default)."""
-    return impl.name in ("auto", "cublas", "cublas_fp8", "quack", "sm90_persistent_split_reduce")
+    """What a user's call runs (`matmul`, kernel "auto") against cuBLAS and quack."""
+    return impl.name in ("auto", "cublas", "cublas_fp8", "quack")
 
 
 def _ladder_default(impl: Impl) -> bool:

@@ -14,8 +14,8 @@ goes through an fp32 temporary and `torch_epilogue` applies the same terms after
 Small M (decode-like, M <= 128) runs swap-AB (`sm90_skinny`): C^T = B^T A^T, so N fills the
 wgmma M side and M the narrow N side, with many pipeline stages; problems with too few tiles
 for the SMs also split K (`pick_split_k`: the chunks become the kernel's batch mode and the fp32
-partials are summed afterwards, or with the unverified path "split_k_in_kernel" on they are whole k-tiles
-summed in the kernel, `sm90_persistent.SplitKLaunch`). A warm call of a signature seen before replays its launch
+partials are summed afterwards, or, by default, they are whole k-tiles summed in the kernel,
+`sm90_persistent.SplitKLaunch`). A warm call of a signature seen before replays its launch
 without the checks (`runtime.plan_cache`); for a plain product (no epilogue beyond alpha)
 `matmul`'s warm call goes through `CallerOrderLaunch`, a build taking the caller's 2-D or 3-D
 tensors as they are, so no torch view is made per call.

@@ -9,13 +9,13 @@ swap-AB: C^T = B^T . A^T. The kernel is launched on (B, A, C^T) where C^T is `ou
     the transpose: a bias per column of C (bias_dim "n") is a bias per row of C^T ("m") and the
     other way round; C is read through the same transposed view; alpha, beta and the fp8 scales
     are unchanged. A config with `swap_ab` (sm90_config.pick_skinny_config) asks for it.
-split-K: K cut into `splits` equal chunks that the kernel sees as its batch mode. With
-    the unverified path "split_k_in_kernel" on (`runtime.unverified`) and a kernel that has a
-    split-K build (`reduces_split_k`), the chunks
-    are summed in the kernel and the fused epilogue writes `out` directly (`SplitKLaunch`: one
-    launch, fp32 partials through an L2-resident workspace, a deterministic order); otherwise
-    fp32 partials (splits, M, N) are summed afterwards and the epilogue applied in torch (one
-    extra pass over M x N, small when M is). With swap-AB the partials are written transposed.
+split-K: K cut into `splits` chunks. With a kernel that has a split-K build
+    (`reduces_split_k`) and TVM-FFI, the chunks are whole k-tiles summed in the kernel and the
+    fused epilogue writes `out` directly (`SplitKLaunch`: one launch, fp32 partials through an
+    L2-resident workspace, a deterministic order); otherwise (or with `REDUCE_IN_KERNEL`
+    False) they are equal chunks the kernel sees as its batch mode, fp32 partials (splits, M,
+    N) summed afterwards and the epilogue applied in torch (one extra pass over M x N, small
+    when M is). With swap-AB the partials are written transposed.
 
 `launch` routes one call: swap (with or without split-K), plain split-K, or nothing (the
 caller's ordinary path, with `fallback_config` in place of a swap config it cannot run).
@@ -30,10 +30,15 @@ import torch
 from cute_kernels.gemm import sm90_rung as _r
 from cute_kernels.gemm.sm90_config import Sm90GemmConfig, pick_config, pick_split_k
 from cute_kernels.hopper.epilogue import EpilogueSpec
-from cute_kernels.runtime import unverified
 from cute_kernels.runtime.plan_cache import WarmCache
 
 _SWAP_BIAS = {None: None, "m": "n", "n": "m"}
+# Split-K summed in the kernel (`sm90_persistent.SplitKLaunch`). Measured on an H200 against the
+# torch-summed partials (`gemm_shapes`, 2026-12-05; ratio to cuBLAS): 768x768x12608 weight
+# gradient 0.54x -> 0.92x, 1024x1024x12608 0.67x -> 1.01x, 512x2048x8192 0.54x -> 0.91x,
+# 256x4096x16384 0.85x -> 1.01x, 32x2048x8192 0.76x -> 0.98x. False restores the torch sum
+# (for comparison: scripts/gemm_config_sweep.py --reduce both).
+REDUCE_IN_KERNEL = True
 
 
 _swapped_specs = WarmCache("gemm.sm90_skinny.swapped_specs")
@@ -62,14 +67,14 @@ def route(rung, config: Sm90GemmConfig, A, B, out, spec: EpilogueSpec, c=None) -
     return _route(rung, config, A, B, out, spec, c)[:2]
 
 
-def _route(rung, config, A, B, out, spec, c=None, force_in_kernel: bool = False):
+def _route(rung, config, A, B, out, spec, c=None):
     """`route`, plus what its launch needs: the (N, M, L) view of `out` the "swap" route writes,
     or for a split reduced in the kernel `reduced_views`' (C, Csrc); else None."""
     M, K, L = A.shape
     N = B.shape[0]
     splits = 1
     if rung.split_k:
-        if L == 1 and _reduces(rung, spec, c, force_in_kernel):
+        if L == 1 and _reduces(rung, spec, c):
             splits = pick_split_k(M, N, K, L, config, A.element_size(), in_kernel=True)
             reduced = reduced_views(rung, config, out, spec, c, config.swap_ab) if splits > 1 else None
             if reduced is not None:
@@ -180,31 +185,11 @@ def _chunks(X, splits: int):
     return X.as_strided((rows, ks, splits), (X.stride(0), X.stride(1), X.stride(1) * ks))
 
 
-def split_k_reduced(rung, a, b, out, bias=None):
-    """`run()` launching the in-kernel split-K reduction of out = a @ b (+ bias per column) for
-    3-D (1, M, K), (1, K, N), (1, M, N) tensors, whether or not "split_k_in_kernel" is on, with the
-    config and split the rung would pick for it; None when the rung would not split this
-    problem or cannot reduce it in the kernel. For timing the two reductions side by side (the
-    bench's `sm90_persistent_split_reduce`)."""
-    L, M, K = a.shape
-    N = b.shape[2]
-    A, B = _r.tma_operand(a.permute(1, 2, 0)), _r.tma_operand(b.permute(2, 1, 0))
-    if A is None or B is None or L != 1:
-        return None
-    config = rung.pick(M, N, K, a.element_size()).validate()
-    spec = EpilogueSpec(bias=None if bias is None else "n")
-    how, splits, reduced = _route(rung, config, A, B, out, spec, force_in_kernel=True)
-    if how not in ("split", "swap_split") or reduced is None:
-        return None
-    _, run = _reduced_plan(rung, config, A, B, splits, out, spec, None, how == "swap_split", *reduced)
-    return lambda: run(a, b, out, 1.0, 0.0, None, bias, None, None)
-
-
-def _reduces(rung, spec: EpilogueSpec, c, force: bool = False) -> bool:
-    """Whether a split of this call may be summed in the kernel: the path "split_k_in_kernel"
-    on (`runtime.unverified`) or `force`d, a kernel with a split-K build, no gated epilogue, c
-    given where it is read, and TVM-FFI (the split-K build is compiled for it only)."""
-    return (force or unverified.enabled("split_k_in_kernel")) and spec.gate is None \
+def _reduces(rung, spec: EpilogueSpec, c) -> bool:
+    """Whether a split of this call may be summed in the kernel: `REDUCE_IN_KERNEL`, a kernel
+    with a split-K build, no gated epilogue, c given where it is read, and TVM-FFI (the
+    split-K build is compiled for it only)."""
+    return REDUCE_IN_KERNEL and spec.gate is None \
         and getattr(rung.kernel_cls, "reduces_split_k", False) and not (spec.beta_c and c is None) \
         and _r.tvm_ffi_available()
 

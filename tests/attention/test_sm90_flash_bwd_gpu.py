@@ -67,17 +67,10 @@ CASES = [
     (1, 4, 1, 130, 70, 64, "bottom_right", torch.float16),
     (1, 2, 2, 64, 513, 128, "top_left", torch.bfloat16),
     (1, 3, 3, 17, 1, 64, None, torch.bfloat16),
-    # head dim 96 (Phi-3's; 32-byte swizzled operands, the unverified path "sm90_bwd_d96")
+    # head dim 96 (Phi-3's; 32-byte swizzled operands)
     (1, 4, 2, 257, 300, 96, "bottom_right", torch.bfloat16),
     (2, 2, 2, 128, 128, 96, None, torch.float16),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _head_dim_96_on(monkeypatch):
-    from cute_kernels.runtime import unverified
-
-    monkeypatch.setattr(unverified, "ENABLED", unverified.ENABLED | {"sm90_bwd_d96"})
 
 
 def _run(case, deterministic=False, **schedule):

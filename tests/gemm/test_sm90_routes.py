@@ -142,10 +142,10 @@ def emulated(monkeypatch):
 
 @pytest.fixture(params=[False, True], ids=["split_summed_in_torch", "split_reduced_in_kernel"])
 def split_mode(request, monkeypatch, emulated):
-    """Both ways split-K sums its chunks (the unverified path "split_k_in_kernel" off and on)."""
-    from cute_kernels.runtime import unverified
+    """Both ways split-K sums its chunks (`sm90_skinny.REDUCE_IN_KERNEL` off and on)."""
+    from cute_kernels.gemm import sm90_skinny
 
-    monkeypatch.setattr(unverified, "ENABLED", {"split_k_in_kernel"} if request.param else set())
+    monkeypatch.setattr(sm90_skinny, "REDUCE_IN_KERNEL", request.param)
     yield request.param
 
 
@@ -266,9 +266,7 @@ def test_split_k_reduced_in_kernel_with_every_epilogue(emulated, monkeypatch, m,
     (alpha, beta * C, bias per row or column, activation, fp32 output), cold and warm, and the
     torch sum is never reached."""
     from cute_kernels.gemm import sm90_skinny
-    from cute_kernels.runtime import unverified
 
-    monkeypatch.setattr(unverified, "ENABLED", {"split_k_in_kernel"})
     monkeypatch.setattr(torch.Tensor, "sum", lambda *a, **kw: pytest.fail("split-K summed in torch"))
     for alpha, beta, bias, activation, out_dtype in [(1.0, 0.0, False, None, torch.bfloat16),
                                                      (0.5, 1.0, True, "gelu_tanh", torch.float32),
@@ -353,9 +351,7 @@ def test_split_regime_problems_reduced_in_kernel_through_the_entry_points(emulat
     sum where it cannot, and the result is right either way."""
     from cute_kernels.bench import gemm_fuzz
     from cute_kernels.gemm import epilogue_api
-    from cute_kernels.runtime import unverified
 
-    monkeypatch.setattr(unverified, "ENABLED", {"split_k_in_kernel"})
     monkeypatch.setattr(api, "_check_cuda", lambda t, what, device: None)
     monkeypatch.setattr(api, "resolve", lambda kernel, a, b, out: persistent)
     monkeypatch.setattr(epilogue_api, "_device_reason", lambda a, b: None)

@@ -159,7 +159,30 @@ def test_swap_hands_the_kernel_the_transposed_problem(recorded):
     assert spec == EpilogueSpec(bias="m", activation="relu")  # a bias per column of C is per row of C^T
 
 
-def test_swap_with_split_k_writes_transposed_fp32_partials(recorded):
+def test_swap_with_split_k_in_the_kernel_writes_out_transposed(recorded):
+    """The default split: one SplitKLaunch on the whole K (chunks are the kernel's), C^T straight
+    into `out`, a workspace of a block per (tile, chunk) and the stream's counters."""
+    rung, builds, launches = recorded
+    x = torch.randn(1, 16, 8192).to(torch.bfloat16)
+    w = torch.randn(1, 1024, 8192).to(torch.bfloat16)
+    out = torch.empty(1, 16, 1024, dtype=torch.bfloat16)
+    rung(x, w.transpose(1, 2), out)
+    A, B, C, _, _, _, _, ws, counters, s = launches[-1][:10]
+    config = pick_config(16, 1024, 8192)
+    assert s == pick_split_k(16, 1024, 8192, 1, config, in_kernel=True) > 1 and "split_k" in builds[-1]
+    assert tuple(A.shape) == (1024, 8192, 1) and A.data_ptr() == w.data_ptr()
+    assert tuple(B.shape) == (16, 8192, 1) and B.data_ptr() == x.data_ptr()
+    assert C.data_ptr() == out.data_ptr() and tuple(C.shape) == (1024, 16, 1) and C.stride(0) == 1
+    tiles = -(-1024 // config.tile_m) * -(-16 // config.tile_n)
+    assert ws.dtype == torch.float32 and ws.numel() == tiles * s * config.tile_m * config.tile_n
+    assert counters.dtype == torch.int32 and not counters.any()
+
+
+def test_swap_with_split_k_writes_transposed_fp32_partials(recorded, monkeypatch):
+    """The torch-summed split (`REDUCE_IN_KERNEL` False): the chunks as the batch mode."""
+    from cute_kernels.gemm import sm90_skinny
+
+    monkeypatch.setattr(sm90_skinny, "REDUCE_IN_KERNEL", False)
     rung, builds, launches = recorded
     x = torch.randn(1, 16, 8192).to(torch.bfloat16)
     w = torch.randn(1, 1024, 8192).to(torch.bfloat16)

@@ -132,13 +132,12 @@ def test_nan_propagates_through_the_swap(N):
     assert out[0, 3].isnan().all() and not out[0, 4].isnan().any()
 
 
-# ---- split-K reduced in the kernel (sm90_persistent.SplitKLaunch, unverified path "split_k_in_kernel") ----
+# ---- split-K reduced in the kernel (sm90_persistent.SplitKLaunch, the default) ----
 
 @pytest.fixture
 def in_kernel(monkeypatch):
-    """The in-kernel reduction on, and every call that takes it counted (`_reduced_plan`)."""
+    """Every call that takes the in-kernel reduction counted (`_reduced_plan`)."""
     from cute_kernels.gemm import sm90_skinny
-    from cute_kernels.runtime import unverified
     from cute_kernels.runtime.plan_cache import invalidate
 
     taken = []
@@ -148,7 +147,6 @@ def in_kernel(monkeypatch):
         taken.append(args[1])
         return real(*args, **kw)
 
-    monkeypatch.setattr(unverified, "ENABLED", {"split_k_in_kernel"})
     monkeypatch.setattr(sm90_skinny, "_reduced_plan", spy)
     invalidate()  # plans made with the torch sum must not replay
     yield taken
@@ -207,8 +205,9 @@ def test_split_k_in_kernel_fuses_the_whole_epilogue(in_kernel, M, N, bias_dim, a
 def test_split_k_in_kernel_fp8(in_kernel, rowwise):
     """fp8 through the in-kernel reduction, as close to float64 as the torch-summed split of the
     same call (fp8 wgmma accumulates with fewer mantissa bits: about 1e-4 at K = 8192)."""
+    from cute_kernels.gemm import sm90_skinny
     from cute_kernels.gemm.epilogue_api import scaled_mm
-    from cute_kernels.runtime import unverified
+    from cute_kernels.runtime.plan_cache import invalidate
 
     _rung()
     M, N, K = 16, 1024, 8192
@@ -219,8 +218,13 @@ def test_split_k_in_kernel_fp8(in_kernel, rowwise):
     ref = (a.double() * sa.double()) @ (b.double() * sb.double())
     out = scaled_mm(a, b, sa, sb, out_dtype=torch.float32)
     assert len(in_kernel) == 1
-    with unverified.allowing("split_k_in_kernel", on=False):
+    sm90_skinny.REDUCE_IN_KERNEL = False
+    invalidate()
+    try:
         summed = scaled_mm(a, b, sa, sb, out_dtype=torch.float32)
+    finally:
+        sm90_skinny.REDUCE_IN_KERNEL = True
+        invalidate()
     assert len(in_kernel) == 1
     err, err_summed = ((t.double() - ref).norm().item() / ref.norm().item() for t in (out, summed))
     assert not out.isnan().any() and err < 2e-3 and err <= 1.5 * err_summed + 1e-6, (err, err_summed)
