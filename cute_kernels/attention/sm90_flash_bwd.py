@@ -94,8 +94,8 @@ backward, whose dQ pass is deterministic). Head dims 64, 96 and 128 run here; D 
 stores Q, dO, K and V with the 32-byte swizzle (`sm90_bwd_mainloop.split_atom`: dQ's head-dim
 split then falls on whole atoms; added 2026-12-05: its GPU tests pass on an H200, and at B2 H16
 S2048 it runs 0.37 / 0.28 ms (causal) against sm80_flash's 1.49 / 1.15, 0.91x / 0.86x cuDNN and
-1.09x / 1.31x FA4 in the same run). 192 and 256 are refused (`supports_backward` says why): the fp32 dK and dV accumulators
-of a 128-key block do not fit in registers.
+1.09x / 1.31x FA4 in the same run). 192 and 256 are refused (`supports_backward` says why):
+the fp32 dK and dV accumulators of a 128-key block do not fit in registers.
 """
 
 from __future__ import annotations

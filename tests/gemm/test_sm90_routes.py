@@ -365,7 +365,8 @@ def test_split_regime_problems_reduced_in_kernel_through_the_entry_points(emulat
         entry = rng.choice(["matmul", "epilogue"])
         p = gemm_fuzz.Problem(m=rng.choice([1, 7, 16, 64, 100, 128, 256]), n=rng.choice([8, 64, 136, 256, 300]),
                               k=rng.choice([2048, 4096, 4160, 8192]), dtype=dtype,
-                              out_dtype=rng.choice([dtype, "fp32"]), entry=entry, a_major=rng.choice(["row", "col"]), b_major=rng.choice(["row", "col"]),
+                              out_dtype=rng.choice([dtype, "fp32"]), entry=entry,
+                              a_major=rng.choice(["row", "col"]), b_major=rng.choice(["row", "col"]),
                               alpha=rng.choice([1.0, -0.5]), beta=rng.choice([0.0, 1.0]),
                               c_major=rng.choice(["row", "col"]),
                               bias=rng.choice([None, "n", "m"]) if entry == "epilogue" else None,
