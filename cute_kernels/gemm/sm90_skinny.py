@@ -243,10 +243,10 @@ def _reduced_plan(rung, config, A, B, splits, out, spec, c, swap, C, Csrc) -> tu
                 _r.tma_operand(_r._unit_stride_mn(c.as_strided(*c_layout).permute(perm)))
         sa = sb = one
         if spec.scale_ab:
-            sa, sb = (t.detach() for t in _r._check_scales("", out.as_strided(sO, tO), scale_a, scale_b)[:2])
+            sa, sb = (_plain(t) for t in _r._check_scales("", out.as_strided(sO, tO), scale_a, scale_b)[:2])
             if spec.scale_rows and swap:  # C^T's rows are C's columns
                 sa, sb = sb, sa
-        bias_t = one if bias is None else (bias if bias.stride(0) == 1 else bias.contiguous()).detach()
+        bias_t = one if bias is None else _plain(bias if bias.stride(0) == 1 else bias.contiguous())
         split_ws = (empty(ws_numel, dtype=f32, device=device), split_counters(device), splits)
         if not built:
             built.append(rung._bound(config, X, Y, Cv, float(alpha), kspec, float(beta), Cs, bias_t, (sa, sb),
@@ -258,6 +258,11 @@ def _reduced_plan(rung, config, A, B, splits, out, spec, c, swap, C, Csrc) -> tu
                         scales=(sa, sb), split_ws=split_ws)
 
     return (run if tvm else None), run
+
+
+def _plain(t):
+    """`t` as DLPack takes it: detached only when it requires grad (nn.Linear's bias)."""
+    return t.detach() if t.requires_grad else t
 
 
 def fallback_config(config: Sm90GemmConfig, m: int, n: int, k: int, in_bytes: int) -> Sm90GemmConfig:

@@ -189,13 +189,13 @@ def test_causal_bias_sizes_must_match():
 
 def test_auto_backward_falls_back_to_the_highest_rung_with_one(monkeypatch):
     """On sm_90 auto runs the forward on sm90_flash; where its backward does not serve the
-    problem (D = 96), the backward runs on sm80_flash; a named rung never falls back."""
+    problem (D = 256), the backward runs on sm80_flash; a named rung never falls back."""
     from cute_kernels.attention import api, sm80_flash, sm90_flash
 
     dispatch.clear_cache()
     monkeypatch.setattr(dispatch, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(api, "_device_reason", lambda q, k, v: None)
-    q = torch.randn(1, 2, 64, 96, dtype=torch.bfloat16)
+    q = torch.randn(1, 2, 64, 256, dtype=torch.bfloat16)
     problem = check_inputs(q, q, q, causal=None, scale=None, enable_gqa=False)
     assert dispatch.choose(q, q, q, problem) is sm90_flash.RUNG
     assert sm90_flash.RUNG.supports_backward(problem) is not None
