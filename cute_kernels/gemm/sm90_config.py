@@ -276,7 +276,11 @@ def split_seconds(m: int, n: int, k: int, config: Sm90GemmConfig, splits: int, i
     rows, cols = (n, m) if config.swap_ab else (m, n)
     units = -(-rows // config.tile_m) * -(-cols // config.tile_n) * splits
     waves = -(-units // num_sms)
-    chunk = -(-(-(-k // config.tile_k)) // splits) * config.tile_k if in_kernel else -(-k // splits)
+    if in_kernel:  # whole k-tiles per chunk
+        k_tiles = -(-k // config.tile_k)
+        chunk = -(-k_tiles // splits) * config.tile_k
+    else:
+        chunk = -(-k // splits)
     flops = 2.0 * config.tile_m * config.tile_n * chunk
     t = waves * flops / (_SM_FLOPS * _tile_speed(config, k) * (2 if in_bytes == 1 else 1))
     if splits > 1 and in_kernel:

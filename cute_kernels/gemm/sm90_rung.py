@@ -334,13 +334,11 @@ class Sm90Rung:
                               _stream(), key=key)
 
     @staticmethod
-    def _dsl_tensors(A, B, C, Csrc, bias, scales, fuses, epi, split_ws=None):
+    def _dsl_tensors(A, B, C, Csrc, bias, scales, fuses, epi):
         ts = tuple(_to_cute(t, _leading(t)) for t in (A, B, C))
         if fuses:
             ts += (_to_cute(Csrc, _leading(Csrc), align=_csrc_align(epi, Csrc)),
                    _to_cute(bias, 0, align=bias.element_size()), *(_to_cute(t, 0, align=4) for t in scales))
-        if split_ws is not None:
-            ts += (_to_cute(split_ws[0], 0, align=16), _to_cute(split_ws[1], 0, align=4), cutlass.Int32(split_ws[2]))
         return ts
 
     def _epi_operands(self, C, Csrc, bias, scales):
@@ -350,7 +348,7 @@ class Sm90Rung:
 
     def _bound(self, config, A, B, C, alpha, epi, beta, Csrc, bias, scales, split_ws=None):
         """(compiled function, its arguments) for prepared kernel-order tensors; `split_ws` =
-        (workspace, counters, splits) for a split-K build (`compiled(split=True)`)."""
+        (workspace, counters, splits) for a split-K build (`compiled(split=True)`; TVM-FFI only)."""
         fuses = getattr(self.kernel_cls, "fuses_epilogue", False)
         for what, t in (("A", A), ("B", B), ("C", C), ("c", Csrc)):
             # every route hands over `tma_operand` views: anything else would build a bad
@@ -359,6 +357,8 @@ class Sm90Rung:
                 raise RuntimeError(f"{self.name}: internal error: operand {what} (shape {tuple(t.shape)}, strides "
                                    f"{tuple(t.stride())}) is not a TMA view; please report this")
         Csrc, bias, scales = self._epi_operands(C, Csrc, bias, scales)
+        if split_ws is not None and not tvm_ffi_available():
+            raise RuntimeError(f"{self.name}: internal error: a split-K build runs on TVM-FFI only; please report this")
         fn, tvm = self.compiled(config, A, B, C, epi, Csrc, bias, scales, split=split_ws is not None)
         scalars = (alpha, beta) if fuses else (alpha,)
         if tvm:
@@ -370,7 +370,7 @@ class Sm90Rung:
                     args = tuple(t.detach() if isinstance(t, torch.Tensor) and t.requires_grad else t for t in args)
                     break
             return fn, args
-        return fn, (*self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses, epi, split_ws), *scalars, _stream())
+        return fn, (*self._dsl_tensors(A, B, C, Csrc, bias, scales, fuses, epi), *scalars, _stream())
 
     def launcher(self, config, A, B, C, alpha: float = 1.0, *, epi: EpilogueSpec = EpilogueSpec(), beta: float = 0.0,
                  Csrc=None, bias=None, scales=None):
@@ -380,8 +380,8 @@ class Sm90Rung:
         return lambda: fn(*args)
 
     def launch(self, config, A, B, C, alpha: float, *, epi: EpilogueSpec = EpilogueSpec(), beta: float = 0.0,
-               Csrc=None, bias=None, scales=None, split_ws=None) -> None:
-        fn, args = self._bound(config, A, B, C, float(alpha), epi, float(beta), Csrc, bias, scales, split_ws)
+               Csrc=None, bias=None, scales=None) -> None:
+        fn, args = self._bound(config, A, B, C, float(alpha), epi, float(beta), Csrc, bias, scales)
         fn(*args)
 
     def __call__(self, a, b, out, *, alpha=1.0, beta=0.0, c=None, config: Sm90GemmConfig | None = None,

@@ -211,10 +211,10 @@ def reduced_views(rung, config, out, spec: EpilogueSpec, c, swap: bool) -> tuple
 
 
 def _reduced_plan(rung, config, A, B, splits, out, spec, c, swap, C, Csrc) -> tuple:
-    """`split_k_plan`'s (plan, run) for a reduction in the kernel: one `SplitKLaunch` on the
-    TMA views A, B (swapped with `swap`), K's k-tiles in `splits` chunks, writing act(alpha *
-    sum + beta * c + bias) into `out` through its kernel-order view C, with a per-call fp32
-    workspace and the stream's counters."""
+    """`split_k_plan`'s (plan, run) for a reduction in the kernel: one `SplitKLaunch` (a TVM-FFI
+    build, so `run` is always a replayable plan) on the TMA views A, B (swapped with `swap`),
+    K's k-tiles in `splits` chunks, writing act(alpha * sum + beta * c + bias) into `out`
+    through its kernel-order view C, with a per-call fp32 workspace and the stream's counters."""
     kspec = swapped_spec(spec) if swap else spec
     tiles = -(-C.shape[0] // config.tile_m) * -(-C.shape[1] // config.tile_n)
     ws_numel, device = tiles * splits * config.tile_m * config.tile_n, out.device
@@ -224,9 +224,8 @@ def _reduced_plan(rung, config, A, B, splits, out, spec, c, swap, C, Csrc) -> tu
     # C's source replays as a view of c when it is one, else is made per call (`_unit_stride_mn`'s copy)
     c_view = layout(Csrc) if spec.beta_c and Csrc.data_ptr() == c.data_ptr() else None
     c_layout = layout(c) if spec.beta_c else None
-    tvm = _r.tvm_ffi_available()
     empty, f32, split_counters, one = torch.empty, torch.float32, _r.split_counters, _r._dummy_bias(device)
-    built = []  # the build, found on the first call (its key holds the bias dtype)
+    built = []  # the build, found on the first call (its key holds the bias dtype); TVM-FFI (`_reduces`)
 
     def run(a, b, out, alpha, beta, c, bias, scale_a, scale_b):
         a = a.detach() if a.requires_grad else a
@@ -251,13 +250,9 @@ def _reduced_plan(rung, config, A, B, splits, out, spec, c, swap, C, Csrc) -> tu
         if not built:
             built.append(rung._bound(config, X, Y, Cv, float(alpha), kspec, float(beta), Cs, bias_t, (sa, sb),
                                      split_ws)[0])
-        if tvm:
-            built[0](X, Y, Cv, Cs, bias_t, sa, sb, *split_ws, float(alpha), float(beta))
-        else:  # the DSL-tensor path (no plan): DSL tensors bound per call
-            rung.launch(config, X, Y, Cv, float(alpha), epi=kspec, beta=float(beta), Csrc=Cs, bias=bias_t,
-                        scales=(sa, sb), split_ws=split_ws)
+        built[0](X, Y, Cv, Cs, bias_t, sa, sb, *split_ws, float(alpha), float(beta))
 
-    return (run if tvm else None), run
+    return run, run
 
 
 def _plain(t):
