@@ -90,15 +90,22 @@ def _host_ms(step, reps: int = 3) -> str:
     return f"{times[len(times) // 2]:.2f}" + (f" (drained {drained}/{reps})" if drained else "")
 
 
-def run(name: str, rounds: int, iters: int, stack: bool = False) -> dict:
+def run(name: str, rounds: int, iters: int, stack: bool = False, compiled: bool = False) -> dict:
     spec = model_specs.spec(name)
     stock = model_specs.build(spec, device="cuda", dtype=torch.bfloat16)
     batch = model_specs.make_batch(spec, device="cuda", dtype=torch.bfloat16)
     models = {}
     for variant, options in VARIANTS.items():
+        if compiled and variant not in ("stock", "patched"):
+            continue
         m = stock if options is None else cnn.patch(copy.deepcopy(stock), **options)
         models[variant] = m
     out = {"model": name, "patch": repr(models["patched"].cute_kernels_patch)}
+    if compiled:  # each side compiled on its own, as the models suite's *_compiled modes
+        from torch._dynamo.utils import counters
+
+        counters.clear()
+        models = {v: torch.compile(m) for v, m in models.items()}
     for mode, step in (("infer", _infer_step), ("train", _train_step)):
         fns = {v: (lambda m=m, step=step: step(spec, m, batch)) for v, m in models.items()}
         for fn in fns.values():
@@ -109,6 +116,10 @@ def run(name: str, rounds: int, iters: int, stack: bool = False) -> dict:
         print(f"{name} {mode}: " + ", ".join(f"{v} {ms:.2f} ms" for v, ms in out[mode].items()), flush=True)
         print(f"{name} {mode} host only: " + ", ".join(f"{v} {ms} ms" for v, ms in out[f'{mode}_host'].items()),
               flush=True)
+    if compiled:
+        out["graph_breaks"] = {str(k): v for k, v in counters["graph_break"].items()}
+        out["recompiles"] = dict(counters["recompiles"]) if "recompiles" in counters else {}
+        print(f"{name} compiled: graph breaks {out['graph_breaks']}, {dict(counters['stats'])}", flush=True)
     for mode, step in (("infer", _infer_step), ("train", _train_step)):
         for variant in ("stock", "patched"):
             prof = _profile(lambda m=models[variant], step=step: step(spec, m, batch), stack)
@@ -129,13 +140,15 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--out", type=Path)
+    p.add_argument("--compiled", action="store_true", help="stock and the full patch, each under torch.compile "
+                                                           "(graph breaks reported)")
     p.add_argument("--stack", action="store_true", help="record Python frames in the profiled steps (gaps are "
                                                         "then charged to frames too; the host runs slower)")
     args = p.parse_args(argv)
     rows = []
     for name in args.models.split(","):
         try:
-            rows.append(run(name, args.rounds, args.iters, args.stack))
+            rows.append(run(name, args.rounds, args.iters, args.stack, args.compiled))
         except Exception as err:  # noqa: BLE001 - the other models still run; the row says why
             print(f"{name}: {type(err).__name__}: {err}", flush=True)
             rows.append({"model": name, "error": f"{type(err).__name__}: {err}"[:500]})

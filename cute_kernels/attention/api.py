@@ -365,6 +365,9 @@ def _keep_plan(sig, q, k, v, rung, problem, sinks=None) -> None:
         launch(q, k, v, out, lse, *extra)
         return out, lse
 
+    # A launch that reads the key count and the cache's strides per call serves every key count
+    # the rung takes (`ops.eager_attention`'s decode family).
+    plan.any_seqlen_k = getattr(rung, "launch_reads_seqlen_k", False)
     _PLANS.put(sig, plan)
 
 

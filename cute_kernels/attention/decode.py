@@ -467,15 +467,22 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16", page_size: int =
 
 def build_combine_variant(head_dim: int = 128, dtype: str = "bfloat16", lse: bool = False, sinks: bool = False):
     """A CompileJob for the combine; `lse` / `sinks`: with the combined-LSE output / the sinks."""
-    from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
+    from cute_kernels.runtime import CompileJob, fake_stream
+
+    return CompileJob(PagedDecodeCombine(head_dim, dtype), combine_fake_args(dtype, lse, sinks, fake_stream()),
+                      ("attention.decode.combine", head_dim, dtype, lse, sinks))
+
+
+def combine_fake_args(dtype: str, lse: bool, sinks: bool, stream) -> tuple:
+    """The combine's arguments as fake tensors (as `decode_mma.fake_args`), `stream` in its place."""
+    from cute_kernels.runtime import fake_tensor
 
     o_part = fake_tensor(cutlass.Float32, 4, leading_dim=3, assumed_align=16)
     lse_part = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
     out = fake_tensor(_CUTLASS[dtype], 3, leading_dim=2, assumed_align=16)
-    extra = (fake_tensor(cutlass.Float32, 2, leading_dim=1, assumed_align=4) if lse else None,
-             fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=4) if sinks else None)
-    return CompileJob(PagedDecodeCombine(head_dim, dtype), (o_part, lse_part, out, fake_stream(), *extra),
-                      ("attention.decode.combine", head_dim, dtype, lse, sinks))
+    return (o_part, lse_part, out, stream,
+            fake_tensor(cutlass.Float32, 2, leading_dim=1, assumed_align=4) if lse else None,
+            fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=4) if sinks else None)
 
 
 VARIANT_CONFIGS = {
@@ -509,6 +516,8 @@ class DecodeRung:
 
     name = "decode"
     min_capability = (8, 0)
+    # `launch_plan`'s launch reads the key count and the cache strides of each call.
+    launch_reads_seqlen_k = True
     # Score features (`features.FEATURES`) the dense route takes (softcap on the tensor-core split
     # kernel, sinks in the combine).
     features = ("softcap", "sinks")
@@ -560,6 +569,12 @@ class DecodeRung:
 
         return run(self, q, k, v, out, lse, problem, sinks)
 
+    def launch_plan(self, problem):
+        """The dense route's TVM-FFI launch (`dense_decode.launch_plan`), or None without TVM-FFI."""
+        from .dense_decode import launch_plan
+
+        return launch_plan(self, problem)
+
     def paged(self, q, k_cache, v_cache, block_table, seqlens_k, out, problem, *, num_splits: int | None = None,
               lse=None, sinks=None, errors=None):
         """Write out (B, Hq, D) on torch's current stream: the split kernel, then the combine.
@@ -573,18 +588,8 @@ class DecodeRung:
 
         p = problem
         group = p.heads_q // p.heads_kv
-        dtype = str(p.dtype).removeprefix("torch.")
         mma = use_mma(p.head_dim, p.page_size, group)
-        softcap = getattr(p, "softcap", None) is not None
-        if mma is not None:
-            from .decode_mma import DecodeMmaConfig
-
-            config = DecodeMmaConfig(head_dim=p.head_dim, dtype=dtype, page_size=p.page_size,
-                                     heads_per_cta=mma, softcap=softcap, check_pages=errors is not None).validate()
-            waves = 16  # 1-warp CTAs: many resident per SM
-        else:
-            config = config_for(p.head_dim, dtype, p.page_size, group, check_pages=errors is not None)
-            waves = 4
+        config, waves = split_config(p, errors is not None)
         head_blocks = p.heads_q // config.heads_per_cta
         if num_splits is None:
             num_splits, pages_per_split = num_splits_for(p.batch, head_blocks, p.max_pages, p.page_size,
@@ -618,9 +623,58 @@ class DecodeRung:
         return out
 
 
-# The warm path's caches (`runtime.plan_cache`): one kernel object per config.
+    def dense_functions(self, problem):
+        """(split, combine, config, waves): the TVM-FFI builds of the tensor-core split kernel
+        (no page checks: the dense route builds its tables itself) and of the combine (with
+        the LSE, and the sinks when the problem has them) for a dense `problem` the rung
+        `supports`; compiled on first use, then kept per config. Each takes torch tensors and
+        reads torch's current stream (`dense_decode.launch_plan` calls them)."""
+        from cute_kernels.runtime import TVM_FFI_OPTION, compile_kernel, fake_stream
+
+        from .dense_decode import PAGE
+        from .decode_mma import fake_args
+
+        p = problem
+        sinks = p.sinks
+        config, waves = split_config(p, False, page_size=PAGE)
+        found = _TVM_FFI.get((config, sinks))
+        if found is None:
+            stream = fake_stream(tvm_ffi_env_stream=True)
+            split = compile_kernel(_split_kernel(config), *fake_args(config, stream),
+                                   key=("attention.decode.mma_split", "tvm_ffi", config), options=TVM_FFI_OPTION)
+            combine = compile_kernel(_combine_kernel(p.head_dim, config.dtype),
+                                     *combine_fake_args(config.dtype, True, sinks, stream),
+                                     key=("attention.decode.combine", "tvm_ffi", p.head_dim, config.dtype, sinks),
+                                     options=TVM_FFI_OPTION)
+            found = (split, combine, config, waves)
+            _TVM_FFI[(config, sinks)] = found
+        return found
+
+
+def split_config(problem, check_pages: bool, page_size: int | None = None):
+    """(config, waves): the split kernel for a problem's head dim, dtype, page size and group:
+    the tensor-core kernel where it applies (`use_mma`; 1-warp CTAs, so 16 waves of them per
+    SM), else the SIMT one (4 waves). `page_size`: the problem's unless given (the dense route's
+    problems are not paged)."""
+    p = problem
+    page = p.page_size if page_size is None else page_size
+    group = p.heads_q // p.heads_kv
+    dtype = str(p.dtype).removeprefix("torch.")
+    mma = use_mma(p.head_dim, page, group)
+    if mma is not None:
+        from .decode_mma import DecodeMmaConfig
+
+        softcap = getattr(p, "softcap", None) is not None
+        return DecodeMmaConfig(head_dim=p.head_dim, dtype=dtype, page_size=page, heads_per_cta=mma, softcap=softcap,
+                               check_pages=check_pages).validate(), 16
+    return config_for(p.head_dim, dtype, page, group, check_pages=check_pages), 4
+
+
+# The warm path's caches (`runtime.plan_cache`): one kernel object per config, and the dense
+# route's TVM-FFI builds per (split config, sinks).
 _SPLIT = WarmCache("attention.decode.split_kernels")
 _COMBINE = WarmCache("attention.decode.combine_kernels")
+_TVM_FFI = WarmCache("attention.decode.tvm_ffi")
 
 
 def _split_kernel(config):

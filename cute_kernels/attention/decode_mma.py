@@ -312,22 +312,30 @@ class PagedDecodeMma:
 def build_variant(head_dim: int = 128, dtype: str = "bfloat16", page_size: int = 16, heads_per_cta: int = 8,
                   softcap: bool = False, check_pages: bool = True):
     """A CompileJob for the tensor-core split kernel over fake tensors with symbolic sizes."""
-    from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
+    from cute_kernels.runtime import CompileJob, fake_stream
 
     config = DecodeMmaConfig(head_dim=head_dim, dtype=dtype, page_size=page_size,
                              heads_per_cta=heads_per_cta, softcap=softcap, check_pages=check_pages).validate()
-    t = _CUTLASS[dtype]
+    return CompileJob(PagedDecodeMma(config), fake_args(config, fake_stream()), ("attention.decode.mma_split", config))
+
+
+def fake_args(config: DecodeMmaConfig, stream) -> tuple:
+    """The split kernel's arguments as fake tensors with symbolic sizes (what `from_torch`
+    fixes: dtype, rank, unit-stride mode, alignment) and placeholder scalars, `stream` in its
+    place: for a CompileJob, and for the TVM-FFI build (`decode.DecodeRung.dense_functions`)."""
+    from cute_kernels.runtime import fake_tensor
+
+    t = _CUTLASS[config.dtype]
     q = fake_tensor(t, 3, leading_dim=2, assumed_align=16)
     kc, vc = (fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(2))
     table = fake_tensor(cutlass.Int32, 2, leading_dim=1, assumed_align=4)
     seqlens = fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4)
     o_part = fake_tensor(cutlass.Float32, 4, leading_dim=3, assumed_align=16)
     lse_part = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
-    args = (q, kc, vc, table, seqlens, o_part, lse_part, cutlass.Float32(1.0 / math.sqrt(head_dim)),
-            cutlass.Int32(heads_per_cta), cutlass.Int32(1), cutlass.Int32(1), fake_stream(),
-            cutlass.Float32(0.1) if softcap else None,
-            fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4) if check_pages else None)
-    return CompileJob(PagedDecodeMma(config), args, ("attention.decode.mma_split", config))
+    return (q, kc, vc, table, seqlens, o_part, lse_part, cutlass.Float32(1.0 / math.sqrt(config.head_dim)),
+            cutlass.Int32(config.heads_per_cta), cutlass.Int32(1), cutlass.Int32(1), stream,
+            cutlass.Float32(0.1) if config.softcap else None,
+            fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4) if config.check_pages else None)
 
 
 VARIANT_CONFIGS = {

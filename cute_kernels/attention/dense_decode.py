@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["DENSE_MAX_QUERIES", "DENSE_MIN_KEYS", "PAGE", "supports_dense", "route_reason", "run"]
+__all__ = ["DENSE_MAX_QUERIES", "DENSE_MIN_KEYS", "PAGE", "supports_dense", "route_reason", "launch_plan", "run"]
 
 # Few queries: per batch and head, at most this many query rows ...
 DENSE_MAX_QUERIES = 8
@@ -88,40 +88,62 @@ def route_reason(problem) -> str:
             "tile), where a flash rung would run one mostly empty query tile per head")
 
 
-def _tables(k, problem):
+def _tables(k, batch: int, seqlen_q: int, seqlen_k: int, causal):
     """(block_table (B Sq, pages) int32, seqlens (B Sq,) int32, page stride g, pages declared)
-    for this signature (module docstring), built once."""
-    p = problem
+    for this signature (module docstring), built on the device by a few small kernels: no copy
+    from the host, so no wait on the stream, and nothing a CUDA graph capture refuses. Kept
+    per signature (a decode step's new key count makes a new one)."""
     b_stride, h_stride, t_stride = k.stride(0), k.stride(1), k.stride(2)
-    key = (k.device, p.batch, p.seqlen_q, p.seqlen_k, p.causal, b_stride, h_stride, t_stride, k.shape[1],
-           k.shape[-1])
+    key = (k.device, batch, seqlen_q, seqlen_k, causal, b_stride, h_stride, t_stride, k.shape[1], k.shape[-1])
     found = _TABLES.get(key)
     if found is not None:
         return found
     import torch
 
-    g = math.gcd(b_stride if p.batch > 1 else PAGE * t_stride, PAGE * t_stride)
-    pages = -(-p.seqlen_k // PAGE)
-    j = torch.arange(pages, dtype=torch.int64)
-    rows = (torch.arange(p.batch, dtype=torch.int64)[:, None] * b_stride + j[None, :] * PAGE * t_stride) // g
-    table = rows.repeat_interleave(p.seqlen_q, dim=0).to(torch.int32)
-    i = torch.arange(p.seqlen_q, dtype=torch.int64)
-    if p.causal == "bottom_right":
-        lens = p.seqlen_k - p.seqlen_q + 1 + i
-    elif p.causal == "top_left":
-        lens = i + 1
+    g = math.gcd(b_stride if batch > 1 else PAGE * t_stride, PAGE * t_stride)
+    pages = -(-seqlen_k // PAGE)
+    # Every row is below `declared` (< 2**31: the numel limit of `supports_dense`), so int32 holds it.
+    table = _arange(k.device, pages) * (PAGE * t_stride // g)
+    if batch > 1:
+        table = table + (_arange(k.device, batch) * (b_stride // g))[:, None]
     else:
-        lens = torch.full((p.seqlen_q,), p.seqlen_k, dtype=torch.int64)
-    lens = lens.clamp(0, p.seqlen_k).repeat(p.batch).to(torch.int32)
+        table = table[None, :]
+    if seqlen_q > 1:
+        table = table.repeat_interleave(seqlen_q, dim=0)
+    if seqlen_q == 1 and causal != "top_left":
+        lens = torch.full((batch,), seqlen_k, dtype=torch.int32, device=k.device)
+    else:
+        i = _arange(k.device, seqlen_q)
+        if causal == "bottom_right":
+            lens = i + (seqlen_k - seqlen_q + 1)
+        elif causal == "top_left":
+            lens = i + 1
+        else:
+            lens = torch.full((seqlen_q,), seqlen_k, dtype=torch.int32, device=k.device)
+        lens = lens.clamp(0, seqlen_k).repeat(batch)
     # Pages whose whole (PAGE, Hkv, D) box ends inside the tensor (torch checks the view's extent).
-    extent = (p.batch - 1) * b_stride + (k.shape[1] - 1) * h_stride + (p.seqlen_k - 1) * t_stride + k.shape[-1]
+    extent = (batch - 1) * b_stride + (k.shape[1] - 1) * h_stride + (seqlen_k - 1) * t_stride + k.shape[-1]
     box = (PAGE - 1) * t_stride + (k.shape[1] - 1) * h_stride + k.shape[-1]
     declared = (extent - box) // g + 1  # >= 1: Sk >= DENSE_MIN_KEYS > PAGE
-    found = (table.to(k.device), lens.to(k.device), g, declared)
+    found = (table, lens, g, declared)
     if len(_TABLES) >= _MAX_TABLES:
         _TABLES.clear()
     _TABLES[key] = found
     return found
+
+
+def _arange(device, n: int):
+    """0 .. n-1 as int32 on `device`: a view of one cached range, grown by doubling."""
+    have = _RANGES.get(device)
+    if have is None or have.numel() < n:
+        import torch
+
+        have = torch.arange(max(n, 2 * (0 if have is None else have.numel()), 1024), dtype=torch.int32, device=device)
+        _RANGES[device] = have
+    return have[:n]
+
+
+_RANGES: dict = {}
 
 
 def _paged_view(t, g: int, declared: int):
@@ -132,9 +154,64 @@ def _paged_view(t, g: int, declared: int):
                             t.storage_offset())
 
 
+def launch_plan(rung, problem):
+    """`launch(q, k, v, out, lse, sinks=None)` for dense problems like `problem` (the `decode`
+    rung's TVM-FFI builds, `DecodeRung.dense_functions`), or None without TVM-FFI.
+
+    The launch reads the key count, the cache's strides and the device from its tensors on
+    every call, so it serves every problem that differs from `problem` only there (a decode
+    loop's growing cache: `ops.eager_attention`'s family plans) as long as the rung supports it.
+    Tensors must not require grad; out (B, Hq, Sq, Dv) and lse (B, Hq, Sq) as
+    `api.attention_forward` allocates them; sinks (Hq,) contiguous fp32 when the problem has them."""
+    from cute_kernels.runtime import tvm_ffi_available
+
+    if not tvm_ffi_available():
+        return None
+    import torch
+
+    from cute_kernels.runtime.arch import sm_count
+
+    from .decode import num_splits_for
+    from .problem_checks import softcap_scalars
+
+    split, combine, config, waves = rung.dense_functions(problem)
+    p = problem
+    heads_q, dv, group, causal = p.heads_q, p.head_dim_v, p.heads_q // p.heads_kv, p.causal
+    head_blocks = heads_q // config.heads_per_cta
+    scale, score_scale = softcap_scalars(p)
+    if p.softcap is None:
+        score_scale = None  # the build without the soft cap takes no score scale
+    empty, fp32 = torch.empty, torch.float32
+
+    def launch(q, k, v, out, lse, sinks=None):
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[2], k.shape[2]
+        table, lens, g, declared = _tables(k, batch, seqlen_q, seqlen_k, causal)
+        k_cache, v_cache = _paged_view(k, g, declared), _paged_view(v, g, declared)
+        rows, device = batch * seqlen_q, q.device
+        splits, per_split = num_splits_for(rows, head_blocks, table.shape[1], PAGE, sm_count(device), waves=waves)
+        o_part = empty((splits, rows, heads_q, dv), dtype=fp32, device=device)
+        l_part = empty((splits, rows, heads_q), dtype=fp32, device=device)
+        if seqlen_q == 1:
+            split(q[:, :, 0], k_cache, v_cache, table, lens, o_part, l_part, scale, group, per_split, splits,
+                  score_scale, None)
+            combine(o_part, l_part, out[:, :, 0], lse[:, :, 0], sinks)
+            return
+        q_rows = q.permute(0, 2, 1, 3).reshape(rows, heads_q, q.shape[-1])
+        o_rows = empty((rows, heads_q, dv), dtype=q.dtype, device=device)
+        l_rows = empty((rows, heads_q), dtype=fp32, device=device)
+        split(q_rows, k_cache, v_cache, table, lens, o_part, l_part, scale, group, per_split, splits, score_scale,
+              None)
+        combine(o_part, l_part, o_rows, l_rows, sinks)
+        out.copy_(o_rows.view(batch, seqlen_q, heads_q, -1).permute(0, 2, 1, 3))
+        lse.copy_(l_rows.view(batch, seqlen_q, heads_q).permute(0, 2, 1))
+
+    return launch
+
+
 def run(rung, q, k, v, out, lse, problem, sinks=None):
-    """out (B, Hq, Sq, D) and lse (B, Hq, Sq) of the dense problem through `rung.paged`
-    (the `decode` rung), on torch's current stream."""
+    """out (B, Hq, Sq, D) and lse (B, Hq, Sq) of the dense problem through the `decode` rung's
+    kernels, on torch's current stream: the TVM-FFI launch (`launch_plan`) where it exists,
+    else `rung.paged` with the tensors wrapped per call."""
     import torch
 
     from .paged import PagedProblem
@@ -142,13 +219,17 @@ def run(rung, q, k, v, out, lse, problem, sinks=None):
     p = problem
     if q.requires_grad or k.requires_grad or v.requires_grad:
         q, k, v = q.detach(), k.detach(), v.detach()
-    table, lens, g, declared = _tables(k, p)
+    if sinks is not None:
+        sinks = sinks.detach().to(torch.float32).contiguous()
+    launch = launch_plan(rung, p)
+    if launch is not None:
+        launch(q, k, v, out, lse, sinks)
+        return out, lse
+    table, lens, g, declared = _tables(k, p.batch, p.seqlen_q, p.seqlen_k, p.causal)
     k_cache, v_cache = _paged_view(k, g, declared), _paged_view(v, g, declared)
     rows = p.batch * p.seqlen_q
     paged = PagedProblem(rows, p.heads_q, p.heads_kv, p.head_dim, p.head_dim_v, declared, PAGE, table.shape[1],
                          p.dtype, p.scale, p.softcap, p.sinks)
-    if sinks is not None:
-        sinks = sinks.detach().to(torch.float32).contiguous()
     if p.seqlen_q == 1:
         rung.paged(q[:, :, 0], k_cache, v_cache, table, lens, out[:, :, 0], paged, lse=lse[:, :, 0], sinks=sinks)
         return out, lse

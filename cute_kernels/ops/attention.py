@@ -29,6 +29,7 @@ from torch import Tensor
 
 from cute_kernels.attention.features import check_sinks, check_softcap, sinks_gradient
 from cute_kernels.attention.mask_rule import canonical_window
+from cute_kernels.runtime import eager
 
 from . import attention_reference as reference
 from .fallback import UNSUPPORTED, check_fallback, device_guard, note_fallback, on_cuda, raise_unsupported
@@ -120,6 +121,14 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, causal: Optional[str] = None, scale: O
     sliding window, -1 unbounded (module docstring); rung: an attention rung
     (`cute_kernels.attention.KERNELS`) or "auto"; softcap, sinks (Hq,): the score features
     (module docstring; lse includes the sinks)."""
+    if softcap is None and sinks is None:  # the form the eager entry keys (`ops.eager_attention`)
+        return eager.inside("sdpa", _sdpa, (q, k, v, causal, scale, enable_gqa, window_left, window_right, rung,
+                                            fallback))
+    return _sdpa(q, k, v, causal, scale, enable_gqa, window_left, window_right, rung, fallback, softcap, sinks)
+
+
+def _sdpa(q, k, v, causal, scale, enable_gqa, window_left, window_right, rung, fallback, softcap=None, sinks=None):
+    """`sdpa`'s checked path (`runtime.eager.inside` replays a recorded call instead)."""
     check_fallback("sdpa", fallback)
     _check_causal("sdpa", causal)
     window = _window("sdpa", causal, window_left, window_right)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from cute_kernels.attention import dense_decode as _dense
 from cute_kernels.runtime.eager import EagerOp, Plan, op_body, register_autocast
 
 from . import attention as attention_ops
@@ -113,5 +114,44 @@ def _build_sdpa(result, *args):
     return SdpaPlan(launch, q.requires_grad or k.requires_grad or v.requires_grad)
 
 
+def _decode_family(args):
+    """The family key of a decode step (`runtime.eager.EagerOp`'s family), or None: a few
+    queries over contiguous K and V of at least `dense_decode.DENSE_MIN_KEYS` keys, no window,
+    on CUDA. Its key is the call's less the key count (and the strides it sets), so a decode
+    loop whose cache grows a token per step replays one plan: the `decode` rung's launch, which
+    reads the key count per call. Every call of a family takes the same path: which rung runs
+    (the decode rung's `supports` depends on the key count only through the guards here and the
+    strides' divisibility, fixed by the head dim for contiguous tensors) and what it launches."""
+    if len(args) != _ARGS:
+        return None
+    q, k, v, causal, scale, enable_gqa, window_left, window_right, rung, fallback = args
+    if (window_left, window_right) != (-1, -1) or q.dim() != 4 or q.shape[2] > _dense.DENSE_MAX_QUERIES:
+        return None
+    kshape = k.shape
+    if kshape[2] < _dense.DENSE_MIN_KEYS or kshape != v.shape or not (q.is_cuda and k.is_contiguous()
+                                                                      and v.is_contiguous()):
+        return None
+    if k.numel() >= 2**31:
+        return None
+    return (q.shape, q.stride(), q.dtype, q.get_device(), q.data_ptr() & 15, q.requires_grad, kshape[:2], kshape[3],
+            k.dtype, k.get_device(), k.data_ptr() & 15, k.requires_grad, v.dtype, v.get_device(), v.data_ptr() & 15,
+            v.requires_grad, causal, scale.__class__, scale, enable_gqa, rung, fallback, torch.cuda.current_device())
+
+
+def _build_decode_family(result, *args):
+    """The family plan of a decode step the op just completed: the stored plan of its forward
+    when the rung that ran reads the key count per call (`attention.api`'s `any_seqlen_k`)."""
+    q, k, v, causal, scale, enable_gqa, _, _, rung, _ = args
+    if q.device.index != torch.cuda.current_device():
+        return None
+    from cute_kernels.attention import api
+
+    launch = api.plan_for(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale, enable_gqa=enable_gqa,
+                          kernel=rung)
+    if launch is None or not getattr(launch, "any_seqlen_k", False):
+        return None
+    return SdpaPlan(launch, q.requires_grad or k.requires_grad or v.requires_grad)
+
+
 _SDPA_BACKWARD = op_body(attention_ops.sdpa_backward)
-sdpa = EagerOp("sdpa", attention_ops.sdpa, _build_sdpa)
+sdpa = EagerOp("sdpa", attention_ops.sdpa, _build_sdpa, family=(_decode_family, _build_decode_family))

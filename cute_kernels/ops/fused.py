@@ -27,6 +27,8 @@ from torch import Tensor
 
 from cute_kernels.fused import reference
 
+from cute_kernels.runtime import eager
+
 from .fallback import UNSUPPORTED, check_fallback, device_guard, note_fallback, on_cuda, raise_unsupported
 
 __all__ = ["norm", "norm_backward", "softmax", "softmax_backward", "cross_entropy", "cross_entropy_backward",
@@ -80,6 +82,11 @@ def norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], residual: 
          fallback: str = "none") -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """RMSNorm (kind="rms") or LayerNorm (kind="layer") of x (+ residual) over the last dim:
     (y, s = x + residual or empty, rstd fp32, mean fp32 or empty)."""
+    return eager.inside("norm", _norm, (x, weight, bias, residual, kind, eps, offset, out_dtype, fallback))
+
+
+def _norm(x, weight, bias, residual, kind, eps, offset, out_dtype, fallback):
+    """`norm`'s checked path (`runtime.eager.inside` replays a recorded call instead)."""
     args = (_d(x), _d(weight), _d(bias), _d(residual))
     kw = dict(kind=kind, eps=eps, offset=offset, out_dtype=out_dtype)
 
@@ -175,6 +182,11 @@ def _back(t: Tensor, dim: int, ndim: int) -> Tensor:
 def softmax(x: Tensor, dim: int = -1, fallback: str = "none") -> Tensor:
     """torch.softmax(x, dim) (fp32 math, x's dtype); a dim other than the last is moved last
     (one copy in, one out)."""
+    return eager.inside("softmax", _softmax, (x, dim, fallback))
+
+
+def _softmax(x, dim, fallback):
+    """`softmax`'s checked path (`runtime.eager.inside` replays a recorded call instead)."""
     xl = _last(x.detach(), dim)
     y = _run("softmax", fallback, (xl,), lambda fused: fused.softmax_forward(xl),
              lambda: reference.softmax_forward(xl))
@@ -355,6 +367,11 @@ def _rotary_inplace_fake(q, k, cos, sin, position_ids=None, offset=0, interleave
 @torch.library.custom_op("cute_kernels::swiglu", mutates_args=())
 def swiglu(gate: Tensor, up: Optional[Tensor] = None, interleaved: bool = False, fallback: str = "none") -> Tensor:
     """silu(gate) * up (or of the interleaved gate-up tensor's pairs)."""
+    return eager.inside("swiglu", _swiglu, (gate, up, interleaved, fallback))
+
+
+def _swiglu(gate, up, interleaved, fallback):
+    """`swiglu`'s checked path (`runtime.eager.inside` replays a recorded call instead)."""
     args = (gate.detach(), _d(up))
     return _run("swiglu", fallback, args, lambda fused: fused.swiglu_forward(*args, interleaved=interleaved),
                 lambda: reference.swiglu_forward(*args, interleaved=interleaved))

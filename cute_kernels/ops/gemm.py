@@ -17,6 +17,8 @@ from torch import Tensor
 
 from cute_kernels.gemm import activations
 
+from cute_kernels.runtime import eager
+
 from .fallback import UNSUPPORTED, check_fallback, device_guard, note_fallback, on_cuda, raise_unsupported
 
 __all__ = ["matmul", "linear", "scaled_mm", "ACTIVATIONS"]
@@ -191,6 +193,11 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation:
     """activation(x @ weightᵀ + bias) for x (..., in_features), weight (out_features,
     in_features), bias (out_features,) or None; activation in `ACTIVATIONS`. Contiguous
     result (..., out_features) in x's dtype."""
+    return eager.inside("linear", _linear, (x, weight, bias, activation, rung, fallback))
+
+
+def _linear(x, weight, bias, activation, rung, fallback):
+    """`linear`'s checked path (`runtime.eager.inside` replays a recorded call instead)."""
     check_fallback("linear", fallback)
     _check_activation(activation)
     if fallback == "torch" and not on_cuda(x, weight, bias):

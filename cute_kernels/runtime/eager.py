@@ -7,6 +7,7 @@ more than the launch it wraps. Compiled graphs, tracers and every mode still nee
 opaque node, no graph break), so both exist side by side and each call picks one.
 
     EagerOp(name, op, build)        the entry: `entry(*args)` computes `op(*args)`
+    inside(name, body, args)        in the op's body: the entry's plan for the call, if any
     direct_state()                  whether the global state admits the direct path (below)
     call_key(args)                  what a plan may assume about a call
     Plan, USE_OP                    what a key's warm call does; "call the op" as a plan
@@ -75,7 +76,7 @@ from . import plan_cache
 from .plan_cache import PlanCache
 
 __all__ = ["EagerOp", "EagerFunction", "Plan", "USE_OP", "direct_state", "call_key", "autocast_args",
-           "register_autocast", "transparent_mode", "op_body"]
+           "register_autocast", "transparent_mode", "op_body", "inside"]
 
 _C = torch._C
 _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
@@ -225,11 +226,21 @@ class EagerOp:
     op (a callable taking the same positional arguments); build(result, *args) -> Plan | None:
     called after the op completed a call (returning `result`), it returns the replay of that
     call (from the kernel layer's stored plans), or None; autocast: apply `autocast_args` first
-    (operators torch's autocast would cast, as F.linear)."""
+    (operators torch's autocast would cast, as F.linear).
 
-    def __init__(self, name: str, op, build, *, autocast: bool = True, max_plans: int = 1024):
+    family: None, or (family_key, family_build) for calls whose keys differ only in sizes a
+    plan can read per call (a decode loop's growing KV cache makes a new key every step). For
+    a call that records no autograd and has no plan of its own, `family_key(args)` gives the
+    family's key (None: no family), and the family's plan, built once by `family_build(result,
+    *args)` like `build`, runs it. The rule of `plan_cache` holds per family: `family_key` must
+    hold everything the op's path decides on for every call it admits."""
+
+    def __init__(self, name: str, op, build, *, autocast: bool = True, max_plans: int = 1024, family=None):
         self.name, self.op, self.build, self.autocast = name, op, build, autocast
         self.plans = PlanCache(f"eager.{name}", max_plans)
+        self.family = family
+        self.family_plans = PlanCache(f"eager.{name}.family", 64) if family is not None else None
+        _ENTRIES[name] = self
         camel = "".join(part.capitalize() for part in name.replace(".", "_").split("_"))
         self.function = type(f"CuteKernels{camel}", (EagerFunction,), {"__module__": __name__})
         self._apply = _BASE_APPLY.__get__(None, self.function) if _BASE_APPLY is not None else self.function.apply
@@ -253,21 +264,70 @@ class EagerOp:
             return self.op(*args)
         plan = self.plans.get(key)
         if plan is None:
-            return self._first(key, args)
+            if self.family is None or key[-1]:
+                return self._first(key, args)
+            return self._family(key, args)
         if plan is USE_OP:
             return self.op(*args)
         if key[-1]:
             return self._apply(*args, plan)
         return plan.run(*args)
 
+    def _family(self, key, args: tuple):
+        family_key, family_build = self.family
+        fkey = family_key(args)
+        if fkey is None:
+            return self._first(key, args)
+        plan = self.family_plans.get(fkey)
+        if plan is None:
+            result = self.op(*args)
+            plan = family_build(result, *args)
+            self.family_plans.put(fkey, USE_OP if plan is None else plan)
+            return result
+        if plan is USE_OP:
+            return self._first(key, args)
+        return plan.run(*args)
+
     def _first(self, key, args: tuple):
         result = self.op(*args)
-        plan = self.build(result, *args)
-        self.plans.put(key, USE_OP if plan is None else plan)
+        if self.plans.get(key) is None:  # the op's body may have recorded it (`inside`)
+            plan = self.build(result, *args)
+            self.plans.put(key, USE_OP if plan is None else plan)
         return result
 
     def __repr__(self) -> str:
         return f"EagerOp({self.name!r}, {len(self.plans)} plans)"
+
+
+# The entries by name, for `inside`.
+_ENTRIES: dict = {}
+
+
+def inside(name: str, body, args: tuple):
+    """`body(*args)`, the body of the op the `EagerOp` called `name` wraps, replaying that
+    entry's plan for the call where it has one.
+
+    The op's body runs where the direct path cannot: a compiled graph calls the op (so do
+    tracers' eager runs, modes, and the first call of a key). There the dispatcher has already
+    been paid, but the body's checks and dispatch (tens of µs: a patched ViT under
+    torch.compile idled the GPU for 100 µs before each linear layer) need not be: a call whose
+    key (`call_key`, autograd never recorded inside an op's body) has a plan runs it; the first
+    call of a key runs `body` and records the entry's plan for it, as the entry's own first
+    call does. Calls that cannot have a key (fake and functional tensors, wrappers) run `body`.
+    `args` are the op's arguments in its schema order, as the entry is called."""
+    entry = _ENTRIES.get(name)
+    key = None if entry is None else call_key(args)
+    if key is None or key[-1]:
+        return body(*args)
+    plan = entry.plans.get(key)
+    if plan is None:
+        result = body(*args)
+        plan = entry.build(result, *args)
+        entry.plans.put(key, USE_OP if plan is None else plan)
+        return result
+    if plan is USE_OP:
+        return body(*args)
+    return plan.run(*args)
 
 
 # ---- autocast ---------------------------------------------------------------------------------

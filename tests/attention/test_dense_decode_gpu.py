@@ -119,3 +119,35 @@ def test_more_queries_or_short_caches_stay_on_the_flash_rungs():
     q1 = q[:, :, :1]
     p = check_inputs(q1, k[:, :, :100], k[:, :, :100], causal=None, scale=None, enable_gqa=False)
     assert dispatch.resolve("auto", q1, k[:, :, :100], k[:, :, :100], p) is not KERNELS["decode"]
+
+
+@pytest.mark.parametrize("sq,causal", [(1, False), (4, True)])
+def test_a_decode_loop_replays_one_family_plan_and_matches_float64(sq, causal):
+    """A decode loop as transformers runs it (`nn.functional.scaled_dot_product_attention`
+    under no_grad, a contiguous cache grown by torch.cat each step): every step after the
+    first replays the eager entry's family plan (`ops.eager_attention`), and each step's out
+    matches float64 on the same tensors, the family's first step and a fresh non-family call."""
+    from cute_kernels.nn import functional as cf
+    from cute_kernels.ops import eager_attention
+    from cute_kernels.runtime import tvm_ffi_available
+
+    torch.manual_seed(7 + sq)
+    b, hq, hkv, d = 3, 16, 4, 128
+    k, v = (torch.randn(b, hkv, 530, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    entry = eager_attention.sdpa
+    entry.family_plans.clear()
+    ops_before = entry.plans.copy()
+    with torch.no_grad():
+        for step in range(6):
+            q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+            if sq > 1:
+                q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16)
+            out = cf.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+            ref, _ = reference(q, k, v, "top_left" if causal else None)
+            assert not out.isnan().any() and rel_err(out, ref) < TOL[torch.bfloat16]
+            grow = (torch.randn(b, hkv, 5, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            k, v = (torch.cat([t, n], dim=2) for t, n in zip((k, v), grow))
+    if tvm_ffi_available():
+        assert len(entry.family_plans) == 1
+        assert isinstance(next(iter(entry.family_plans.values())), eager_attention.SdpaPlan)
+        assert len(entry.plans) == len(ops_before)  # no per-key plan was made for the steps

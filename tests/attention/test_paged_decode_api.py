@@ -232,3 +232,34 @@ def test_tensor_core_split_kernel_runs_hmma_on_cp_async_tiles():
     assert check_variant(report, get_variant("attention.decode_mma")) == []
     assert report.opcodes.get("HMMA.16816.F32.BF16", 0) > 0
     assert report.opcodes.get("LDGSTS.E.BYPASS.LTC128B.128", 0) > 0
+
+
+@given(b=st.integers(1, 4), hkv=st.integers(1, 4), sq=st.integers(1, 8), sk=st.integers(512, 1100),
+       d=st.sampled_from([64, 128]), layout=st.sampled_from(["bhsd", "bshd", "padded"]),
+       causal=st.sampled_from([None, "top_left", "bottom_right"]))
+def test_dense_route_tables_address_every_key_of_every_row(b, hkv, sq, sk, d, layout, causal):
+    """The dense route's block table (built on the device, `dense_decode._tables`): page p of
+    query row r starts at key p * PAGE of batch r // Sq, and every page the row reads lies
+    inside the declared paged view; lengths follow the causal alignment."""
+    from cute_kernels.attention import dense_decode as dd
+
+    if layout == "bhsd":
+        k = torch.empty(b, hkv, sk, d, dtype=torch.bfloat16)
+    elif layout == "bshd":
+        k = torch.empty(b, sk, hkv, d, dtype=torch.bfloat16).transpose(1, 2)
+    else:  # a slice of a longer preallocated cache
+        k = torch.empty(b, hkv, sk + 40, d, dtype=torch.bfloat16)[:, :, :sk]
+    dd._TABLES.clear()
+    table, lens, g, declared = dd._tables(k, b, sq, sk, causal)
+    pages = -(-sk // dd.PAGE)
+    assert table.dtype == lens.dtype == torch.int32 and tuple(table.shape) == (b * sq, pages)
+    bs, ts = k.stride(0), k.stride(2)
+    for r in range(b * sq):
+        i, batch = r % sq, r // sq
+        want = {None: sk, "bottom_right": sk - sq + 1 + i, "top_left": i + 1}[causal]
+        assert int(lens[r]) == min(max(want, 0), sk)
+        for p in range(pages):
+            assert int(table[r, p]) * g == batch * bs + p * dd.PAGE * ts
+            if p * dd.PAGE < int(lens[r]):  # a page the row reads starts inside the view
+                assert 0 <= int(table[r, p]) < declared or p == pages - 1
+    assert dd._tables(k, b, sq, sk, causal)[0] is table  # kept per signature

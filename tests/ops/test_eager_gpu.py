@@ -207,3 +207,44 @@ def test_gpu_warm_softmax_swiglu_and_norm_match_float64(op_calls, lead, width):
                 assert _rel(got, exp) < 2e-2, name
     assert op_calls["softmax"] == 1 and op_calls["swiglu"] == 1
     assert op_calls["norm"] == (0 if width > 8192 else 1)
+
+
+def test_gpu_ops_called_as_a_compiled_graph_calls_them_replay_the_plans(monkeypatch):
+    """A compiled graph calls the ops themselves (`torch.ops.cute_kernels.*`), not the eager
+    entries: each op's body runs its checked path once per key and then replays the entry's
+    plan (`runtime.eager.inside`), computing the same values bit for bit, close to float64."""
+    _hopper()
+    from cute_kernels.ops import attention as attention_ops
+    from cute_kernels.ops import fused as fused_ops
+    from cute_kernels.ops import gemm as gemm_ops
+    from cute_kernels.runtime import plan_cache
+
+    bodies = {"linear": 0, "sdpa": 0, "norm": 0}
+    for module, fn, name in ((gemm_ops, "_linear", "linear"), (attention_ops, "_sdpa", "sdpa"),
+                             (fused_ops, "_norm", "norm")):
+        def counted(*args, _fn=getattr(module, fn), _name=name):
+            bodies[_name] += 1
+            return _fn(*args)
+
+        monkeypatch.setattr(module, fn, counted)
+    plan_cache.invalidate()
+    torch.manual_seed(3)
+    x = torch.randn(3, 77, 768, device="cuda", dtype=BF16)
+    w, b = torch.randn(2304, 768, device="cuda", dtype=BF16) / 28, torch.randn(2304, device="cuda", dtype=BF16)
+    q, k, v = (torch.randn(2, 12, 197, 64, device="cuda", dtype=BF16) for _ in range(3))
+    xn, wn = torch.randn(4, 1000, 768, device="cuda", dtype=BF16), torch.randn(768, device="cuda", dtype=BF16)
+    ops = torch.ops.cute_kernels
+    calls = {"linear": lambda: ops.linear(x, w, b, "gelu_tanh", "auto", "none"),
+             "sdpa": lambda: ops.sdpa(q, k, v, None, None, False, -1, -1, "auto", "none")[0],
+             "norm": lambda: ops.norm(xn, wn, None, None, "rms", 1e-6, 0.0, None, "none")[0]}
+    first = {name: call() for name, call in calls.items()}
+    for _ in range(3):
+        for name, call in calls.items():
+            assert torch.equal(call(), first[name]), name
+    assert bodies == {"linear": 1, "sdpa": 1, "norm": 1}
+    d = torch.float64
+    refs = {"linear": F.gelu(x.to(d) @ w.to(d).T + b.to(d), approximate="tanh"),
+            "sdpa": F.scaled_dot_product_attention(q.to(d), k.to(d), v.to(d)),
+            "norm": xn.to(d) * torch.rsqrt(xn.to(d).pow(2).mean(-1, keepdim=True) + 1e-6) * wn.to(d)}
+    for name, ref in refs.items():
+        assert _rel(first[name], ref) < 1e-2, name

@@ -121,6 +121,82 @@ def test_unreplayable_keys_store_use_op(cpu_plans):
     assert list(toy.entry.plans.values()) == [USE_OP]
 
 
+class FamilyToy(Toy):
+    """The toy with a family: calls whose x has any number of rows (x @ w reads it per call),
+    the family key being everything but that count; `family_ok` makes the builder refuse."""
+
+    def __init__(self, family_ok=True):
+        super().__init__()
+        self.family_ok, self.family_builds = family_ok, 0
+        self.entry = EagerOp("toy_family", self.op, self.build, family=(self.family_key, self.family_build))
+
+    def family_key(self, args):
+        x, w, scale = args
+        return None if x.shape[0] > 100 else (x.shape[1:], x.dtype, w.shape, w.dtype, scale.__class__, scale)
+
+    def family_build(self, result, x, w, scale):
+        self.family_builds += 1
+        assert torch.equal(result, scale * (x @ w))
+        return ToyPlan(self) if self.family_ok else None
+
+
+def test_a_family_plan_serves_new_keys_of_its_family(cpu_plans):
+    toy = FamilyToy()
+    w = torch.randn(3, 5, dtype=F64)
+    outs = []
+    for rows in range(1, 7):  # a new key each call (a decode loop's growing cache)
+        x = torch.randn(rows, 3, dtype=F64)
+        out = toy.entry(x, w, 2.0)
+        assert torch.equal(out, 2.0 * (x @ w))
+        outs.append(out)
+    assert (toy.op_calls, toy.runs, toy.family_builds) == (1, 5, 1)
+    assert len(toy.entry.plans) == 0 and len(toy.entry.family_plans) == 1
+    toy.entry(torch.randn(4, 3, dtype=F64), w, 3.0)  # another family: checked first
+    toy.entry(torch.randn(200, 3, dtype=F64), w, 2.0)  # no family: the per-key path
+    toy.entry(torch.randn(200, 3, dtype=F64), w, 2.0)
+    assert (toy.op_calls, toy.runs, toy.family_builds) == (3, 6, 2)
+    # a call recording autograd never takes a family plan
+    x = torch.randn(2, 3, dtype=F64, requires_grad=True)
+    toy.entry(x, w, 2.0).sum().backward()
+    assert toy.op_calls == 4 and torch.allclose(x.grad, 2.0 * w.sum(1).expand(2, 3))
+    plan_cache.invalidate()
+    assert len(toy.entry.family_plans) == 0
+
+
+def test_a_family_the_builder_refuses_keeps_the_per_key_path(cpu_plans):
+    toy = FamilyToy(family_ok=False)
+    w = torch.randn(3, 5, dtype=F64)
+    for rows in (1, 2, 2, 3):
+        toy.entry(torch.randn(rows, 3, dtype=F64), w, 2.0)
+    # the family says "use the op", so each key gets its own plan (2 rows: replayed once)
+    assert (toy.op_calls, toy.runs, toy.family_builds) == (3, 1, 1)
+    assert list(toy.entry.family_plans.values()) == [USE_OP]
+
+
+def test_the_op_body_replays_the_entrys_plan_inside_the_op(cpu_plans):
+    """What a compiled graph calls is the op; `eager.inside` in its body runs the entry's plan
+    for a recorded key (one checked body per key, shared with the entry's own calls); calls
+    recording autograd, and keyless ones, run the body."""
+    toy = Toy()
+    bodies = []
+
+    def body(x, w, scale):
+        bodies.append(1)
+        return toy.op(x, w, scale)
+
+    toy.entry = EagerOp("toy_inside", toy.op, toy.build)
+    x, w = _xw()
+    inner = lambda *a: eager.inside("toy_inside", body, a)  # noqa: E731 - the op's body
+    outs = [inner(x, w, 2.0) for _ in range(3)]
+    assert (len(bodies), toy.runs) == (1, 2) and all(torch.equal(o, outs[0]) for o in outs)
+    toy.entry(x, w, 2.0)  # the entry finds the plan the body recorded
+    assert (len(bodies), toy.op_calls, toy.runs) == (1, 1, 3)
+    xg, wg = _xw(grad=True)
+    inner(xg, wg, 2.0)  # records autograd: the body
+    assert len(bodies) == 2
+    assert torch.equal(eager.inside("no_such_entry", body, (x, w, 2.0)), outs[0]) and len(bodies) == 3
+
+
 def test_default_plan_devices_keep_cpu_calls_on_the_op():
     plan_cache.invalidate()
     toy = Toy()
