@@ -21,10 +21,13 @@ import contextlib
 
 __all__ = ["PATHS", "ENABLED", "enabled", "allowing"]
 
-# name -> what it is. Empty now: the two paths built on 2026-12-05 without a GPU (split-K summed
-# in the GEMM kernel, the Hopper attention backward at head dim 96) passed their GPU tests and
-# measured faster the same day, and are defaults.
-PATHS: dict[str, str] = {}
+# name -> what it is. The two paths built on 2026-12-05 without a GPU before this one (split-K
+# summed in the GEMM kernel, the Hopper attention backward at head dim 96) passed their GPU tests
+# and measured faster the same day, and are defaults.
+PATHS: dict[str, str] = {
+    "op_body_replay": "the op bodies of linear, sdpa, norm, softmax and swiglu replay the eager entry's "
+                      "plan for a recorded key (`runtime.eager.inside`): what a compiled graph's calls reach",
+}
 
 
 def _from_env() -> set[str]:

@@ -1,5 +1,5 @@
 """runtime.unverified: paths built without a GPU stay off unless named, and the switch says
-which names it knows (a stand-in registry: the real one is empty while every path is verified)."""
+which names it knows (a stand-in registry)."""
 
 from __future__ import annotations
 
