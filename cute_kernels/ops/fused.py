@@ -26,7 +26,6 @@ import torch
 from torch import Tensor
 
 from cute_kernels.fused import reference
-
 from cute_kernels.runtime import eager
 
 from .fallback import UNSUPPORTED, check_fallback, device_guard, note_fallback, on_cuda, raise_unsupported
