@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["DENSE_MAX_QUERIES", "DENSE_MIN_KEYS", "PAGE", "supports_dense", "route_reason", "launch_plan", "run"]
+__all__ = ["DENSE_MAX_QUERIES", "DENSE_MIN_KEYS", "MAX_CACHE_ELEMENTS", "PAGE", "supports_dense", "key_count_admitted",
+           "route_reason", "launch_plan", "run"]
 
 # Few queries: per batch and head, at most this many query rows ...
 DENSE_MAX_QUERIES = 8
 # ... over at least this many keys (below it one flash tile per head covers the cache).
 DENSE_MIN_KEYS = 512
+# K and V of fewer elements than this: the kernels' 32-bit indices.
+MAX_CACHE_ELEMENTS = 2**31
 # Keys per page of the dense cache's paged view (a multiple of 16: the tensor-core kernel).
 PAGE = 64
 # Block tables and lengths per signature, at most this many (then the cache starts afresh).
@@ -76,9 +79,16 @@ def supports_dense(q, k, v, problem) -> str | None:
             return why
     if k.stride() != v.stride():
         return f"k and v have different strides {tuple(k.stride())} and {tuple(v.stride())} (one block table)"
-    if max(k.numel(), v.numel()) >= 2**31 or p.batch * p.seqlen_q > 65535:
+    if max(k.numel(), v.numel()) >= MAX_CACHE_ELEMENTS or p.batch * p.seqlen_q > 65535:
         return "the cache or the batch is too large for the decode kernels' 32-bit indices and grid"
     return None
+
+
+def key_count_admitted(k, v) -> bool:
+    """The part of `supports_dense` that depends on the key count (for contiguous K and V, whose
+    strides' divisibility the head dim fixes): at least `DENSE_MIN_KEYS` keys, fewer than
+    `MAX_CACHE_ELEMENTS` elements. What a plan serving any key count re-checks per call."""
+    return k.shape[-2] >= DENSE_MIN_KEYS and max(k.numel(), v.numel()) < MAX_CACHE_ELEMENTS
 
 
 def route_reason(problem) -> str:
@@ -102,7 +112,7 @@ def _tables(k, batch: int, seqlen_q: int, seqlen_k: int, causal):
 
     g = math.gcd(b_stride if batch > 1 else PAGE * t_stride, PAGE * t_stride)
     pages = -(-seqlen_k // PAGE)
-    # Every row is below `declared` (< 2**31: the numel limit of `supports_dense`), so int32 holds it.
+    # Every row is below `declared` (< MAX_CACHE_ELEMENTS, `supports_dense`), so int32 holds it.
     table = _arange(k.device, pages) * (PAGE * t_stride // g)
     if batch > 1:
         table = table + (_arange(k.device, batch) * (b_stride // g))[:, None]
@@ -191,21 +201,34 @@ def launch_plan(rung, problem):
         splits, per_split = num_splits_for(rows, head_blocks, table.shape[1], PAGE, sm_count(device), waves=waves)
         o_part = empty((splits, rows, heads_q, dv), dtype=fp32, device=device)
         l_part = empty((splits, rows, heads_q), dtype=fp32, device=device)
-        if seqlen_q == 1:
-            split(q[:, :, 0], k_cache, v_cache, table, lens, o_part, l_part, scale, group, per_split, splits,
+
+        def rows_call(q_rows, o_rows, l_rows):
+            split(q_rows, k_cache, v_cache, table, lens, o_part, l_part, scale, group, per_split, splits,
                   score_scale, None)
-            combine(o_part, l_part, out[:, :, 0], lse[:, :, 0], sinks)
-            return
-        q_rows = q.permute(0, 2, 1, 3).reshape(rows, heads_q, q.shape[-1])
-        o_rows = empty((rows, heads_q, dv), dtype=q.dtype, device=device)
-        l_rows = empty((rows, heads_q), dtype=fp32, device=device)
-        split(q_rows, k_cache, v_cache, table, lens, o_part, l_part, scale, group, per_split, splits, score_scale,
-              None)
-        combine(o_part, l_part, o_rows, l_rows, sinks)
-        out.copy_(o_rows.view(batch, seqlen_q, heads_q, -1).permute(0, 2, 1, 3))
-        lse.copy_(l_rows.view(batch, seqlen_q, heads_q).permute(0, 2, 1))
+            combine(o_part, l_part, o_rows, l_rows, sinks)
+
+        _by_rows(q, out, lse, rows_call)
 
     return launch
+
+
+def _by_rows(q, out, lse, rows_call):
+    """`rows_call(q_rows (B Sq, Hq, D), o_rows (B Sq, Hq, Dv), l_rows (B Sq, Hq))`, the paged
+    problem's rows, for the dense q (B, Hq, Sq, D), out and lse (B, Hq, Sq): views of them for
+    one query per head, else q copied in and the results copied back."""
+    import torch
+
+    batch, heads_q, seqlen_q = q.shape[0], q.shape[1], q.shape[2]
+    if seqlen_q == 1:
+        rows_call(q[:, :, 0], out[:, :, 0], lse[:, :, 0])
+        return
+    rows = batch * seqlen_q
+    q_rows = q.permute(0, 2, 1, 3).reshape(rows, heads_q, q.shape[-1])
+    o_rows = torch.empty((rows, heads_q, out.shape[-1]), dtype=out.dtype, device=out.device)
+    l_rows = torch.empty((rows, heads_q), dtype=torch.float32, device=out.device)
+    rows_call(q_rows, o_rows, l_rows)
+    out.copy_(o_rows.view(batch, seqlen_q, heads_q, -1).permute(0, 2, 1, 3))
+    lse.copy_(l_rows.view(batch, seqlen_q, heads_q).permute(0, 2, 1))
 
 
 def run(rung, q, k, v, out, lse, problem, sinks=None):
@@ -227,16 +250,8 @@ def run(rung, q, k, v, out, lse, problem, sinks=None):
         return out, lse
     table, lens, g, declared = _tables(k, p.batch, p.seqlen_q, p.seqlen_k, p.causal)
     k_cache, v_cache = _paged_view(k, g, declared), _paged_view(v, g, declared)
-    rows = p.batch * p.seqlen_q
-    paged = PagedProblem(rows, p.heads_q, p.heads_kv, p.head_dim, p.head_dim_v, declared, PAGE, table.shape[1],
-                         p.dtype, p.scale, p.softcap, p.sinks)
-    if p.seqlen_q == 1:
-        rung.paged(q[:, :, 0], k_cache, v_cache, table, lens, out[:, :, 0], paged, lse=lse[:, :, 0], sinks=sinks)
-        return out, lse
-    q_rows = q.permute(0, 2, 1, 3).reshape(rows, p.heads_q, p.head_dim)
-    o_rows = torch.empty((rows, p.heads_q, p.head_dim_v), dtype=q.dtype, device=q.device)
-    l_rows = torch.empty((rows, p.heads_q), dtype=torch.float32, device=q.device)
-    rung.paged(q_rows, k_cache, v_cache, table, lens, o_rows, paged, lse=l_rows, sinks=sinks)
-    out.copy_(o_rows.view(p.batch, p.seqlen_q, p.heads_q, -1).permute(0, 2, 1, 3))
-    lse.copy_(l_rows.view(p.batch, p.seqlen_q, p.heads_q).permute(0, 2, 1))
+    paged = PagedProblem(p.batch * p.seqlen_q, p.heads_q, p.heads_kv, p.head_dim, p.head_dim_v, declared, PAGE,
+                         table.shape[1], p.dtype, p.scale, p.softcap, p.sinks)
+    _by_rows(q, out, lse, lambda q_rows, o_rows, l_rows: rung.paged(q_rows, k_cache, v_cache, table, lens, o_rows,
+                                                                     paged, lse=l_rows, sinks=sinks))
     return out, lse

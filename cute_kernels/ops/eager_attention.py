@@ -116,22 +116,20 @@ def _build_sdpa(result, *args):
 
 def _decode_family(args):
     """The family key of a decode step (`runtime.eager.EagerOp`'s family), or None: a few
-    queries over contiguous K and V of at least `dense_decode.DENSE_MIN_KEYS` keys, no window,
-    on CUDA. Its key is the call's less the key count (and the strides it sets), so a decode
-    loop whose cache grows a token per step replays one plan: the `decode` rung's launch, which
-    reads the key count per call. Every call of a family takes the same path: which rung runs
-    (the decode rung's `supports` depends on the key count only through the guards here and the
-    strides' divisibility, fixed by the head dim for contiguous tensors) and what it launches."""
+    queries over contiguous K and V whose key count the decode rung takes
+    (`dense_decode.key_count_admitted`), no window, on CUDA. Its key is the call's less the key
+    count (and the strides it sets), so a decode loop whose cache grows a token per step
+    replays one plan: the `decode` rung's launch, which reads the key count per call. Every call of a family takes the same path: which rung runs
+    (the decode rung's `supports` depends on the key count only through `key_count_admitted`)
+    and what it launches."""
     if len(args) != _ARGS:
         return None
     q, k, v, causal, scale, enable_gqa, window_left, window_right, rung, fallback = args
     if (window_left, window_right) != (-1, -1) or q.dim() != 4 or q.shape[2] > _dense.DENSE_MAX_QUERIES:
         return None
     kshape = k.shape
-    if kshape[2] < _dense.DENSE_MIN_KEYS or kshape != v.shape or not (q.is_cuda and k.is_contiguous()
-                                                                      and v.is_contiguous()):
-        return None
-    if k.numel() >= 2**31:
+    if kshape != v.shape or not (q.is_cuda and k.is_contiguous() and v.is_contiguous()) \
+            or not _dense.key_count_admitted(k, v):
         return None
     return (q.shape, q.stride(), q.dtype, q.get_device(), q.data_ptr() & 15, q.requires_grad, kshape[:2], kshape[3],
             k.dtype, k.get_device(), k.data_ptr() & 15, k.requires_grad, v.dtype, v.get_device(), v.data_ptr() & 15,

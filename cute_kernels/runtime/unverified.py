@@ -1,7 +1,7 @@
-"""Kernel paths built and compile-checked without a GPU, off until an H200 has run their tests.
+"""Paths built without a GPU, off until an H200 has run their tests.
 
-A path here compiles for sm_90a in CI (no spills, the instructions it must hold) and has GPU
-tests that have not yet run. A silent wrong answer is the worst bug this project can have, so
+A path here is tested on CPU (a kernel path also compiles for sm_90a in CI: no spills, the
+instructions it must hold) and has GPU tests that have not yet run. A silent wrong answer is the worst bug this project can have, so
 the default routes keep away from it until those tests pass on the device; then the path
 leaves this list and becomes the default.
 
@@ -15,9 +15,8 @@ environment says.
 
 from __future__ import annotations
 
-import os
-
 import contextlib
+import os
 
 __all__ = ["PATHS", "ENABLED", "enabled", "allowing"]
 
