@@ -73,7 +73,6 @@ import torch.autograd.forward_ad as _forward_ad
 import torch.fx._symbolic_trace as _fx_trace
 
 from . import plan_cache
-from . import unverified as _unverified
 from .plan_cache import PlanCache
 
 __all__ = ["EagerOp", "EagerFunction", "Plan", "USE_OP", "direct_state", "call_key", "autocast_args",
@@ -315,9 +314,8 @@ def inside(name: str, body, args: tuple):
     key (`call_key`, autograd never recorded inside an op's body) has a plan runs it; the first
     call of a key runs `body` and records the entry's plan for it, as the entry's own first
     call does. Calls that cannot have a key (fake and functional tensors, wrappers) run `body`.
-    `args` are the op's arguments in its schema order, as the entry is called.
-    Off until its GPU tests have run (`runtime.unverified`, "op_body_replay"): then `body` only."""
-    entry = _ENTRIES.get(name) if "op_body_replay" in _unverified.ENABLED else None
+    `args` are the op's arguments in its schema order, as the entry is called."""
+    entry = _ENTRIES.get(name)
     key = None if entry is None else call_key(args)
     if key is None or key[-1]:
         return body(*args)

@@ -20,13 +20,10 @@ import os
 
 __all__ = ["PATHS", "ENABLED", "enabled", "allowing"]
 
-# name -> what it is. The two paths built on 2026-12-05 without a GPU before this one (split-K
-# summed in the GEMM kernel, the Hopper attention backward at head dim 96) passed their GPU tests
-# and measured faster the same day, and are defaults.
-PATHS: dict[str, str] = {
-    "op_body_replay": "the op bodies of linear, sdpa, norm, softmax and swiglu replay the eager entry's "
-                      "plan for a recorded key (`runtime.eager.inside`): what a compiled graph's calls reach",
-}
+# name -> what it is. Paths built without a GPU leave this list (and become defaults) the day their
+# GPU tests pass and they measure faster: split-K summed in the GEMM kernel and the Hopper
+# attention backward at head dim 96 (2026-12-05), the op bodies' plan replay (2026-12-05).
+PATHS: dict[str, str] = {}
 
 
 def _from_env() -> set[str]:

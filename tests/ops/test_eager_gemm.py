@@ -134,10 +134,10 @@ def test_warm_linear_skips_the_op_and_matches_torch(kernels, activation, with_bi
     assert kernels.op_calls == 1  # only the first call entered the op
     assert len(kernels.launches) == 2 and all(l[1] == "sm90_persistent" for l in kernels.launches)
     assert type(out.grad_fn).__name__ == "CuteKernelsLinearBackward"
-    with torch.no_grad():  # another key (no autograd): checked once, then replayed
-        layer(x)
+    with torch.no_grad():  # another key (no autograd), which the op's body recorded on call 0
+        layer(x)           # (an autograd.Function's forward runs without grad mode): replayed
         assert _rel(layer(x), ref) < 1e-12 and layer(x).grad_fn is None
-    assert kernels.op_calls == 2
+    assert kernels.op_calls == 1
 
 
 @pytest.mark.parametrize("wants", ["x", "w", "wb"])
@@ -300,9 +300,9 @@ def test_warm_linear_hands_the_callers_tensors_to_one_build(sm90, case):
     layer = cnn.Linear(shape[-1], n, bias=with_bias, dtype=torch.bfloat16)
     x = torch.randn(*shape).to(torch.bfloat16)
     first = layer(x)
-    assert len(sm90.launches) == 1 and len(eager_gemm.linear.plans) == 1
-    (plan,) = eager_gemm.linear.plans.values()
-    assert plan.kind == "direct"
+    # the call's key (the parameters require grad) and the no-grad one its op's body recorded
+    assert len(sm90.launches) == 1 and len(eager_gemm.linear.plans) == 2
+    assert [plan.kind for plan in eager_gemm.linear.plans.values()] == ["direct"] * 2
     got = {}
     py, c = _profile(lambda: got.setdefault("y", layer(x)))
     again = got["y"]
@@ -342,9 +342,9 @@ def test_a_rung_without_caller_order_replays_its_plan(sm90, monkeypatch):
     layer = cnn.Linear(384, 512, dtype=torch.bfloat16)
     x = torch.randn(2, 128, 384).to(torch.bfloat16)
     layer(x), layer(x)
-    (plan,) = eager_gemm.linear.plans.values()
+    assert [plan.kind for plan in eager_gemm.linear.plans.values()] == ["fused"] * 2  # (as above)
     l0, l1 = sm90.launches
-    assert plan.kind == "fused" and [_desc(t) for t in l0[:2]] == [_desc(t) for t in l1[:2]]
+    assert [_desc(t) for t in l0[:2]] == [_desc(t) for t in l1[:2]]
     assert _desc(l1[2])[:4] == _desc(l0[2])[:4] and [_desc(t) for t in l0[4:]] == [_desc(t) for t in l1[4:]]
 
 
@@ -379,7 +379,8 @@ def test_nn_entries_compile_to_the_op_without_graph_breaks_or_recompiles(cpu_pla
         torch._dynamo.mark_dynamic(x, 0)
         keys = len(eager_gemm.linear.plans)
         got = compiled(x)
-        assert len(eager_gemm.linear.plans) == keys  # the compiled call keyed nothing
+        # the graph calls the op, whose body keys a call at most once per linear (`eager.inside`)
+        assert len(eager_gemm.linear.plans) <= keys + 2
         want = f(x)
         assert torch.allclose(got, want, atol=1e-5)
         gx, = torch.autograd.grad(got.sum(), x)

@@ -176,20 +176,7 @@ def test_a_family_the_builder_refuses_keeps_the_per_key_path(cpu_plans):
 def test_the_op_body_replays_the_entrys_plan_inside_the_op(cpu_plans):
     """What a compiled graph calls is the op; `eager.inside` in its body runs the entry's plan
     for a recorded key (one checked body per key, shared with the entry's own calls); calls
-    recording autograd, and keyless ones, run the body. Off (the body every call) until its GPU
-    tests have run (`runtime.unverified`)."""
-    from cute_kernels.runtime import unverified
-
-    with unverified.allowing("op_body_replay", on=False):
-        bodies = []
-        for _ in range(2):
-            eager.inside("linear", lambda *a: bodies.append(a), (1, 2))
-        assert len(bodies) == 2
-    with unverified.allowing("op_body_replay"):
-        _op_body_replay()
-
-
-def _op_body_replay():
+    recording autograd, and keyless ones, run the body."""
     toy = Toy()
     bodies = []
 
