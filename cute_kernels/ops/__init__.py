@@ -50,6 +50,16 @@ FUSED_OPS = ("norm", "norm_backward", "softmax", "softmax_backward", "cross_entr
 OPS = ("matmul", "linear", "linear_swiglu", "linear_swiglu_backward", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
        "sdpa_masked", "sdpa_masked_backward")
 
+def _install_lean_dispatch() -> None:
+    """`runtime.lean_dispatch` for every op above (it leaves out `rotary_`, which mutates q and k)."""
+    from cute_kernels.runtime import lean_dispatch
+
+    for name in OPS + FUSED_OPS:
+        lean_dispatch.install(globals()[name])
+
+
+_install_lean_dispatch()
+
 # Names no schema argument of ours may take. Inductor lowers an op it has no lowering for through
 # `FallbackKernel.create(kernel, *args, **kwargs)`, passing the schema's defaulted arguments as
 # keywords, so an argument named `kernel` fails to compile ("got multiple values for argument

@@ -12,6 +12,8 @@
 - `WarmCache`, `memo`, `PlanCache`, `warm_caches`: the warm-path caches (configs, kernel
   objects, compiled functions, launch plans) every rung and entry point keeps.
 - `EagerOp`, `Plan`: an operator's eager direct path beside its torch.library op (`eager`).
+- `lean_dispatch.install(op)`: a cheaper Autograd kernel for a custom op's calls without autograd.
+- `unverified`: paths built without a GPU, off until their GPU tests have run.
 
 Names are imported lazily, so `import cute_kernels.runtime` costs nothing until used.
 """

@@ -23,7 +23,10 @@ __all__ = ["PATHS", "ENABLED", "enabled", "allowing"]
 # name -> what it is. Paths built without a GPU leave this list (and become defaults) the day their
 # GPU tests pass and they measure faster: split-K summed in the GEMM kernel and the Hopper
 # attention backward at head dim 96 (2026-12-05), the op bodies' plan replay (2026-12-05).
-PATHS: dict[str, str] = {}
+PATHS: dict[str, str] = {
+    "lean_dispatch": "our custom ops' calls without autograd enter the op's body from the dispatcher's Autograd "
+                     "kernel (`runtime.lean_dispatch`): what a compiled graph's calls take",
+}
 
 
 def _from_env() -> set[str]:

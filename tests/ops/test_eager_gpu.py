@@ -209,15 +209,17 @@ def test_gpu_warm_softmax_swiglu_and_norm_match_float64(op_calls, lead, width):
     assert op_calls["norm"] == (0 if width > 8192 else 1)
 
 
-def test_gpu_ops_called_as_a_compiled_graph_calls_them_replay_the_plans(monkeypatch):
+@pytest.mark.parametrize("lean", [False, True], ids=["custom_op_dispatch", "lean_dispatch"])
+def test_gpu_ops_called_as_a_compiled_graph_calls_them_replay_the_plans(monkeypatch, lean):
     """A compiled graph calls the ops themselves (`torch.ops.cute_kernels.*`), not the eager
     entries: each op's body runs its checked path once per key and then replays the entry's
-    plan (`runtime.eager.inside`), computing the same values bit for bit, close to float64."""
+    plan (`runtime.eager.inside`), computing the same values bit for bit, close to float64;
+    the same with the bodies entered from the dispatcher's Autograd kernel (`runtime.lean_dispatch`)."""
     _hopper()
     from cute_kernels.ops import attention as attention_ops
     from cute_kernels.ops import fused as fused_ops
     from cute_kernels.ops import gemm as gemm_ops
-    from cute_kernels.runtime import plan_cache
+    from cute_kernels.runtime import plan_cache, unverified
 
     bodies = {"linear": 0, "sdpa": 0, "norm": 0}
     for module, fn, name in ((gemm_ops, "_linear", "linear"), (attention_ops, "_sdpa", "sdpa"),
@@ -228,7 +230,8 @@ def test_gpu_ops_called_as_a_compiled_graph_calls_them_replay_the_plans(monkeypa
 
         monkeypatch.setattr(module, fn, counted)
     plan_cache.invalidate()  # keys recorded by earlier tests would skip the counted bodies
-    _ops_replay_plans(bodies)
+    with unverified.allowing("lean_dispatch", on=lean):
+        _ops_replay_plans(bodies)
 
 
 def _ops_replay_plans(bodies):
@@ -252,3 +255,39 @@ def _ops_replay_plans(bodies):
             "norm": xn.to(d) * torch.rsqrt(xn.to(d).pow(2).mean(-1, keepdim=True) + 1e-6) * wn.to(d)}
     for name, ref in refs.items():
         assert _rel(first[name], ref) < 1e-2, name
+
+
+def test_gpu_backward_ops_compute_alike_through_either_dispatch():
+    """What a compiled backward graph calls (matmul, sdpa_backward, norm_backward, without grad
+    mode) gives the same values whether custom_op's Autograd kernel or the lean one
+    (`runtime.lean_dispatch`) enters the body: bit for bit, but for attention's dq, which sums
+    in whatever order the tiles arrive."""
+    _hopper()
+    from cute_kernels.runtime import unverified
+
+    torch.manual_seed(5)
+    ops = torch.ops.cute_kernels
+    g2, x2 = torch.randn(2048, 768, device="cuda", dtype=BF16), torch.randn(2048, 3072, device="cuda", dtype=BF16)
+    q, k, v = (torch.randn(2, 12, 197, 64, device="cuda", dtype=BF16) for _ in range(3))
+    xn, wn = torch.randn(4, 1000, 768, device="cuda", dtype=BF16), torch.randn(768, device="cuda", dtype=BF16)
+    with torch.no_grad():
+        out, lse = ops.sdpa(q, k, v, None, None, False, -1, -1, "auto", "none")
+        dout = torch.randn_like(out)
+        rstd = ops.norm(xn, wn, None, None, "rms", 1e-6, 0.0, None, "none")[2]
+        dy = torch.randn_like(xn)
+        calls = {"matmul": lambda: (ops.matmul(g2.mT, x2, None, "auto", "none"),),
+                 "sdpa_backward": lambda: ops.sdpa_backward(dout, q, k, v, out, lse, None, None, False, -1, -1,
+                                                            "auto", "none"),
+                 "norm_backward": lambda: ops.norm_backward(dy, xn, wn, rstd, None, None, "rms", 0.0, False, True,
+                                                            "none")}
+        results = {}
+        for lean in (False, True):
+            with unverified.allowing("lean_dispatch", on=lean):
+                for name, call in calls.items():
+                    for _ in range(2):  # the checked call, then the warm one
+                        results[name, lean] = call()
+    for name in calls:
+        for a, b in zip(results[name, False], results[name, True]):
+            assert a.shape == b.shape and (_rel(a, b) < 1e-3 if name == "sdpa_backward" else torch.equal(a, b)), name
+    d = torch.float64
+    assert _rel(results["matmul", True][0], g2.to(d).mT @ x2.to(d)) < 1e-2
