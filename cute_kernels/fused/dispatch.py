@@ -81,6 +81,16 @@ def norm_tiling(width: int, dtype: str, weight_dtype: str | None = None, *, bias
     return tiling
 
 
+def norm_backward_prefetch(tiling: RowTiling, dtype: str, weight_dtype: str | None = None, *, bias: bool = False,
+                           residual: bool = False) -> bool:
+    """Whether the norm backward of `tiling` (`norm_tiling(..., backward=True)`) can hold the next
+    row block's raw x, dy (and dsum) beside the current one's (`norms.NormConfig.prefetch`)
+    without a wider tiling: the row's values, with those arrays added, still fit the budget."""
+    x = _BYTES[dtype] / 4
+    arrays = _norm_arrays(dtype, weight_dtype, bias, True, residual) + x * (3 if residual else 2)
+    return row_tiling(tiling.capacity, tiling.vec, arrays=arrays) == tiling
+
+
 def max_norm_width(dtype: str, weight_dtype: str | None = None, *, bias: bool = False, residual: bool = False,
                    backward: bool = False, vec: int | None = None) -> int:
     """The widest row (a power of two times vec) `norm_tiling` serves."""

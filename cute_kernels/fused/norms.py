@@ -19,6 +19,16 @@ Backward, per row, with xhat = (s - mu) * rstd (mu = 0 for RMSNorm) and g = dy *
 The backward's CTAs loop over row blocks (a grid of about `ctas_per_sm` per SM) and keep their
 dw / db partial sums in registers; each thread writes its partial row to an fp32 (P, N) buffer
 that the host sums (P = grid * rows_per_cta). ds is the gradient of both x and the residual.
+
+With `prefetch`, an iteration first issues the loads of the CTA's next row block (x, dy, dsum
+and its statistics, into a second set of registers) and then computes the current one from the
+registers the previous iteration filled. Why: a CTA of the plain loop has loads in flight only
+between an iteration's start and its first use of them, then none through the reduction, the
+second pass and the stores; at two CTAs an SM that is about 32 KB in flight part of the time,
+less than HBM's bandwidth-latency product an SM needs (about 36 KB), so the loop ran at about
+half the copy bandwidth (RMSNorm backward, 16384 x 4096 bf16: 2.0 TB/s on the H200). It costs
+the registers of one more row block's raw values (`dispatch.norm_tiling` counts them, and
+leaves it off where the tiling would change).
 """
 
 from __future__ import annotations
@@ -63,6 +73,7 @@ class NormConfig:
     has_dsum: bool = False  # backward: a gradient arrives at the residual sum (residual_dtype's)
     weight_grad: bool = True  # backward: write dw partials (needs a weight)
     bias_grad: bool = True  # backward: write db partials (needs has_bias)
+    prefetch: bool = False  # backward: load the next row block while this one computes (module docstring)
 
     def validate(self) -> "NormConfig":
         if self.kind not in KINDS:
@@ -226,6 +237,23 @@ class NormBackward:
             g = dy * w
         return g
 
+    @cute.jit
+    def fetch(self, rs: RowSlice, mX: cute.Tensor, mDY: cute.Tensor, mDSum: Optional[cute.Tensor],
+              mRstd: cute.Tensor, mMean: Optional[cute.Tensor], r_x, r_dy, r_ds):
+        """Load row block `rs` of x, dy (and dsum) into the fragments; return its (rstd, mean)
+        (0 for a row past the last, and mean 0 for RMSNorm)."""
+        rs.load(rs.view(mX), r_x)
+        rs.load(rs.view(mDY), r_dy)
+        if const_expr(mDSum is not None):
+            rs.load(rs.view(mDSum), r_ds)
+        rstd = Float32(0.0)
+        mean = Float32(0.0)
+        if rs.row_ok:
+            rstd = mRstd[rs.row]
+            if const_expr(mMean is not None):
+                mean = mMean[rs.row]
+        return rstd, mean
+
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: Optional[cute.Tensor], mDY: cute.Tensor, mRstd: cute.Tensor,
                mMean: Optional[cute.Tensor], mDSum: Optional[cute.Tensor], mDX: cute.Tensor,
@@ -258,29 +286,32 @@ class NormBackward:
         r_x = rs0.fragment(mX.element_type)
         r_dy = rs0.fragment(mDY.element_type)
         r_dx = rs0.fragment(mDX.element_type)
-        if const_expr(mDSum is not None):
-            r_ds = rs0.fragment(mDSum.element_type)
+        r_ds = rs0.fragment(mDSum.element_type) if const_expr(mDSum is not None) else None
 
         num_blocks = cute.ceil_div(num_rows, t.rows_per_cta)
         parity = Int32(0)
+        rstd, mean = Float32(0.0), Float32(0.0)
+        if const_expr(c.prefetch):
+            # the next block's registers, and the first block fetched before the loop
+            r_xn = rs0.fragment(mX.element_type)
+            r_dyn = rs0.fragment(mDY.element_type)
+            r_dsn = rs0.fragment(mDSum.element_type) if const_expr(mDSum is not None) else None
+            rstd, mean = self.fetch(rs0, mX, mDY, mDSum, mRstd, mMean, r_x, r_dy, r_ds)
         for block in cutlass.range(bidx, num_blocks, grid):
             # Trace-time helpers are made inside the loop: a dynamic loop carries only DSL values.
             reducer = RowReducer(t, partials)
             rs = RowSlice(t, tidx, block, num_rows, width)
-            rs.load(rs.view(mX), r_x)
-            rs.load(rs.view(mDY), r_dy)
-            if const_expr(mDSum is not None):
-                rs.load(rs.view(mDSum), r_ds)
-            rstd = Float32(0.0)
-            mean = Float32(0.0)
-            if rs.row_ok:
-                rstd = mRstd[rs.row]
-                if const_expr(mMean is not None):
-                    mean = mMean[rs.row]
+            rstd_next, mean_next = Float32(0.0), Float32(0.0)
+            if const_expr(c.prefetch):
+                ahead = RowSlice(t, tidx, block + grid, num_rows, width)
+                rstd_next, mean_next = self.fetch(ahead, mX, mDY, mDSum, mRstd, mMean, r_xn, r_dyn, r_dsn)
+            else:
+                rstd, mean = self.fetch(rs, mX, mDY, mDSum, mRstd, mMean, r_x, r_dy, r_ds)
             # Before the reduction: the accumulators and this thread's partial sums. After it, x and
             # dy are loaded again (from L1: this CTA read them a moment ago) rather than kept live
             # across the barrier: a loaded value could be kept by the compiler as fp32, and half
-            # the registers leave room for twice the rows in flight.
+            # the registers leave room for twice the rows in flight. (With prefetch they are live
+            # anyway, in their own dtype, until the next block's replace them.)
             xhat = (r_x.load().to(Float32) - mean) * rstd
             dy = r_dy.load().to(Float32)
             if const_expr(mDW is not None):
@@ -294,8 +325,9 @@ class NormBackward:
                                          g.reduce(cute.ReductionOp.ADD, 0.0, 0), tidx, slot)
             else:
                 dot = reducer.sum((g * xhat).reduce(cute.ReductionOp.ADD, 0.0, 0), tidx, slot)
-            rs.load(rs.view(mX), r_x)
-            rs.load(rs.view(mDY), r_dy)
+            if const_expr(not c.prefetch):
+                rs.load(rs.view(mX), r_x)
+                rs.load(rs.view(mDY), r_dy)
             xhat = (r_x.load().to(Float32) - mean) * rstd
             g = self.scaled(r_dy.load().to(Float32), r_w)
             if const_expr(c.layer):
@@ -307,6 +339,12 @@ class NormBackward:
             r_dx.store(dx.to(mDX.element_type))
             rs.store(r_dx, rs.view(mDX))
             parity = 1 - parity
+            if const_expr(c.prefetch):
+                r_x.store(r_xn.load())
+                r_dy.store(r_dyn.load())
+                if const_expr(mDSum is not None):
+                    r_ds.store(r_dsn.load())
+                rstd, mean = rstd_next, mean_next
 
         # This thread's partial row: bidx * rows_per_cta + its row in the CTA.
         part = RowSlice(t, tidx, bidx, grid * t.rows_per_cta, width)
@@ -364,17 +402,21 @@ def backward_args(config: NormConfig, tvm_ffi: bool = True) -> tuple:
 
 
 def build_variant(kind: str = "rms", width: int = 4096, dtype: str = "bfloat16", residual: bool = True,
-                  backward: bool = False, weight_dtype: str | None = "same"):
-    """A CompileJob for the norm kernel serving rows of `width` (the heuristic's tiling)."""
+                  backward: bool = False, weight_dtype: str | None = "same", prefetch: bool = False):
+    """A CompileJob for the norm kernel serving rows of `width` (the heuristic's tiling);
+    `prefetch`: the backward's (`NormConfig.prefetch`, where the tiling admits it)."""
     from cute_kernels.runtime import CompileJob
 
-    from .dispatch import norm_tiling
+    from .dispatch import norm_backward_prefetch, norm_tiling
 
     wdt = dtype if weight_dtype == "same" else weight_dtype
     tiling = norm_tiling(width, dtype, wdt, bias=kind == "layer" and wdt is not None, residual=residual,
                          backward=backward)
+    bias = kind == "layer" and wdt is not None
+    if prefetch and not (backward and norm_backward_prefetch(tiling, dtype, wdt, bias=bias, residual=residual)):
+        raise ValueError(f"no prefetching norm backward for rows of {width} {dtype} (residual={residual})")
     config = NormConfig(kind, tiling, dtype, weight_dtype=wdt, residual_dtype=dtype if residual else None,
-                        has_bias=kind == "layer" and wdt is not None, has_dsum=backward and residual)
+                        has_bias=bias, has_dsum=backward and residual, prefetch=prefetch)
     config.validate()
     if backward:
         return CompileJob(NormBackward(config), backward_args(config, False), ("fused.norm_bwd", config))
@@ -395,6 +437,10 @@ def _register() -> None:
         "rms_8192_bf16_residual": {"kind": "rms", "width": 8192, "backward": True},
         "layer_8192_bf16": {"kind": "layer", "width": 8192, "backward": True, "residual": False},
         "layer_4096_fp32_residual": {"kind": "layer", "width": 4096, "dtype": "float32", "backward": True},
+        "rms_8192_bf16_residual_prefetch": {"kind": "rms", "width": 8192, "backward": True, "prefetch": True},
+        "rms_4096_bf16_prefetch": {"kind": "rms", "width": 4096, "backward": True, "residual": False,
+                                   "prefetch": True},
+        "layer_4096_bf16_residual_prefetch": {"kind": "layer", "width": 4096, "backward": True, "prefetch": True},
     }
     register_variant("fused.norm_bwd", build_variant, configs=bwd, requires={"LDG.E.128", "STG.E.128"})
 

@@ -26,6 +26,8 @@ __all__ = ["PATHS", "ENABLED", "enabled", "allowing"]
 PATHS: dict[str, str] = {
     "lean_dispatch": "our custom ops' calls without autograd enter the op's body from the dispatcher's Autograd "
                      "kernel (`runtime.lean_dispatch`): what a compiled graph's calls take",
+    "norm_backward_prefetch": "the RMSNorm / LayerNorm backward loads its next row block while it computes "
+                              "the current one (`fused.norms`, `NormConfig.prefetch`)",
 }
 
 

@@ -1,7 +1,8 @@
 """RMSNorm / LayerNorm kernels on the GPU against float64 references: rows of 1, odd widths
 (scalar access), non-contiguous rows, residual fused, mixed weight dtype, Gemma's offset, no
-weight, every gradient; NaN/Inf as torch's; the module and autograd path.
-(Written in a session without a GPU: not yet run.)"""
+weight, every gradient; NaN/Inf as torch's; the module and autograd path. The prefetching
+backward's test (`runtime.unverified`, "norm_backward_prefetch") was written without a GPU and has
+not run yet."""
 
 from __future__ import annotations
 
@@ -169,3 +170,54 @@ def test_module_autograd_matches_float64():
         assert_close(x.grad, xd.grad, BF16, "dx", factor=2)
         assert_close(res.grad, rd.grad, BF16, "dresidual", factor=2)
         assert_close(m.weight.grad, ref.weight.grad, BF16, "dweight", factor=2)
+
+
+# Many row blocks a CTA (rows well past the grid of about two CTAs an SM), odd counts, each form
+# the prefetching backward takes: kind, rows, width, dtype, weight dtype, bias, dsum, row_pad.
+PREFETCH_CASES = [
+    ("rms", 3001, 4096, BF16, BF16, False, False, 0),
+    ("rms", 2049, 4096, BF16, BF16, False, True, 64),
+    ("rms", 4099, 2048, BF16, F32, False, False, 0),
+    ("rms", 1537, 8192, BF16, BF16, False, True, 0),
+    ("layer", 5003, 768, BF16, BF16, True, True, 0),
+    ("layer", 2001, 1024, F16, F16, False, False, 8),
+    ("rms", 901, 777, F32, F32, False, False, 0),
+]
+
+
+@pytest.mark.parametrize("kind, rows, width, dtype, wdt, bias, residual, row_pad", PREFETCH_CASES)
+def test_prefetching_backward_matches_the_plain_loop_and_float64(kind, rows, width, dtype, wdt, bias, residual,
+                                                                 row_pad):
+    """`NormConfig.prefetch` (the next row block loaded while this one computes) changes where
+    values wait, not what is computed: the same bits as the plain loop, and float64's values."""
+    from cute_kernels.fused.dispatch import norm_backward_prefetch, norm_tiling
+    from cute_kernels.runtime import unverified
+
+    x, w, b, r = _inputs(kind, rows, width, dtype, wdt, bias, residual, row_pad, seed=rows)
+    y, s, rstd, mean = norm_forward(x, w, b, r, kind=kind, eps=1e-5)
+    normed = s if residual else x
+    torch.manual_seed(rows + 2)
+    dy = randn(rows, width, dtype=dtype, row_pad=row_pad)
+    dsum = randn(rows, width, dtype=dtype) if residual else None
+    results = {}
+    for on in (False, True):
+        with unverified.allowing("norm_backward_prefetch", on=on):
+            poison(((rows, width), dtype))
+            results[on] = norm_backward(dy, normed, w, rstd, mean, kind=kind, dsum=dsum, has_bias=bias)
+    torch.cuda.synchronize()
+    names = {BF16: "bfloat16", F16: "float16", F32: "float32"}
+    tiling = norm_tiling(width, names[dtype], names[wdt], bias=bias, residual=residual, backward=True)
+    assert norm_backward_prefetch(tiling, names[dtype], names[wdt], bias=bias, residual=residual), \
+        "a case the prefetching kernel does not take"
+    for plain, fetched in zip(results[False], results[True]):
+        assert (plain is None) == (fetched is None)
+        if plain is not None:
+            assert torch.equal(plain, fetched)
+    rdx, rdw, rdb = reference.norm_backward(f64(dy), f64(normed), f64(w), rstd.double(),
+                                            None if mean is None else mean.double(), kind=kind, dsum=f64(dsum),
+                                            has_bias=bias)
+    dx, dw, db = results[True]
+    assert_close(dx, rdx, dtype, "dx", factor=2)
+    assert rel_err(dw, rdw) <= 2 * TOL[wdt] + 1e-5, "dweight"
+    if bias:
+        assert rel_err(db, rdb) <= 2 * TOL[wdt] + 1e-5, "dbias"

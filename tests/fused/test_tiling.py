@@ -162,3 +162,21 @@ def test_rope_and_swiglu_tiles():
     fwd = dispatch.swiglu_tiling(14336, "bfloat16")
     bwd = dispatch.swiglu_tiling(14336, "bfloat16", backward=True)
     assert fwd == bwd and fwd.values_per_thread == 16 and fwd.threads == 256
+
+
+def test_the_prefetching_norm_backward_keeps_the_tiling_or_stays_off():
+    """`norm_backward_prefetch` admits a tiling only where the next row block's raw values fit the
+    register budget beside everything else, so prefetching never changes the tiling; it is on for
+    the common bf16 rows and off where a row already fills the registers (fp32 RMSNorm rows)."""
+    from cute_kernels.fused.dispatch import _norm_arrays, norm_backward_prefetch, norm_tiling
+    from cute_kernels.fused.tiling import row_tiling, value_budget
+
+    for width in (768, 2048, 4096, 8192):
+        t = norm_tiling(width, "bfloat16", "bfloat16", backward=True)
+        assert norm_backward_prefetch(t, "bfloat16", "bfloat16")
+        arrays = _norm_arrays("bfloat16", "bfloat16", False, True, False) + 2 * 0.5
+        assert t.vecs_per_thread * t.vec * arrays <= value_budget(t.threads_per_row)
+    t = norm_tiling(4096, "float32", "float32", backward=True)
+    assert not norm_backward_prefetch(t, "float32", "float32")
+    assert row_tiling(4096, t.vec, arrays=_norm_arrays("float32", "float32", False, True, False) + 2) != t
+
