@@ -46,10 +46,13 @@ def driver_version() -> str | None:
 
 
 def versions(device: str) -> dict[str, Any]:
-    """torch, CUDA, the DSL, the driver, triton and each peer (None where absent)."""
+    """torch, CUDA, the DSL, the driver, triton and each peer (None where absent), and the
+    `runtime.unverified` paths the run turned on (None for none): a figure measured with a path
+    that is not yet the default says so in its record."""
     import torch
 
     import cute_kernels
+    from cute_kernels.runtime import unverified
 
     return {
         "python": platform.python_version(),
@@ -62,4 +65,5 @@ def versions(device: str) -> dict[str, Any]:
         "triton": _dist_version("triton"),
         "quack-kernels": _dist_version("quack-kernels") or _module_version("quack"),
         "flash-attn-4": _dist_version("flash-attn-4", "fa4"),
+        "cute_kernels_unverified": ",".join(sorted(unverified.ENABLED)) or None,
     }

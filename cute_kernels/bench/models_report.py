@@ -88,6 +88,9 @@ def models_page(result: BenchResult | None, json_name: str | None = None, plot_n
     head += [f"Run {_when(result.timestamp or result.date)} on {result.device}; torch {v.get('torch')}, "
              f"transformers {v.get('transformers')}, timm {v.get('timm')}, CuTe DSL {dsl}. "
              f"Result: `{json_name or 'the JSON'}`.", ""]
+    if v.get("cute_kernels_unverified"):
+        head += [f"In this run these paths, not yet the defaults, were on (`runtime.unverified`): "
+                 f"{v['cute_kernels_unverified']}.", ""]
     if result.settings.get("fuse_mlps"):
         head += ["In this run the cute_kernels side also had `cute_kernels.nn.fuse_gated_mlps(model)`: every "
                  "SwiGLU MLP on the gate/up GEMM that gates in its epilogue.", ""]
@@ -96,7 +99,9 @@ def models_page(result: BenchResult | None, json_name: str | None = None, plot_n
         head += ["Rows noted *measured DATE* come from an earlier run merged in (each case whole, stock and ours "
                  "from the same process): " + "; ".join(
                      f"{_when(m.get('timestamp') or m.get('date'))} ({m.get('cases')} cases; torch "
-                     f"{(m.get('versions') or {}).get('torch')})"
+                     f"{(m.get('versions') or {}).get('torch')}"
+                     + (f"; unverified paths on: {m['versions']['cute_kernels_unverified']}"
+                        if (m.get('versions') or {}).get('cute_kernels_unverified') else "") + ")"
                      for m in merged) + ".", ""]
     if plot_name:
         head += [f"![speedup per model and mode]({plot_name})", ""]
