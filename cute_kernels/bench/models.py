@@ -15,7 +15,8 @@ For each model: the stock model (random weights from its config, bf16) and a cop
 - `cold`: the first training step (and for language models the first generate after it) in a
   fresh process with an empty compile cache (a new CUTE_KERNELS_CACHE_DIR), against stock's
   first step in a fresh process; then again after `precompile` filled a cache
-  (`cold_train_precompiled`, ...).
+  (`cold_train_precompiled`, ...). Each record of ours names what its phase compiled
+  (`kernels_compiled`, `compiled_keys`) and loaded from the disk cache (`kernels_loaded`).
 
 Tolerance: bf16 differs from bf16 by rounding alone, so the bar is set per model from the
 stock model's own distance to a float32 copy of itself (`rel_err_stock_vs_fp32`, measured on
@@ -367,7 +368,9 @@ def _cold_mode(m: _Model, settings: ModelsSettings, log) -> list[Record]:
             case = f"{name}/cold_{what}{suffix}"
             records.append(_record(case, "stock", stock[f"{what}_ms"], 0.0, True, note="fresh process"))
             records.append(_record(case, "cute_kernels", ours[f"{what}_ms"], None, True, note=note,
-                                   kernels_compiled=ours.get("compiled"), kernels_loaded=ours.get("disk_loaded")))
+                                   kernels_compiled=ours.get(f"{what}_compiled"),
+                                   kernels_loaded=ours.get(f"{what}_loaded"),
+                                   compiled_keys=ours.get(f"{what}_compiled_keys")))
         log(f"  {name}/cold_{what}: stock {stock[f'{what}_ms']:.0f} ms, ours {cold[f'{what}_ms']:.0f} ms "
             f"(empty cache), {warm[f'{what}_ms']:.0f} ms after precompile ({pre.get('seconds', 0):.1f} s)")
     return records
@@ -375,8 +378,6 @@ def _cold_mode(m: _Model, settings: ModelsSettings, log) -> list[Record]:
 
 def _first_step_child(name: str, impl: str, size: str, device: str) -> dict:
     """In a fresh process: build, then time the first training step (and first generate)."""
-    import torch
-
     from cute_kernels.runtime import cache
 
     spec = model_specs.spec(name)
@@ -386,16 +387,42 @@ def _first_step_child(name: str, impl: str, size: str, device: str) -> dict:
         import cute_kernels.nn as cnn
 
         cnn.patch(model, fallback="torch" if device == "cpu" else "none")
+    since = {"compiled": cache.stats["compiled"], "disk_loaded": cache.stats["disk_loaded"],
+             "log": len(cache.compiled_log)}
     result = {"train_ms": _wall(lambda: _train_step(spec, model, batch), device)}
+    _cache_counts(result, "train", cache, since)
     if spec.generates:
-        ids = batch["input_ids"][:2, :128]
         model.eval()
-        with torch.no_grad():
-            result["generate_ms"] = _wall(lambda: model.generate(ids, max_new_tokens=8, min_new_tokens=8,
-                                                                 do_sample=False, pad_token_id=0,
-                                                                 attention_mask=torch.ones_like(ids)), device)
-    result.update({k: cache.stats[k] for k in ("compiled", "disk_loaded")})
+        result["generate_ms"] = _wall(lambda: _short_generate(model, batch["input_ids"]), device)
+        _cache_counts(result, "generate", cache, since)
     return result
+
+
+# The first generate of a cold start (and of `precompile`'s trace): prompts x tokens, new tokens.
+# The precompile trace makes the calls the measured run makes, as a user precompiles for the
+# shapes they serve (a new length class picks other tile configs, hence other kernels).
+COLD_GENERATE = (2, 128, 8)
+
+
+def _short_generate(model, input_ids):
+    import torch
+
+    prompts, length, new = COLD_GENERATE
+    ids = input_ids[:prompts, :length]
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
+                              attention_mask=torch.ones_like(ids))
+
+
+def _cache_counts(result: dict, phase: str, cache, since: dict) -> None:
+    """The compile cache's counts of `phase` into `result`: kernels compiled and loaded from disk
+    since `since` (the counts after the previous phase, updated here), and the keys of those
+    compiled (`cache.compiled_log`)."""
+    result[f"{phase}_compiled"] = cache.stats["compiled"] - since["compiled"]
+    result[f"{phase}_loaded"] = cache.stats["disk_loaded"] - since["disk_loaded"]
+    result[f"{phase}_compiled_keys"] = cache.compiled_log[since["log"]:]
+    since.update(compiled=cache.stats["compiled"], disk_loaded=cache.stats["disk_loaded"],
+                 log=len(cache.compiled_log))
 
 
 def _wall(fn, device: str) -> float:
@@ -422,8 +449,9 @@ def precompile(name: str | None = None, *, config: str | None = None, batch: int
                seq: int | None = None, size: str = "bench", device: str = "cuda", generate: bool = True,
                log=print) -> dict:
     """Fill the compile cache (memory and $CUTE_KERNELS_CACHE_DIR) with every kernel a model
-    runs, by a short trace: one training step and a short generate of the model patched by
-    `cute_kernels.nn.patch`, at its shapes. `name` is a suite model (`model_specs`); `config`
+    runs, by a short trace: one training step and a short generate (`COLD_GENERATE`, the first
+    generate the cold-start mode times) of the model patched by `cute_kernels.nn.patch`, at its
+    shapes. `name` is a suite model (`model_specs`); `config`
     instead is a transformers config (a config.json file, or a directory holding one; read
     locally), trained at `batch` x `seq` tokens. Kernels are compiled for dynamic sizes, so other
     lengths reuse them. Returns {"seconds", "compiled", "disk_loaded", "disk_stored"}."""
@@ -450,11 +478,8 @@ def precompile(name: str | None = None, *, config: str | None = None, batch: int
     cnn.patch(model, fallback="torch" if device == "cpu" else "none")
     _train_step(spec, model.train(), inputs)
     if generate and spec.generates:
-        ids = inputs["input_ids"][:2, :64]
         model.eval()
-        with torch.no_grad():
-            model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0,
-                           attention_mask=torch.ones_like(ids))
+        _short_generate(model, inputs["input_ids"])
     if device != "cpu":
         torch.cuda.synchronize()
     out = {"seconds": time.perf_counter() - t0, **{k: cache.stats[k] for k in ("compiled", "disk_loaded",

@@ -31,6 +31,9 @@ _ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+")
 
 # Counters tests and benchmarks read to prove what happened (no recompiles, warm starts).
 stats = {"compiled": 0, "disk_loaded": 0, "disk_stored": 0, "memory_hits": 0}
+# What this process compiled (not loaded), one line each (the key's repr, cut at 200
+# characters), in order: what a cold start reports, so a kernel precompile missed can be named.
+compiled_log: list[str] = []
 
 
 def cache_dir() -> Path:
@@ -185,6 +188,7 @@ def _load_or_compile(jit_fn, args, key, options, arch):
             return fn
     compiled = compile_now(jit_fn, *args, options=options, arch=arch)
     stats["compiled"] += 1
+    compiled_log.append(repr(key)[:200])
     if entry is not None:
         _disk_store(compiled, entry, options)
     return _fast_callable(compiled)

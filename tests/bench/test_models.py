@@ -102,3 +102,24 @@ def test_report_merges_an_earlier_run_and_dates_its_rows(tmp_path, monkeypatch):
         gemm = run("2026-11-01", {"x": (1.0, 1.0)})
         gemm.suite = "gemm"
         report_main([str(new), "--merge", str(gemm.write(tmp_path / "g.json")), "--doc", str(doc), "--no-plot"])
+
+
+def test_a_cold_child_reports_what_each_phase_compiled(monkeypatch):
+    """The cold-start child (a fresh process in the suite; called in-process here, on CPU, where
+    nothing compiles) times the first training step and the first generate and reports, per
+    phase, the kernels compiled and loaded and the keys of those compiled."""
+    from cute_kernels.bench import models
+
+    out = models._first_step_child("llama_gqa", "cute_kernels", "tiny", "cpu")
+    assert out["train_ms"] > 0 and out["generate_ms"] > 0
+    assert (out["train_compiled"], out["generate_compiled"], out["train_compiled_keys"]) == (0, 0, [])
+
+    class Counting:  # a cache whose counts move between the phases
+        stats = {"compiled": 3, "disk_loaded": 5}
+        compiled_log = ["('a',)", "('b',)", "('c',)"]
+
+    since = {"compiled": 1, "disk_loaded": 5, "log": 1}
+    result = {}
+    models._cache_counts(result, "generate", Counting, since)
+    assert result == {"generate_compiled": 2, "generate_loaded": 0, "generate_compiled_keys": ["('b',)", "('c',)"]}
+    assert since == {"compiled": 3, "disk_loaded": 5, "log": 3}

@@ -71,9 +71,12 @@ def test_disk_cache_serves_a_cleared_process(fresh):
     files = list(Path(os.environ["CUTE_KERNELS_CACHE_DIR"]).rglob("*.o"))
     assert len(files) == 1 and "sm_90a" in str(files[0])
     fresh.clear_memory_cache()
+    logged = len(fresh.compiled_log)
     fn = _compile(fresh)
     assert fresh.stats["compiled"] == 1 and fresh.stats["disk_loaded"] == 1
     assert callable(fn)
+    assert len(fresh.compiled_log) == logged  # a load is not a compile
+    assert "runtime.scale" in fresh.compiled_log[-1]  # the compile before it, named by its key
 
 
 def test_disk_cache_can_be_disabled(fresh, monkeypatch):
