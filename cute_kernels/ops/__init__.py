@@ -50,15 +50,24 @@ FUSED_OPS = ("norm", "norm_backward", "softmax", "softmax_backward", "cross_entr
 OPS = ("matmul", "linear", "linear_swiglu", "linear_swiglu_backward", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
        "sdpa_masked", "sdpa_masked_backward")
 
-def _install_lean_dispatch() -> None:
-    """`runtime.lean_dispatch` for every op above (it leaves out `rotary_`, which mutates q and k)."""
+def install_lean_dispatch() -> None:
+    """`runtime.lean_dispatch` for every op above (it leaves out `rotary_`, which mutates q and k);
+    idempotent. Done at import when the path is on (`runtime.unverified`, "lean_dispatch"): until
+    its GPU tests have run, the ops keep custom_op's own kernels unless asked."""
     from cute_kernels.runtime import lean_dispatch
 
     for name in OPS + FUSED_OPS:
         lean_dispatch.install(globals()[name])
 
 
-_install_lean_dispatch()
+def _lean_dispatch_on_import() -> None:
+    from cute_kernels.runtime import unverified
+
+    if unverified.enabled("lean_dispatch"):
+        install_lean_dispatch()
+
+
+_lean_dispatch_on_import()
 
 # Names no schema argument of ours may take. Inductor lowers an op it has no lowering for through
 # `FallbackKernel.create(kernel, *args, **kwargs)`, passing the schema's defaulted arguments as

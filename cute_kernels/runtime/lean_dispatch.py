@@ -19,8 +19,10 @@ the formulas `register_autograd` set, whenever it set them). What it skips is on
 check, which our ops' outputs (fresh tensors) never fail; `torch.library.opcheck` still runs it
 (its checks run under dispatch modes, which redispatch).
 
-Off until its GPU tests have run (`runtime.unverified`, "lean_dispatch"): then every call takes
-custom_op's own kernel.
+Off until its GPU tests have run (`runtime.unverified`, "lean_dispatch"): `cute_kernels.ops`
+installs it at import only when the path is on (else the ops keep custom_op's kernels, untouched;
+`ops.install_lean_dispatch()` installs it later), and an installed kernel takes custom_op's path
+for every call while the path is off.
 """
 
 from __future__ import annotations

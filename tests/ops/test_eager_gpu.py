@@ -230,6 +230,10 @@ def test_gpu_ops_called_as_a_compiled_graph_calls_them_replay_the_plans(monkeypa
 
         monkeypatch.setattr(module, fn, counted)
     plan_cache.invalidate()  # keys recorded by earlier tests would skip the counted bodies
+    if lean:
+        import cute_kernels.ops
+
+        cute_kernels.ops.install_lean_dispatch()
     with unverified.allowing("lean_dispatch", on=lean):
         _ops_replay_plans(bodies)
 
@@ -263,8 +267,10 @@ def test_gpu_backward_ops_compute_alike_through_either_dispatch():
     (`runtime.lean_dispatch`) enters the body: bit for bit, but for attention's dq, which sums
     in whatever order the tiles arrive."""
     _hopper()
+    import cute_kernels.ops
     from cute_kernels.runtime import unverified
 
+    cute_kernels.ops.install_lean_dispatch()
     torch.manual_seed(5)
     ops = torch.ops.cute_kernels
     g2, x2 = torch.randn(2048, 768, device="cuda", dtype=BF16), torch.randn(2048, 3072, device="cuda", dtype=BF16)

@@ -76,6 +76,7 @@ def test_install_is_idempotent_and_leaves_mutating_ops_alone():
     x = torch.zeros(3)
     lean_fill_(x)
     assert torch.equal(x, torch.ones(3))
+    ops.install_lean_dispatch()
     assert all(lean_dispatch.installed(getattr(ops, name)) for name in ops.OPS + ops.FUSED_OPS if name != "rotary_")
 
 
@@ -140,6 +141,7 @@ def test_fake_tensors_and_compiled_graphs_redispatch(counted):
 
 @pytest.mark.filterwarnings("ignore::cute_kernels.ops.fallback.FallbackWarning")
 def test_our_ops_through_the_lean_path_match_torch_and_pass_opcheck():
+    ops.install_lean_dispatch()
     x = torch.randn(6, 8, dtype=F64)
     w, b = torch.randn(5, 8, dtype=F64), torch.randn(5, dtype=F64)
     with unverified.allowing("lean_dispatch"), warnings.catch_warnings():
