@@ -106,6 +106,8 @@ def _flat(t):
 def _forward_plan(x, weight, bias, residual, kind, offset, save_stats, out_dtype):
     """The launch for this signature: compiles (or finds) the kernel and returns
     plan(x, weight, bias, residual, eps) -> (y, s, rstd, mean)."""
+    from cute_kernels.runtime import unverified
+
     from .dispatch import norm_tiling
     from .norms import NormConfig, NormForward, forward_args
 
@@ -120,7 +122,7 @@ def _forward_plan(x, weight, bias, residual, kind, offset, save_stats, out_dtype
     config = NormConfig(kind, tiling, dtype_name(x.dtype), weight_dtype=wdt,
                         residual_dtype=None if residual is None else dtype_name(residual.dtype),
                         has_bias=bias is not None, offset=offset, save_stats=save_stats,
-                        out_dtype=dtype_name(y_dtype))
+                        out_dtype=dtype_name(y_dtype), dense=unverified.enabled("norm_forward_dense"))
     fn = compile_tvm_ffi(NormForward(config), forward_args(config), ("fused.norm_fwd", config))
     layer = kind == "layer"
     shape, device = x.shape, x.device

@@ -44,7 +44,7 @@ from cute_kernels.runtime import to_cute
 
 from .dtypes import CUTLASS_DTYPES, element_bytes
 from .rowkit import RowReducer, RowSlice, broadcast_rows, reduction_slots_layout
-from .tiling import SMEM_CARVEOUT_PERCENT, RowTiling, min_blocks_per_sm
+from .tiling import SMEM_CARVEOUT_PERCENT, RowTiling, dense_blocks_per_sm, min_blocks_per_sm
 
 __all__ = ["NormConfig", "NormForward", "NormBackward", "KINDS"]
 
@@ -74,6 +74,7 @@ class NormConfig:
     weight_grad: bool = True  # backward: write dw partials (needs a weight)
     bias_grad: bool = True  # backward: write db partials (needs has_bias)
     prefetch: bool = False  # backward: load the next row block while this one computes (module docstring)
+    dense: bool = False  # forward: compiled for more CTAs an SM (`tiling.dense_blocks_per_sm`)
 
     def validate(self) -> "NormConfig":
         if self.kind not in KINDS:
@@ -130,8 +131,9 @@ class NormForward:
             partials: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(smem)], 16]
 
         grid = (cute.ceil_div(mX.shape[0], t.rows_per_cta), 1, 1)
+        blocks = dense_blocks_per_sm(t.threads) if const_expr(self.config.dense) else min_blocks_per_sm(t.threads)
         self.kernel(mX, mRes, mW, mB, mY, mS, mRstd, mMean, eps, SharedStorage).launch(
-            grid=grid, block=[t.threads, 1, 1], min_blocks_per_mp=min_blocks_per_sm(t.threads),
+            grid=grid, block=[t.threads, 1, 1], min_blocks_per_mp=blocks,
             preferred_smem_carveout=SMEM_CARVEOUT_PERCENT, stream=stream)
 
     @cute.kernel
@@ -402,9 +404,11 @@ def backward_args(config: NormConfig, tvm_ffi: bool = True) -> tuple:
 
 
 def build_variant(kind: str = "rms", width: int = 4096, dtype: str = "bfloat16", residual: bool = True,
-                  backward: bool = False, weight_dtype: str | None = "same", prefetch: bool = False):
+                  backward: bool = False, weight_dtype: str | None = "same", prefetch: bool = False,
+                  dense: bool = False):
     """A CompileJob for the norm kernel serving rows of `width` (the heuristic's tiling);
-    `prefetch`: the backward's (`NormConfig.prefetch`, where the tiling admits it)."""
+    `prefetch`: the backward's (`NormConfig.prefetch`, where the tiling admits it); `dense`: the
+    forward's (`NormConfig.dense`)."""
     from cute_kernels.runtime import CompileJob
 
     from .dispatch import norm_backward_prefetch, norm_tiling
@@ -416,7 +420,7 @@ def build_variant(kind: str = "rms", width: int = 4096, dtype: str = "bfloat16",
     if prefetch and not (backward and norm_backward_prefetch(tiling, dtype, wdt, bias=bias, residual=residual)):
         raise ValueError(f"no prefetching norm backward for rows of {width} {dtype} (residual={residual})")
     config = NormConfig(kind, tiling, dtype, weight_dtype=wdt, residual_dtype=dtype if residual else None,
-                        has_bias=bias, has_dsum=backward and residual, prefetch=prefetch)
+                        has_bias=bias, has_dsum=backward and residual, prefetch=prefetch, dense=dense)
     config.validate()
     if backward:
         return CompileJob(NormBackward(config), backward_args(config, False), ("fused.norm_bwd", config))
@@ -431,6 +435,11 @@ def _register() -> None:
         "rms_4096_bf16_residual": {"kind": "rms", "width": 4096},
         "rms_8192_bf16_fp32_weight": {"kind": "rms", "width": 8192, "weight_dtype": "float32", "residual": False},
         "layer_8192_fp32": {"kind": "layer", "width": 8192, "dtype": "float32", "residual": False},
+        # `dense`: compiled for more CTAs an SM; these are the tilings nearest the lower cap
+        "layer_4096_bf16_dense": {"kind": "layer", "width": 4096, "residual": False, "dense": True},
+        "layer_8192_bf16_residual_dense": {"kind": "layer", "width": 8192, "dense": True},
+        "layer_768_bf16_dense": {"kind": "layer", "width": 768, "residual": False, "dense": True},
+        "rms_2048_fp32_dense": {"kind": "rms", "width": 2048, "dtype": "float32", "residual": False, "dense": True},
     }
     register_variant("fused.norm_fwd", build_variant, configs=fwd, requires={"LDG.E.128", "STG.E.128"})
     bwd = {

@@ -138,6 +138,19 @@ def vector_elements(element_bytes: int, *divisors: int) -> int:
     return vec
 
 
+def dense_blocks_per_sm(threads: int) -> int:
+    """The CTAs per SM a one-pass row kernel (the norms' forward) is compiled for with
+    `NormConfig.dense`: half again `min_blocks_per_sm` where that is at least 2 (a cap of about 80
+    registers at 128 threads, 85 at 256). Why: the LayerNorm forward in 16-bit kept about 110
+    registers at the plain cap, 4 CTAs of 128 threads an SM, so about 32 KB of a row block's loads
+    in flight an SM, under what HBM needs at its latency; compiled for 6 it holds 80 registers
+    with no spills. So did every norm forward tiling from 768 to 16384 wide, 16- and 32-bit, with
+    and without residual (compiled for sm_90a on 2026-12-05); CI's SASS checks hold the four
+    nearest the cap (`fused.norm_fwd` variants `*_dense`)."""
+    base = min_blocks_per_sm(threads)
+    return base * 3 // 2 if base >= 2 else base
+
+
 def min_blocks_per_sm(threads: int) -> int:
     """The CTAs per SM a row kernel is compiled for (`min_blocks_per_mp`): enough that ptxas
     caps a thread at 128 registers (64 at 1024 threads), so several CTAs, and their loads, share

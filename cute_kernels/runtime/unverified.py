@@ -28,6 +28,8 @@ PATHS: dict[str, str] = {
                      "kernel (`runtime.lean_dispatch`): what a compiled graph's calls take",
     "norm_backward_prefetch": "the RMSNorm / LayerNorm backward loads its next row block while it computes "
                               "the current one (`fused.norms`, `NormConfig.prefetch`)",
+    "norm_forward_dense": "the RMSNorm / LayerNorm forward compiled for half again as many CTAs an SM "
+                          "(`fused.tiling.dense_blocks_per_sm`, `NormConfig.dense`)",
 }
 
 

@@ -1,8 +1,8 @@
 """RMSNorm / LayerNorm kernels on the GPU against float64 references: rows of 1, odd widths
 (scalar access), non-contiguous rows, residual fused, mixed weight dtype, Gemma's offset, no
-weight, every gradient; NaN/Inf as torch's; the module and autograd path. The prefetching
-backward's test (`runtime.unverified`, "norm_backward_prefetch") was written without a GPU and has
-not run yet."""
+weight, every gradient; NaN/Inf as torch's; the module and autograd path. The tests of the
+prefetching backward and the dense forward (`runtime.unverified`, "norm_backward_prefetch",
+"norm_forward_dense") were written without a GPU and have not run yet."""
 
 from __future__ import annotations
 
@@ -221,3 +221,23 @@ def test_prefetching_backward_matches_the_plain_loop_and_float64(kind, rows, wid
     assert rel_err(dw, rdw) <= 2 * TOL[wdt] + 1e-5, "dweight"
     if bias:
         assert rel_err(db, rdb) <= 2 * TOL[wdt] + 1e-5, "dbias"
+
+
+@pytest.mark.parametrize("kind, rows, width, dtype, wdt, bias, residual, row_pad, offset, out_dtype", CASES)
+def test_dense_forward_computes_what_the_plain_one_does(kind, rows, width, dtype, wdt, bias, residual, row_pad,
+                                                          offset, out_dtype):
+    """`NormConfig.dense` (compiled for more CTAs an SM: another register cap, the same code)
+    gives the same bits as the plain forward."""
+    from cute_kernels.runtime import unverified
+
+    x, w, b, r = _inputs(kind, rows, width, dtype, wdt, bias, residual, row_pad, seed=rows * 7 + width)
+    results = {}
+    for on in (False, True):
+        with unverified.allowing("norm_forward_dense", on=on):
+            poison(((rows, width), out_dtype or dtype), ((rows, width), dtype))
+            results[on] = norm_forward(x, w, b, r, kind=kind, eps=1e-5, offset=offset, out_dtype=out_dtype)
+    torch.cuda.synchronize()
+    for plain, dense in zip(results[False], results[True]):
+        assert (plain is None) == (dense is None)
+        if plain is not None:
+            assert torch.equal(plain, dense)

@@ -180,3 +180,10 @@ def test_the_prefetching_norm_backward_keeps_the_tiling_or_stays_off():
     assert not norm_backward_prefetch(t, "float32", "float32")
     assert row_tiling(4096, t.vec, arrays=_norm_arrays("float32", "float32", False, True, False) + 2) != t
 
+
+
+def test_dense_row_kernels_take_half_again_the_ctas_where_there_are_two():
+    from cute_kernels.fused.tiling import dense_blocks_per_sm, min_blocks_per_sm
+
+    assert [dense_blocks_per_sm(t) for t in (128, 256, 512, 1024)] == [6, 3, 1, 1]
+    assert all(dense_blocks_per_sm(t) >= min_blocks_per_sm(t) for t in (32, 64, 128, 256, 512, 1024))
