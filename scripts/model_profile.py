@@ -8,9 +8,10 @@ timed in one process (CUDA events, interleaved rounds, `bench.models`' steps); t
 infer and one train step of stock and of the full patch: the top CUDA kernels by total time, the aten ops
 that launched GPU time (with their input shapes), the step's summed kernel time against its wall
 time, and where the GPU idled within it (`bench.timeline`: each gap charged to the host op, and
-with --stack the Python frame, that launched the kernel ending it); and each variant's host time
-per step (the GPU kept busy, so the step only queues: a host time near the GPU time is a
-host-bound step).
+with --stack the Python frame, that launched the kernel ending it), the warm caches that still
+stored something during the profiled step (calls that took the checked path) and the eager
+entries' keys that call the op every time; and each variant's host time per step (the GPU kept
+busy, so the step only queues: a host time near the GPU time is a host-bound step).
 Prints the tables; writes them as JSON with --out."""
 
 from __future__ import annotations
@@ -40,15 +41,30 @@ VARIANTS = {  # name: nn.patch options (None: the stock model)
 }
 
 
+def _use_op_keys() -> dict:
+    """{eager entry: keys whose plan is "call the op"}: calls that take the op's checked body
+    every time (in eager mode and, through `runtime.eager.inside`, in compiled graphs)."""
+    from cute_kernels.runtime import eager
+
+    out = {}
+    for name, entry in eager._ENTRIES.items():
+        n = sum(1 for plan in entry.plans.values() if plan is eager.USE_OP)
+        if n:
+            out[name] = n
+    return out
+
+
 def _profile(step, stack: bool = False) -> dict:
     import tempfile
 
     from torch.profiler import ProfilerActivity, profile
 
     from cute_kernels.bench.timeline import format_gaps, gpu_gaps
+    from cute_kernels.runtime.plan_cache import cache_activity
 
     step()
     torch.cuda.synchronize()
+    before = cache_activity()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=stack) as prof:
         t0 = time.perf_counter()
         step()
@@ -71,7 +87,10 @@ def _profile(step, stack: bool = False) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         gaps = gpu_gaps(json.loads(Path(f.name).read_text()))
-    return {"wall_ms": round(wall_ms, 3), "kernel_ms": round(sum(v[0] for v in kernels.values()), 3),
+    # a warm step should store nothing: each cache listed took the checked path during it
+    stored = cache_activity(before)
+    return {"cold_caches": stored, "use_op_keys": _use_op_keys(),
+            "wall_ms": round(wall_ms, 3), "kernel_ms": round(sum(v[0] for v in kernels.values()), 3),
             "gaps": format_gaps(gaps), "idle_ms": round(gaps.idle_us / 1e3, 3),
             "launches": sum(v[1] for v in kernels.values()),
             "top": [{"kernel": n, "ms": round(v[0], 4), "calls": v[1]} for n, v in top], "aten": ops[:16]}
@@ -127,6 +146,8 @@ def run(name: str, rounds: int, iters: int, stack: bool = False, compiled: bool 
             print(f"{name} {mode} {variant}: wall {prof['wall_ms']} ms, kernels {prof['kernel_ms']} ms, "
                   f"{prof['launches']} launches")
             print(prof["gaps"])
+            print(f"    caches that stored during this warm step (checked calls): {prof['cold_caches'] or 'none'}; "
+                  f"eager keys that call the op every time: {prof['use_op_keys'] or 'none'}")
             for k in prof["top"]:
                 print(f"    {k['ms']:8.3f} ms {k['calls']:5d}x  {k['kernel']}")
             for o in prof["aten"]:

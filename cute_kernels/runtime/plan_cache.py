@@ -45,7 +45,7 @@ from __future__ import annotations
 import weakref
 
 __all__ = ["PLAN_DEVICES", "WarmCache", "PlanCache", "memo", "warm_caches", "tensor_signature", "plain_tensors",
-           "invalidate"]
+           "invalidate", "cache_activity"]
 
 # Device types whose calls get plans. CPU tests that run the rungs on CPU tensors (with their
 # device checks stubbed) leave this alone, so they always exercise the checked path; the plan
@@ -67,7 +67,10 @@ def _plain_types() -> tuple:
 
 class WarmCache(dict):
     """key -> value (a dict, so a warm lookup is `cache.get(key)`), named and registered so that
-    `warm_caches()` lists it and `invalidate()` finds the plan caches.
+    `warm_caches()` lists it and `invalidate()` finds the plan caches. `puts` counts the values
+    stored (`put` or item assignment; only cold paths store, and a warm lookup costs nothing
+    more): a count that still moves during a warm step names a cache whose calls keep missing
+    (`cache_activity`).
 
     Post-condition of `put`: a bounded cache holds at most `max_entries` values.
     """
@@ -79,6 +82,7 @@ class WarmCache(dict):
         if kind not in ("build", "plan"):
             raise ValueError(f"WarmCache {name!r}: kind must be 'build' or 'plan', got {kind!r}")
         self.name, self.max_entries, self.kind = name, max_entries, kind
+        self.puts = 0
         _CACHES.add(self)
 
     def put(self, key, value):
@@ -87,6 +91,11 @@ class WarmCache(dict):
             self.clear()
         self[key] = value
         return value
+
+    def __setitem__(self, key, value):
+        # Only cold paths store; warm lookups (`get`) stay dict's own.
+        self.puts += 1
+        dict.__setitem__(self, key, value)
 
     __hash__ = object.__hash__  # WeakSet membership by identity (a dict is otherwise unhashable)
 
@@ -124,6 +133,19 @@ def memo(cache, key, build, *args):
 def warm_caches() -> list:
     """Every live WarmCache of this process, sorted by name."""
     return sorted(_CACHES, key=lambda c: c.name)
+
+
+def cache_activity(before: dict | None = None) -> dict:
+    """{cache name: values stored so far} over the live warm caches (names shared by several
+    caches are summed); with `before` (an earlier result), only the caches that stored something
+    since, with how many. A warm step's activity should be empty: each entry is a cache whose
+    calls took the checked path during it."""
+    now: dict = {}
+    for cache in _CACHES:
+        now[cache.name] = now.get(cache.name, 0) + cache.puts
+    if before is None:
+        return now
+    return {name: n - before.get(name, 0) for name, n in sorted(now.items()) if n != before.get(name, 0)}
 
 
 def invalidate() -> None:

@@ -71,6 +71,21 @@ def test_cache_is_bounded_and_invalidate_clears_every_cache():
         PlanCache("bad", max_entries=0)
 
 
+def test_cache_activity_names_the_caches_that_stored_since():
+    """A warm step stores nothing: `cache_activity` against a snapshot taken before it lists the
+    caches whose calls took the checked path (stored) in between, with how many values."""
+    from cute_kernels.runtime.plan_cache import WarmCache, cache_activity
+
+    plans, builds = PlanCache("activity.plans"), WarmCache("activity.builds")
+    before = cache_activity()
+    plans.put("sig", "plan")
+    builds["cfg"] = "kernel"  # item assignment counts as put does
+    builds["cfg"] = "kernel again"
+    assert plans.get("sig") == "plan" and plans.get("other") is None  # lookups store nothing
+    assert cache_activity(before) == {"activity.builds": 2, "activity.plans": 1}
+    assert cache_activity(cache_activity()) == {}
+
+
 def test_tensor_signature_sees_alignment_strides_and_grad():
     t = torch.randn(64, 64)
     sig = tensor_signature(t)
