@@ -59,7 +59,13 @@ def _norm_arrays(dtype: str, weight_dtype: str | None, bias: bool, backward: boo
         return 1.0 + x * (2 if residual else 1) + w * (2 if bias else 1)
     # LayerNorm's backward keeps two partial sums and db besides: more temporaries.
     temporaries = (3.0 + (0.5 if residual else 0.0)) if bias else 1.0
-    return x * (3 if residual else 2) + w + (1.0 if weight_dtype else 0.0) + temporaries
+    return _backward_raw_rows(dtype, residual) + w + (1.0 if weight_dtype else 0.0) + temporaries
+
+
+def _backward_raw_rows(dtype: str, residual: bool) -> float:
+    """The norm backward's raw row-sized inputs of one row block, in fp32-register units: x and
+    dy (and dsum with a residual)."""
+    return _BYTES[dtype] / 4 * (3 if residual else 2)
 
 
 def norm_tiling(width: int, dtype: str, weight_dtype: str | None = None, *, bias: bool = False,
@@ -86,8 +92,7 @@ def norm_backward_prefetch(tiling: RowTiling, dtype: str, weight_dtype: str | No
     """Whether the norm backward of `tiling` (`norm_tiling(..., backward=True)`) can hold the next
     row block's raw x, dy (and dsum) beside the current one's (`norms.NormConfig.prefetch`)
     without a wider tiling: the row's values, with those arrays added, still fit the budget."""
-    x = _BYTES[dtype] / 4
-    arrays = _norm_arrays(dtype, weight_dtype, bias, True, residual) + x * (3 if residual else 2)
+    arrays = _norm_arrays(dtype, weight_dtype, bias, True, residual) + _backward_raw_rows(dtype, residual)
     return row_tiling(tiling.capacity, tiling.vec, arrays=arrays) == tiling
 
 

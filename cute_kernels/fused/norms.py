@@ -27,8 +27,8 @@ between an iteration's start and its first use of them, then none through the re
 second pass and the stores; at two CTAs an SM that is about 32 KB in flight part of the time,
 less than HBM's bandwidth-latency product an SM needs (about 36 KB), so the loop ran at about
 half the copy bandwidth (RMSNorm backward, 16384 x 4096 bf16: 2.0 TB/s on the H200). It costs
-the registers of one more row block's raw values (`dispatch.norm_tiling` counts them, and
-leaves it off where the tiling would change).
+the registers of one more row block's raw values (`dispatch.norm_backward_prefetch` counts them,
+and leaves it off where the tiling would change).
 """
 
 from __future__ import annotations
@@ -414,9 +414,8 @@ def build_variant(kind: str = "rms", width: int = 4096, dtype: str = "bfloat16",
     from .dispatch import norm_backward_prefetch, norm_tiling
 
     wdt = dtype if weight_dtype == "same" else weight_dtype
-    tiling = norm_tiling(width, dtype, wdt, bias=kind == "layer" and wdt is not None, residual=residual,
-                         backward=backward)
     bias = kind == "layer" and wdt is not None
+    tiling = norm_tiling(width, dtype, wdt, bias=bias, residual=residual, backward=backward)
     if prefetch and not (backward and norm_backward_prefetch(tiling, dtype, wdt, bias=bias, residual=residual)):
         raise ValueError(f"no prefetching norm backward for rows of {width} {dtype} (residual={residual})")
     config = NormConfig(kind, tiling, dtype, weight_dtype=wdt, residual_dtype=dtype if residual else None,

@@ -50,6 +50,7 @@ FUSED_OPS = ("norm", "norm_backward", "softmax", "softmax_backward", "cross_entr
 OPS = ("matmul", "linear", "linear_swiglu", "linear_swiglu_backward", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
        "sdpa_masked", "sdpa_masked_backward")
 
+
 def install_lean_dispatch() -> None:
     """`runtime.lean_dispatch` for every op above (it leaves out `rotary_`, which mutates q and k);
     idempotent. Done at import when the path is on (`runtime.unverified`, "lean_dispatch"): until

@@ -119,9 +119,9 @@ def _decode_family(args):
     queries over contiguous K and V whose key count the decode rung takes
     (`dense_decode.key_count_admitted`), no window, on CUDA. Its key is the call's less the key
     count (and the strides it sets), so a decode loop whose cache grows a token per step
-    replays one plan: the `decode` rung's launch, which reads the key count per call. Every call of a family takes the same path: which rung runs
-    (the decode rung's `supports` depends on the key count only through `key_count_admitted`)
-    and what it launches."""
+    replays one plan: the `decode` rung's launch, which reads the key count per call. Every call
+    of a family takes the same path: which rung runs (the decode rung's `supports` depends on
+    the key count only through `key_count_admitted`) and what it launches."""
     if len(args) != _ARGS:
         return None
     q, k, v, causal, scale, enable_gqa, window_left, window_right, rung, fallback = args

@@ -291,9 +291,14 @@ class EagerOp:
     def _first(self, key, args: tuple):
         result = self.op(*args)
         if self.plans.get(key) is None:  # the op's body may have recorded it (`inside`)
-            plan = self.build(result, *args)
-            self.plans.put(key, USE_OP if plan is None else plan)
+            self.record(key, result, args)
         return result
+
+    def record(self, key, result, args: tuple) -> None:
+        """Keep `build`'s plan of the call `args` that just returned `result` under `key` (or
+        `USE_OP` where it has none): what the entry's first call and the op's body both do."""
+        plan = self.build(result, *args)
+        self.plans.put(key, USE_OP if plan is None else plan)
 
     def __repr__(self) -> str:
         return f"EagerOp({self.name!r}, {len(self.plans)} plans)"
@@ -322,8 +327,7 @@ def inside(name: str, body, args: tuple):
     plan = entry.plans.get(key)
     if plan is None:
         result = body(*args)
-        plan = entry.build(result, *args)
-        entry.plans.put(key, USE_OP if plan is None else plan)
+        entry.record(key, result, args)
         return result
     if plan is USE_OP:
         return body(*args)

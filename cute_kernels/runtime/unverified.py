@@ -1,9 +1,9 @@
 """Paths built without a GPU, off until an H200 has run their tests.
 
 A path here is tested on CPU (a kernel path also compiles for sm_90a in CI: no spills, the
-instructions it must hold) and has GPU tests that have not yet run. A silent wrong answer is the worst bug this project can have, so
-the default routes keep away from it until those tests pass on the device; then the path
-leaves this list and becomes the default.
+instructions it must hold) and has GPU tests that have not yet run. A silent wrong answer is
+the worst bug this project can have, so the default routes keep away from it until those tests
+pass on the device; then the path leaves this list and becomes the default.
 
     enabled("a_path") -> bool
     CUTE_KERNELS_UNVERIFIED=a_path,another   (or "all") turns paths on

@@ -191,6 +191,7 @@ def test_prefetching_backward_matches_the_plain_loop_and_float64(kind, rows, wid
     """`NormConfig.prefetch` (the next row block loaded while this one computes) changes where
     values wait, not what is computed: the same bits as the plain loop, and float64's values."""
     from cute_kernels.fused.dispatch import norm_backward_prefetch, norm_tiling
+    from cute_kernels.fused.host import dtype_name
     from cute_kernels.runtime import unverified
 
     x, w, b, r = _inputs(kind, rows, width, dtype, wdt, bias, residual, row_pad, seed=rows)
@@ -205,9 +206,8 @@ def test_prefetching_backward_matches_the_plain_loop_and_float64(kind, rows, wid
             poison(((rows, width), dtype))
             results[on] = norm_backward(dy, normed, w, rstd, mean, kind=kind, dsum=dsum, has_bias=bias)
     torch.cuda.synchronize()
-    names = {BF16: "bfloat16", F16: "float16", F32: "float32"}
-    tiling = norm_tiling(width, names[dtype], names[wdt], bias=bias, residual=residual, backward=True)
-    assert norm_backward_prefetch(tiling, names[dtype], names[wdt], bias=bias, residual=residual), \
+    tiling = norm_tiling(width, dtype_name(dtype), dtype_name(wdt), bias=bias, residual=residual, backward=True)
+    assert norm_backward_prefetch(tiling, dtype_name(dtype), dtype_name(wdt), bias=bias, residual=residual), \
         "a case the prefetching kernel does not take"
     for plain, fetched in zip(results[False], results[True]):
         assert (plain is None) == (fetched is None)
