@@ -15,8 +15,11 @@ For each model: the stock model (random weights from its config, bf16) and a cop
 - `cold`: the first training step (and for language models the first generate after it) in a
   fresh process with an empty compile cache (a new CUTE_KERNELS_CACHE_DIR), against stock's
   first step in a fresh process; then again after `precompile` filled a cache
-  (`cold_train_precompiled`, ...). Each record of ours names what its phase compiled
-  (`kernels_compiled`, `compiled_keys`) and loaded from the disk cache (`kernels_loaded`).
+  (`cold_train_precompiled`, ...), and with an empty cache and compile-ahead workers
+  (`cold_train_ahead`: `runtime.compile_ahead`, on in that child whatever the parent's setting).
+  Each record of ours names what its phase compiled (`kernels_compiled`, `compiled_keys`),
+  loaded from the disk cache (`kernels_loaded`), waited for while another process compiled it
+  (`kernels_waited`), and what the compile-ahead workers did (`ahead`).
 
 Tolerance: bf16 differs from bf16 by rounding alone, so the bar is set per model from the
 stock model's own distance to a float32 copy of itself (`rel_err_stock_vs_fp32`, measured on
@@ -336,8 +339,8 @@ def _generate_mode(m: _Model, settings: ModelsSettings, log) -> list[Record]:
 
 # ---- cold start (fresh processes) --------------------------------------------------------------
 
-def _child(args: list[str], cache_dir: str, timeout: float = 900.0) -> dict:
-    env = {**os.environ, "CUTE_KERNELS_CACHE_DIR": cache_dir}
+def _child(args: list[str], cache_dir: str, timeout: float = 900.0, env: dict | None = None) -> dict:
+    env = {**os.environ, "CUTE_KERNELS_CACHE_DIR": cache_dir, **(env or {})}
     proc = subprocess.run([sys.executable, "-m", "cute_kernels.bench.models", *args], env=env, capture_output=True,
                           text=True, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -354,6 +357,7 @@ def _cold_mode(m: _Model, settings: ModelsSettings, log) -> list[Record]:
         try:
             stock = _child([*base, "--impl", "stock"], os.path.join(root, "stock"))
             cold = _child([*base, "--impl", "cute_kernels"], os.path.join(root, "empty"))
+            ahead = _child([*base, "--impl", "cute_kernels"], os.path.join(root, "ahead"), env=_with_compile_ahead())
             filled = os.path.join(root, "filled")
             pre = _child(["--child", "precompile", "--model", name, "--size", settings.size, "--device",
                           settings.device], filled)
@@ -364,16 +368,27 @@ def _cold_mode(m: _Model, settings: ModelsSettings, log) -> list[Record]:
     for what in ("train", "generate"):
         if f"{what}_ms" not in stock:
             continue
-        for suffix, ours, note in (("", cold, "empty compile cache"), ("_precompiled", warm, "after precompile")):
+        for suffix, ours, note in (("", cold, "empty compile cache"),
+                                   ("_ahead", ahead, "empty compile cache, compile-ahead workers (runtime.compile_ahead)"),
+                                   ("_precompiled", warm, "after precompile")):
             case = f"{name}/cold_{what}{suffix}"
             records.append(_record(case, "stock", stock[f"{what}_ms"], 0.0, True, note="fresh process"))
             records.append(_record(case, "cute_kernels", ours[f"{what}_ms"], None, True, note=note,
                                    kernels_compiled=ours.get(f"{what}_compiled"),
                                    kernels_loaded=ours.get(f"{what}_loaded"),
-                                   compiled_keys=ours.get(f"{what}_compiled_keys")))
+                                   kernels_waited=ours.get(f"{what}_waited"),
+                                   compiled_keys=ours.get(f"{what}_compiled_keys"),
+                                   ahead=ours.get(f"{what}_ahead")))
         log(f"  {name}/cold_{what}: stock {stock[f'{what}_ms']:.0f} ms, ours {cold[f'{what}_ms']:.0f} ms "
-            f"(empty cache), {warm[f'{what}_ms']:.0f} ms after precompile ({pre.get('seconds', 0):.1f} s)")
+            f"(empty cache), {ahead[f'{what}_ms']:.0f} ms with compile-ahead, {warm[f'{what}_ms']:.0f} ms after "
+            f"precompile ({pre.get('seconds', 0):.1f} s)")
     return records
+
+
+def _with_compile_ahead() -> dict:
+    """The environment of a child with the `compile_ahead` path on too."""
+    paths = [p for p in os.environ.get("CUTE_KERNELS_UNVERIFIED", "").split(",") if p.strip()]
+    return {"CUTE_KERNELS_UNVERIFIED": ",".join([*paths, "compile_ahead"])}
 
 
 def _first_step_child(name: str, impl: str, size: str, device: str) -> dict:
@@ -388,7 +403,7 @@ def _first_step_child(name: str, impl: str, size: str, device: str) -> dict:
 
         cnn.patch(model, fallback="torch" if device == "cpu" else "none")
     since = {"compiled": cache.stats["compiled"], "disk_loaded": cache.stats["disk_loaded"],
-             "log": len(cache.compiled_log)}
+             "waited": cache.stats["waited"], "log": len(cache.compiled_log)}
     result = {"train_ms": _wall(lambda: _train_step(spec, model, batch), device)}
     _cache_counts(result, "train", cache, since)
     if spec.generates:
@@ -418,11 +433,15 @@ def _cache_counts(result: dict, phase: str, cache, since: dict) -> None:
     """The compile cache's counts of `phase` into `result`: kernels compiled and loaded from disk
     since `since` (the counts after the previous phase, updated here), and the keys of those
     compiled (`cache.compiled_log`)."""
+    from cute_kernels.runtime import compile_ahead
+
     result[f"{phase}_compiled"] = cache.stats["compiled"] - since["compiled"]
     result[f"{phase}_loaded"] = cache.stats["disk_loaded"] - since["disk_loaded"]
+    result[f"{phase}_waited"] = cache.stats["waited"] - since["waited"]
     result[f"{phase}_compiled_keys"] = cache.compiled_log[since["log"]:]
+    result[f"{phase}_ahead"] = compile_ahead.counts()  # the workers' totals so far
     since.update(compiled=cache.stats["compiled"], disk_loaded=cache.stats["disk_loaded"],
-                 log=len(cache.compiled_log))
+                 waited=cache.stats["waited"], log=len(cache.compiled_log))
 
 
 def _wall(fn, device: str) -> float:

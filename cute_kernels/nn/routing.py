@@ -12,7 +12,8 @@
     attention implementation (`integrations.transformers.use`); any other model (timm's
     included, `integrations.timm`) has the forwards of its modules that call
     F.scaled_dot_product_attention rebound on the instance (`nn.rebind`).
-  The model's `cute_kernels_patch` attribute says what was done (`PatchReport`).
+  The model's `cute_kernels_patch` attribute says what was done (`PatchReport`). Where
+  `runtime.compile_ahead` is on, the model is armed for it (`nn.ahead`).
 - `route()`: the explicit generic fallback, a context manager (a TorchFunctionMode) under which
   every `torch.nn.functional.linear` and `scaled_dot_product_attention` call, however the
   caller reached it, goes to `cute_kernels.nn.functional`. In eager mode every torch call in
@@ -93,6 +94,9 @@ def patch(model: torch.nn.Module, *, linear: bool = True, sdpa: bool = True, nor
     if sdpa:
         _patch_attention(model, attention_kernel, fallback, report)
     object.__setattr__(model, "cute_kernels_patch", report)
+    from .ahead import arm
+
+    arm(model)  # compile-ahead at the first call, where on
     return model
 
 

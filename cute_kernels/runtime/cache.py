@@ -30,7 +30,7 @@ _LOCK = threading.Lock()
 _ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+")
 
 # Counters tests and benchmarks read to prove what happened (no recompiles, warm starts).
-stats = {"compiled": 0, "disk_loaded": 0, "disk_stored": 0, "memory_hits": 0}
+stats = {"compiled": 0, "disk_loaded": 0, "disk_stored": 0, "memory_hits": 0, "waited": 0}
 # What this process compiled (not loaded), one line each (the key's repr, cut at 200
 # characters), in order: what a cold start reports, so a kernel precompile missed can be named.
 compiled_log: list[str] = []
@@ -150,9 +150,17 @@ class _DryRun:
             self.counts["others"] += 1
         elif entry[0].is_file():
             self.counts["present"] += 1
+        elif not claim(entry):
+            self.counts["others"] += 1  # another process is compiling it
         else:
-            _disk_store(compile_now(jit_fn, *args, options=options, arch=arch), entry, options)
-            self.counts["compiled"] += 1
+            try:
+                if entry[0].is_file():  # stored between the look and the claim
+                    self.counts["present"] += 1
+                else:
+                    _disk_store(compile_now(jit_fn, *args, options=options, arch=arch), entry, options)
+                    self.counts["compiled"] += 1
+            finally:
+                release(entry)
         return _no_launch
 
 
@@ -181,16 +189,25 @@ def clear_disk_cache() -> int:
 
 def _load_or_compile(jit_fn, args, key, options, arch):
     entry = _disk_entry(jit_fn, key, options, arch) if disk_cache_enabled() else None
-    if entry is not None:
+    claimed = False
+    while entry is not None:
         fn = _disk_load(entry, options)
         if fn is not None:
             stats["disk_loaded"] += 1
             return fn
-    compiled = compile_now(jit_fn, *args, options=options, arch=arch)
-    stats["compiled"] += 1
-    compiled_log.append(repr(key)[:200])
-    if entry is not None:
-        _disk_store(compiled, entry, options)
+        claimed = claim(entry)
+        if claimed or not await_release(entry):
+            break  # ours to compile (or its compiler outlived the wait: compile it too)
+        stats["waited"] += 1  # another process compiled it (or gave up): look again
+    try:
+        compiled = compile_now(jit_fn, *args, options=options, arch=arch)
+        stats["compiled"] += 1
+        compiled_log.append(repr(key)[:200])
+        if entry is not None:
+            _disk_store(compiled, entry, options)
+    finally:
+        if claimed:
+            release(entry)
     return _fast_callable(compiled)
 
 
@@ -341,3 +358,105 @@ def _disk_store(fn, entry, options) -> None:
         stats["disk_stored"] += 1
     except Exception:  # noqa: BLE001 - caching is an optimization; compile results stand
         pass
+
+
+# ---- claims: one compiler per disk entry across processes ------------------------------------
+#
+# A process about to compile a disk-cacheable kernel first creates "<entry>.lock" (O_EXCL),
+# holding "<host> <pid>", and removes it once the entry is stored. Another process that needs
+# the entry meanwhile waits for the file instead of compiling the same kernel again: what lets
+# compile-ahead workers (`runtime.compile_ahead`), precompile's workers and the ranks of one
+# job share compiles. A claim whose holder is gone (same host, no such pid; or older than
+# `_CLAIM_STALE_S`) is broken; a wait longer than $CUTE_KERNELS_COMPILE_WAIT_S (default 300)
+# gives up and compiles. A claim only ever delays a compile: what is loaded is the entry.
+
+_CLAIM_STALE_S = 900.0
+_HOST = None
+
+
+def _claim_path(entry) -> Path:
+    return entry[0].with_name(entry[0].name + ".lock")
+
+
+def _host() -> str:
+    global _HOST
+    if _HOST is None:
+        import socket
+
+        _HOST = socket.gethostname()
+    return _HOST
+
+
+def claim(entry) -> bool:
+    """Claim the compile of disk `entry` for this process; False when another live process
+    holds it (a stale claim is broken and taken)."""
+    path = _claim_path(entry)
+    for _ in range(2):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            if not _stale(path):
+                return False
+            path.unlink(missing_ok=True)
+            continue
+        except OSError:  # an unwritable cache directory: compile unclaimed, as before claims
+            return True
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{_host()} {os.getpid()}")
+        return True
+    return False
+
+
+def release(entry) -> None:
+    _claim_path(entry).unlink(missing_ok=True)
+
+
+def _stale(path: Path) -> bool:
+    """Whether the claim file at `path` is left over: its holder process is gone (or is this
+    process, which holds no claim while it looks) or it is older than `_CLAIM_STALE_S`."""
+    import time
+
+    try:
+        text = path.read_text()
+        age = time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    if age > _CLAIM_STALE_S:
+        return True
+    host, _, pid = text.partition(" ")
+    if host != _host() or not pid.strip().isdigit():
+        return not text and age > 5.0  # a claim being written has no text for microseconds
+    pid = int(pid)
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, owned by someone else
+        return False
+    return False
+
+
+def await_release(entry, timeout: float | None = None) -> bool:
+    """Wait until the claim on `entry` is released (or found stale); False when `timeout`
+    (default $CUTE_KERNELS_COMPILE_WAIT_S, 300 s) passed first."""
+    import time
+
+    if timeout is None:
+        timeout = float(os.environ.get("CUTE_KERNELS_COMPILE_WAIT_S", "300"))
+    path = _claim_path(entry)
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while path.exists():
+        if _stale(path):
+            path.unlink(missing_ok=True)
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    return True

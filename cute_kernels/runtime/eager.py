@@ -72,7 +72,7 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 import torch.fx._symbolic_trace as _fx_trace
 
-from . import plan_cache
+from . import compile_ahead, plan_cache
 from .plan_cache import PlanCache
 
 __all__ = ["EagerOp", "EagerFunction", "Plan", "USE_OP", "direct_state", "call_key", "autocast_args",
@@ -237,6 +237,7 @@ class EagerOp:
 
     def __init__(self, name: str, op, build, *, autocast: bool = True, max_plans: int = 1024, family=None):
         self.name, self.op, self.build, self.autocast = name, op, build, autocast
+        self.home = getattr(build, "__module__", None)  # where the entry is made (compile-ahead imports it)
         self.plans = PlanCache(f"eager.{name}", max_plans)
         self.family = family
         self.family_plans = PlanCache(f"eager.{name}.family", 64) if family is not None else None
@@ -292,6 +293,8 @@ class EagerOp:
         result = self.op(*args)
         if self.plans.get(key) is None:  # the op's body may have recorded it (`inside`)
             self.record(key, result, args)
+        if key[-1]:  # its backward comes next: a compile-ahead worker may compile it meanwhile
+            compile_ahead.backward_of(self.name, self.home, args)
         return result
 
     def record(self, key, result, args: tuple) -> None:
@@ -306,6 +309,11 @@ class EagerOp:
 
 # The entries by name, for `inside`.
 _ENTRIES: dict = {}
+
+
+def call_entry(name: str, *args):
+    """The entry called `name` on `args` (a compile-ahead worker's target: `compile_ahead.backward_of`)."""
+    return _ENTRIES[name](*args)
 
 
 def inside(name: str, body, args: tuple):

@@ -26,6 +26,8 @@ __all__ = ["PATHS", "ENABLED", "enabled", "allowing"]
 PATHS: dict[str, str] = {
     "lean_dispatch": "our custom ops' calls without autograd enter the op's body from the dispatcher's Autograd "
                      "kernel (`runtime.lean_dispatch`): what a compiled graph's calls take",
+    "compile_ahead": "kernels predicted to be needed next (a call's backward; a patched model's layers) compiled "
+                     "in background worker processes while the program runs (`runtime.compile_ahead`)",
     "norm_backward_prefetch": "the RMSNorm / LayerNorm backward loads its next row block while it computes "
                               "the current one (`fused.norms`, `NormConfig.prefetch`)",
     "norm_forward_dense": "the RMSNorm / LayerNorm forward compiled for half again as many CTAs an SM "

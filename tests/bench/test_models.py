@@ -114,12 +114,16 @@ def test_a_cold_child_reports_what_each_phase_compiled(monkeypatch):
     assert out["train_ms"] > 0 and out["generate_ms"] > 0
     assert (out["train_compiled"], out["generate_compiled"], out["train_compiled_keys"]) == (0, 0, [])
 
+    assert out["train_waited"] == 0 and out["train_ahead"] == {}  # no compile-ahead workers ran
+
     class Counting:  # a cache whose counts move between the phases
-        stats = {"compiled": 3, "disk_loaded": 5}
+        stats = {"compiled": 3, "disk_loaded": 5, "waited": 2}
         compiled_log = ["('a',)", "('b',)", "('c',)"]
 
-    since = {"compiled": 1, "disk_loaded": 5, "log": 1}
+    since = {"compiled": 1, "disk_loaded": 5, "waited": 0, "log": 1}
     result = {}
     models._cache_counts(result, "generate", Counting, since)
-    assert result == {"generate_compiled": 2, "generate_loaded": 0, "generate_compiled_keys": ["('b',)", "('c',)"]}
-    assert since == {"compiled": 3, "disk_loaded": 5, "log": 3}
+    assert result == {"generate_compiled": 2, "generate_loaded": 0, "generate_waited": 2,
+                      "generate_compiled_keys": ["('b',)", "('c',)"], "generate_ahead": {}}
+    assert since == {"compiled": 3, "disk_loaded": 5, "waited": 2, "log": 3}
+    assert "compile_ahead" in models._with_compile_ahead()["CUTE_KERNELS_UNVERIFIED"].split(",")

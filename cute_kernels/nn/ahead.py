@@ -1,0 +1,135 @@
+"""Compile ahead for a patched model: at its first call, the kernels of all its layers.
+
+A cold first step compiles each distinct kernel when the model first meets it, one after
+another. A patched model's layers are known at `patch` time (widths, dtypes, options); its
+token count is not, but the first call of any of them shows it, and in a transformer or a ViT
+every linear layer and norm sees the same leading dimensions. So `arm(model)` puts a forward
+pre-hook on each of our layers; the first to run removes them all and submits to
+`runtime.compile_ahead`, for each distinct layer, its forward (and backward, where the call
+records autograd) at those leading dimensions, made by a copy of the layer whose parameters are
+on the meta device (`meta_copy`). Worker processes compile those kernels while the model runs;
+its own calls load them or wait for them. A layer that sees other leading dimensions (a
+classifier head on one token) is mispredicted: a worker compiles a kernel nobody uses, and the
+model compiles its own as it would without compile-ahead.
+
+Off unless `runtime.compile_ahead.active()`. Under torch.compile the hooks do nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import weakref
+
+import torch
+
+from cute_kernels.runtime import compile_ahead
+from cute_kernels.runtime.compile_ahead import Call, TensorSpec
+
+from .linear import Linear
+from .mlp import GatedMLP
+from .norms import LayerNorm, RMSNorm
+
+__all__ = ["arm", "disarm", "predict", "meta_copy", "layers"]
+
+# layer -> weakref of the model it was armed for; model -> the hooks' handles
+_ROOTS: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref]" = weakref.WeakKeyDictionary()
+_HANDLES: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
+
+
+def _width(module) -> tuple | None:
+    """The trailing dimensions of `module`'s input (None: not a layer predicted here)."""
+    if isinstance(module, Linear):
+        return (module.in_features,)
+    if isinstance(module, (RMSNorm, LayerNorm)):
+        return tuple(module.normalized_shape)
+    if isinstance(module, GatedMLP):
+        return (module.hidden,)
+    return None
+
+
+def layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Our layers in `model` (itself included), outermost only, in module order."""
+    found, inside = [], []
+    for name, module in model.named_modules():
+        if any(name.startswith(p + ".") for p in inside):
+            continue
+        if _width(module) is not None:
+            found.append(module)
+            inside.append(name)
+    return found
+
+
+def arm(model: torch.nn.Module) -> int:
+    """Arm `model` (module docstring) and start the workers; returns how many layers were armed
+    (0 where compile-ahead is off)."""
+    if not compile_ahead.active():
+        return 0
+    disarm(model)
+    found = layers(model)
+    ref = weakref.ref(model)
+    for layer in found:
+        _ROOTS[layer] = ref
+    _HANDLES[model] = [layer.register_forward_pre_hook(_first_call) for layer in found]
+    if found:
+        compile_ahead.start(imports=("cute_kernels.nn",))
+    return len(found)
+
+
+def disarm(model: torch.nn.Module) -> None:
+    for handle in _HANDLES.pop(model, []):
+        handle.remove()
+
+
+def _first_call(layer, args):
+    if torch.compiler.is_compiling():
+        return None
+    ref = _ROOTS.get(layer)
+    model = ref() if ref is not None else None
+    if model is None:
+        return None
+    disarm(model)
+    x = args[0] if args else None
+    if isinstance(x, torch.Tensor) and _has_kernels(x):
+        compile_ahead.submit(predict(model, x))
+    return None
+
+
+def _has_kernels(x: torch.Tensor) -> bool:
+    return x.is_cuda  # elsewhere the layers compute with torch: nothing to compile
+
+
+def predict(model: torch.nn.Module, x: torch.Tensor) -> list[Call]:
+    """The calls of each distinct layer of `model` at `x`'s leading dimensions, dtype and
+    device, in grad mode as now: forward, and backward where it records autograd."""
+    lead, grad = tuple(x.shape[:-1]), torch.is_grad_enabled()
+    calls, seen = [], set()
+    for layer in layers(model):
+        shape = lead + _width(layer)
+        stride = tuple(itertools.accumulate(reversed(shape[1:]), lambda a, b: a * b, initial=1))[::-1]
+        spec = TensorSpec(shape, stride, x.dtype, str(x.device), requires_grad=grad and x.requires_grad)
+        params = tuple((tuple(p.shape), p.dtype, p.requires_grad) for p in layer.parameters())
+        backward = grad and (spec.requires_grad or any(p[2] for p in params))
+        signature = (type(layer), layer.extra_repr(), params, spec, backward, layer.training)
+        if signature in seen:
+            continue
+        seen.add(signature)
+        calls.append(Call(meta_copy(layer), (spec,), grad=grad, backward=backward, device=str(x.device),
+                          training=layer.training, imports=("cute_kernels.nn",)))
+    return calls
+
+
+def meta_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of `module` whose parameters and buffers are empty tensors on the meta device
+    (same shapes, dtypes, requires_grad) and which has no hooks: small, picklable, and
+    `to_empty(device=...)` makes it runnable."""
+    memo = {}
+    for t in itertools.chain(module.parameters(), module.buffers()):
+        meta = torch.empty_like(t, device="meta")
+        memo[id(t)] = torch.nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(
+            t, torch.nn.Parameter) else meta
+    clone = copy.deepcopy(module, memo)
+    for sub in clone.modules():
+        for hooks in (sub._forward_pre_hooks, sub._forward_hooks, sub._backward_pre_hooks, sub._backward_hooks):
+            hooks.clear()
+    return clone

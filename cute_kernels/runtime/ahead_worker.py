@@ -1,0 +1,101 @@
+"""A compile-ahead worker (`runtime.compile_ahead`):
+`python -m cute_kernels.runtime.ahead_worker FD [MODULE ...]`.
+
+Imports the MODULEs (what the calls will need, so that the imports overlap the program's start),
+then reads calls (length-prefixed pickles) from stdin until it closes, makes each in dry-run mode
+(every kernel it meets is compiled into the disk cache unless there already or claimed by
+another process; nothing launches) and writes one result dict per call to file descriptor FD:
+{"ok", "error", and the dry run's counts for that call}.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+
+def _resolve(target):
+    if isinstance(target, str):
+        module, _, name = target.partition(":")
+        return getattr(importlib.import_module(module), name)
+    return target
+
+
+def _tensors(tree):
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, (tuple, list)):
+        for item in tree:
+            yield from _tensors(item)
+    elif isinstance(tree, dict):
+        for item in tree.values():
+            yield from _tensors(item)
+
+
+def _make(tree):
+    from .compile_ahead import TensorSpec
+
+    if isinstance(tree, TensorSpec):
+        return tree.make()
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_make(a) for a in tree)
+    if isinstance(tree, dict):
+        return {k: _make(v) for k, v in tree.items()}
+    return tree
+
+
+def run(call) -> None:
+    """Make `call` (a `compile_ahead.Call`) in this process; dry-run mode is the caller's."""
+    import torch
+
+    for name in call.imports:
+        importlib.import_module(name)
+    target = _resolve(call.target)
+    if isinstance(target, torch.nn.Module):
+        target = target.to_empty(device=call.device).train(call.training)
+    args, kwargs = _make(call.args), _make(call.kwargs)
+    with torch.set_grad_enabled(call.grad):
+        out = target(*args, **kwargs)
+        if call.backward:
+            roots = [t for t in _tensors(out) if t.requires_grad]
+            if roots:
+                torch.autograd.backward(roots, [torch.empty_like(t) for t in roots])
+
+
+def main(argv: list[str]) -> int:
+    from . import cache
+    from .compile_ahead import _receive, _send
+
+    out = os.fdopen(int(argv[1]), "wb")
+    os.environ["CUTE_KERNELS_AHEAD_WORKER"] = "1"
+    cache._DRY_RUN.shard = (0, 1)  # every kernel is this worker's to compile
+    import torch
+
+    for name in argv[2:]:
+        importlib.import_module(name)
+    if torch.cuda.is_available():
+        torch.cuda.init()
+    _send(out, {"ready": True})
+    counts = cache._DRY_RUN.counts
+    while True:
+        try:
+            call = _receive(sys.stdin.buffer)
+        except EOFError:
+            return 0
+        before = dict(counts)
+        result = {"ok": True, "error": None}
+        try:
+            run(call)
+        except Exception as err:  # noqa: BLE001 - reported; the program compiles what this missed
+            result = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+        result.update({k: counts[k] - before.get(k, 0) for k in counts})
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        _send(out, result)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
