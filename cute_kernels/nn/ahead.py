@@ -5,14 +5,22 @@ another. A patched model's layers are known at `patch` time (widths, dtypes, opt
 token count is not, but the first call of any of them shows it, and in a transformer or a ViT
 every linear layer and norm sees the same leading dimensions. So `arm(model)` puts a forward
 pre-hook on each of our layers; the first to run removes them all and submits to
-`runtime.compile_ahead`, for each distinct layer, its forward (and backward, where the call
-records autograd) at those leading dimensions, made by a copy of the layer whose parameters are
-on the meta device (`meta_copy`). Worker processes compile those kernels while the model runs;
-its own calls load them or wait for them. A layer that sees other leading dimensions (a
-classifier head on one token) is mispredicted: a worker compiles a kernel nobody uses, and the
-model compiles its own as it would without compile-ahead.
+`runtime.compile_ahead`, for each distinct layer, its forward and (where the call records
+autograd) its backward at those leading dimensions, made by copies of the layer whose
+parameters are on the meta device (`meta_copy`). A linear layer's forward, input gradient and
+weight gradient are three calls (one GEMM each, so three workers can share a layer); forwards
+are queued first, then backwards in reverse layer order, as the step meets them.
 
-Off unless `runtime.compile_ahead.active()`. Under torch.compile the hooks do nothing.
+A model meets new kernels again later (a generate's prefill and decode run other token counts,
+so other GEMM tile shapes): each compile this process makes itself re-arms its armed models
+(`cache.compile_listeners`), and the next layer call predicts at its own leading dimensions,
+unless that prediction was made already.
+
+Worker processes compile those kernels while the model runs; its own calls load them or wait
+for them. A layer that sees other leading dimensions (a classifier head on one token) is
+mispredicted: a worker compiles a kernel nobody uses, and the model compiles its own as it
+would without compile-ahead. Off unless `runtime.compile_ahead.active()`. Under torch.compile
+the hooks do nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import weakref
 
 import torch
 
-from cute_kernels.runtime import compile_ahead
+from cute_kernels.runtime import cache, compile_ahead
 from cute_kernels.runtime.compile_ahead import Call, TensorSpec
 
 from .linear import Linear
@@ -32,9 +40,12 @@ from .norms import LayerNorm, RMSNorm
 
 __all__ = ["arm", "disarm", "predict", "meta_copy", "layers"]
 
-# layer -> weakref of the model it was armed for; model -> the hooks' handles
+# layer -> weakref of the model it was armed for; model -> the hooks' handles; the models
+# `arm` was called for (re-armed after each compile); model -> the predictions made for it
 _ROOTS: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref]" = weakref.WeakKeyDictionary()
 _HANDLES: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
+_MODELS: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+_PREDICTED: "weakref.WeakKeyDictionary[torch.nn.Module, set]" = weakref.WeakKeyDictionary()
 
 
 def _width(module) -> tuple | None:
@@ -65,15 +76,32 @@ def arm(model: torch.nn.Module) -> int:
     (0 where compile-ahead is off)."""
     if not compile_ahead.active():
         return 0
+    if _rearm not in cache.compile_listeners:
+        cache.compile_listeners.append(_rearm)
+    _MODELS.add(model)
+    found = _hook(model)
+    if found:
+        compile_ahead.start(imports=("cute_kernels.nn",))
+    return found
+
+
+def _hook(model: torch.nn.Module) -> int:
     disarm(model)
     found = layers(model)
     ref = weakref.ref(model)
     for layer in found:
         _ROOTS[layer] = ref
     _HANDLES[model] = [layer.register_forward_pre_hook(_first_call) for layer in found]
-    if found:
-        compile_ahead.start(imports=("cute_kernels.nn",))
     return len(found)
+
+
+def _rearm() -> None:
+    """After a compile of this process: hook every armed model again (one not hooked now)."""
+    if not compile_ahead.active():
+        return
+    for model in list(_MODELS):
+        if model not in _HANDLES:
+            _hook(model)
 
 
 def disarm(model: torch.nn.Module) -> None:
@@ -91,7 +119,12 @@ def _first_call(layer, args):
     disarm(model)
     x = args[0] if args else None
     if isinstance(x, torch.Tensor) and _has_kernels(x):
-        compile_ahead.submit(predict(model, x))
+        seen = _PREDICTED.setdefault(model, set())
+        signature = (tuple(x.shape[:-1]), x.dtype, str(x.device), x.requires_grad, torch.is_grad_enabled(),
+                     model.training)
+        if signature not in seen:
+            seen.add(signature)
+            compile_ahead.submit(predict(model, x))
     return None
 
 
@@ -101,32 +134,46 @@ def _has_kernels(x: torch.Tensor) -> bool:
 
 def predict(model: torch.nn.Module, x: torch.Tensor) -> list[Call]:
     """The calls of each distinct layer of `model` at `x`'s leading dimensions, dtype and
-    device, in grad mode as now: forward, and backward where it records autograd."""
+    device, in grad mode as now: forwards in layer order, then backwards (where the call
+    records autograd) in reverse; a linear layer's backward as two calls, the input's gradient
+    and the weights'."""
     lead, grad = tuple(x.shape[:-1]), torch.is_grad_enabled()
-    calls, seen = [], set()
+    forwards, backwards, seen = [], [], set()
+    device = str(x.device)
     for layer in layers(model):
         shape = lead + _width(layer)
         stride = tuple(itertools.accumulate(reversed(shape[1:]), lambda a, b: a * b, initial=1))[::-1]
-        spec = TensorSpec(shape, stride, x.dtype, str(x.device), requires_grad=grad and x.requires_grad)
+        spec = TensorSpec(shape, stride, x.dtype, device, requires_grad=grad and x.requires_grad)
         params = tuple((tuple(p.shape), p.dtype, p.requires_grad) for p in layer.parameters())
-        backward = grad and (spec.requires_grad or any(p[2] for p in params))
-        signature = (type(layer), layer.extra_repr(), params, spec, backward, layer.training)
+        trains = grad and any(p[2] for p in params)
+        signature = (type(layer), layer.extra_repr(), params, spec, grad, layer.training)
         if signature in seen:
             continue
         seen.add(signature)
-        calls.append(Call(meta_copy(layer), (spec,), grad=grad, backward=backward, device=str(x.device),
-                          training=layer.training, imports=("cute_kernels.nn",)))
-    return calls
+
+        def call(frozen: bool, requires_grad: bool, backward: bool, layer=layer, shape=shape, stride=stride):
+            arg = TensorSpec(shape, stride, x.dtype, device, requires_grad=requires_grad)
+            return Call(meta_copy(layer, frozen=frozen), (arg,), grad=grad, backward=backward, device=device,
+                        training=layer.training, imports=("cute_kernels.nn",))
+
+        forwards.append(call(False, spec.requires_grad, False))
+        if not (spec.requires_grad or trains):
+            continue
+        if isinstance(layer, Linear) and spec.requires_grad and trains:
+            backwards.append([call(True, True, True), call(False, False, True)])  # dX; dW (and the bias's)
+        else:
+            backwards.append([call(False, spec.requires_grad, True)])
+    return forwards + [c for group in reversed(backwards) for c in group]
 
 
-def meta_copy(module: torch.nn.Module) -> torch.nn.Module:
+def meta_copy(module: torch.nn.Module, *, frozen: bool = False) -> torch.nn.Module:
     """A deep copy of `module` whose parameters and buffers are empty tensors on the meta device
-    (same shapes, dtypes, requires_grad) and which has no hooks: small, picklable, and
-    `to_empty(device=...)` makes it runnable."""
+    (same shapes, dtypes, and requires_grad unless `frozen`: none) and which has no hooks:
+    small, picklable, and `to_empty(device=...)` makes it runnable."""
     memo = {}
     for t in itertools.chain(module.parameters(), module.buffers()):
         meta = torch.empty_like(t, device="meta")
-        memo[id(t)] = torch.nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(
+        memo[id(t)] = torch.nn.Parameter(meta, requires_grad=t.requires_grad and not frozen) if isinstance(
             t, torch.nn.Parameter) else meta
     clone = copy.deepcopy(module, memo)
     for sub in clone.modules():

@@ -34,6 +34,9 @@ stats = {"compiled": 0, "disk_loaded": 0, "disk_stored": 0, "memory_hits": 0, "w
 # What this process compiled (not loaded), one line each (the key's repr, cut at 200
 # characters), in order: what a cold start reports, so a kernel precompile missed can be named.
 compiled_log: list[str] = []
+# Called (no arguments) after this process compiled a kernel itself, not loaded one, nor in a dry
+# run: a program meeting kernels it lacks is where compile-ahead predicts the next (`nn.ahead`).
+compile_listeners: list[Callable[[], None]] = []
 
 
 def cache_dir() -> Path:
@@ -208,6 +211,11 @@ def _load_or_compile(jit_fn, args, key, options, arch):
     finally:
         if claimed:
             release(entry)
+    for listener in compile_listeners:
+        try:
+            listener()
+        except Exception:  # noqa: BLE001 - a listener's failure must not fail the compile
+            pass
     return _fast_callable(compiled)
 
 

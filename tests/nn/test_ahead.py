@@ -67,13 +67,41 @@ def test_patch_arms_every_layer_and_the_first_call_disarms_and_predicts(armed, m
         model(x).sum().backward()
     assert all(len(m._forward_pre_hooks) == 0 for m in ahead.layers(model))
     calls = record["submitted"]
-    # the two blocks' layers are alike: one call each, plus the head (at the blocks' tokens)
-    assert [type(c.target).__name__ for c in calls] == ["LayerNorm", "Linear", "Linear", "RMSNorm", "Linear"]
-    assert [c.args[0].shape for c in calls] == [(4, 5, 16), (4, 5, 16), (4, 5, 32), (4, 5, 16), (4, 5, 16)]
-    assert all(c.grad and c.backward and c.args[0].requires_grad and c.training for c in calls)
+    # the two blocks' layers are alike: one forward each, plus the head (at the blocks' tokens);
+    # then backwards in reverse, a linear layer's as two calls: its input's gradient, its weights'
+    names = [type(c.target).__name__ for c in calls]
+    assert names == ["LayerNorm", "Linear", "Linear", "RMSNorm", "Linear",
+                     "Linear", "Linear", "RMSNorm", "Linear", "Linear", "Linear", "Linear", "LayerNorm"]
+    assert [c.args[0].shape for c in calls[:5]] == [(4, 5, 16), (4, 5, 16), (4, 5, 32), (4, 5, 16), (4, 5, 16)]
+    assert all(c.grad and c.training for c in calls) and all(c.args[0].requires_grad for c in calls[:5])
+    assert [c.backward for c in calls] == [False] * 5 + [True] * 8
+    head_dx, head_dw = calls[5:7]
+    assert not any(p.requires_grad for p in head_dx.target.parameters()) and head_dx.args[0].requires_grad
+    assert all(p.requires_grad for p in head_dw.target.parameters()) and not head_dw.args[0].requires_grad
     assert all(p.device.type == "meta" for c in calls for p in c.target.parameters())
     model(x)  # disarmed: nothing more
-    assert len(calls) == 5
+    assert len(calls) == 13
+
+
+def test_a_compile_rearms_and_a_new_token_count_is_predicted_once(armed, monkeypatch):
+    from cute_kernels.runtime import cache
+
+    ahead, record = armed
+    model = _patched()
+    monkeypatch.setattr(ahead, "_has_kernels", lambda x: True)
+    assert ahead._rearm in cache.compile_listeners
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model(torch.randn(2, 7, 16))
+        assert len(record["submitted"]) == 5 and not model.head._forward_pre_hooks
+        ahead._rearm()  # what a compile of this process does
+        assert model.head._forward_pre_hooks
+        model(torch.randn(2, 7, 16))  # predicted already: nothing new
+        assert len(record["submitted"]) == 5 and not model.head._forward_pre_hooks
+        model(torch.randn(2, 1, 16))  # not re-armed: nothing
+        ahead._rearm()
+        model(torch.randn(2, 1, 16))  # a decode step's token count
+    assert len(record["submitted"]) == 10 and record["submitted"][5].args[0].shape == (2, 1, 16)
 
 
 def test_predicted_calls_rebuild_their_layers_and_run_forward_and_backward(armed):
@@ -86,8 +114,9 @@ def test_predicted_calls_rebuild_their_layers_and_run_forward_and_backward(armed
         calls = ahead.predict(model, x)
     assert calls and not any(c.grad or c.backward or c.training for c in calls)
     model.train()
-    calls = ahead.predict(model, x)  # x needs no grad, the weights do: backward for dW
-    assert all(c.backward and not c.args[0].requires_grad for c in calls)
+    calls = ahead.predict(model, x)  # x needs no grad, the weights do: one backward call each
+    assert [c.backward for c in calls] == [False] * 5 + [True] * 5
+    assert not any(c.args[0].requires_grad for c in calls)
     for call in calls:
         call = pickle.loads(pickle.dumps(call))  # as a worker receives it
         with warnings.catch_warnings():
