@@ -286,7 +286,11 @@ def clear() -> None:
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    """Opted in, and not in a dry run (precompile's and compile-ahead's workers launch nothing,
+    so whatever they timed would be stored as a winner)."""
+    from cute_kernels.runtime.cache import dry_run
+
+    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on") and not dry_run()
 
 
 def lookup(pkey: tuple, m: int, n: int, k: int) -> Sm90GemmConfig | None:

@@ -171,6 +171,12 @@ def _no_launch(*args, **kwargs) -> None:
     return None
 
 
+def dry_run() -> bool:
+    """Whether this process is in dry-run mode (its kernels launch nothing: whatever would time
+    or read their results, such as the GEMM autotuner, must not run)."""
+    return _DRY_RUN.shard is not None
+
+
 _DRY_RUN = _DryRun()
 
 

@@ -337,6 +337,16 @@ def test_opt_in_tunes_each_bucket_once_and_stores_the_winner(table, cpu, monkeyp
     assert len(tunes) == 1 and _config_of(cpu[-1]) == WIN
 
 
+def test_a_dry_run_never_tunes(monkeypatch):
+    """Precompile's and compile-ahead's workers launch nothing: what they timed would be stored."""
+    from cute_kernels.runtime import cache
+
+    monkeypatch.setenv(autotune.ENV, "1")
+    assert autotune.enabled()
+    monkeypatch.setattr(cache._DRY_RUN, "shard", (0, 1))
+    assert not autotune.enabled()
+
+
 def test_a_failing_tune_falls_back_to_the_heuristic_once(table, cpu, monkeypatch):
     from cute_kernels.gemm.sm90_persistent import rung
 
