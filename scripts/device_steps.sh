@@ -10,6 +10,10 @@
 #         bench=SUITE       `cute-kernels bench SUITE` (BENCH_ARGS) into OUTDIR/results
 #         bench=models      `cute-kernels bench models` (MODELS_ARGS) into OUTDIR/results
 #         script=PATH       python3 PATH --out OUTDIR/results/<name>.json
+#         on=PATHS          the following steps run with these unverified paths on (runtime.unverified;
+#                           CUTE_KERNELS_UNVERIFIED=PATHS) and write results under results/on-PATHS/,
+#                           so a suite run before and after compares a path off and on in one call
+#         off               the following steps run with no unverified path on, results in results/
 # Writes OUTDIR/steps.log (a summary line per step at the end) and OUTDIR/results.tar.gz (the
 # JSON results and every step's log). With CUTE_KERNELS_RESULTS_DIR set to OUTDIR/results the
 # fuzz tests write their records there too. Exit status: 0 when every step passed.
@@ -60,10 +64,16 @@ run_step() {  # NAME CAP COMMAND...
   SUMMARY+=("$(printf '%-40s rc=%-4s %5ss' "$name" "$rc" "$((SECONDS - t0))")")
 }
 
+RESULTS="$OUTDIR/results"
 for spec in "$@"; do
   step=${spec%%:*}; cap=300
   [[ "$spec" == *:* ]] && cap=${spec##*:}
   case "$step" in
+    on=*) export CUTE_KERNELS_UNVERIFIED="${step#on=}"
+          RESULTS="$OUTDIR/results/on-$(printf %s "${step#on=}" | tr -c 'A-Za-z0-9_.,-' '_' | cut -c1-80)"
+          mkdir -p "$RESULTS"; export CUTE_KERNELS_RESULTS_DIR="$RESULTS"; echo "=== unverified paths on: ${step#on=}" ;;
+    off) export CUTE_KERNELS_UNVERIFIED=""; RESULTS="$OUTDIR/results"; export CUTE_KERNELS_RESULTS_DIR="$RESULTS"
+         echo "=== unverified paths off" ;;
     tests) run_step tests "$cap" bash scripts/gpu_tests.sh "$OUTDIR/logs/pytest" "${GPU_TEST_JOBS:-8}" ;;
     tests=*) run_step "$step" "$cap" python3 -m pytest -q -rfE -p no:cacheprovider -n "${GPU_TEST_JOBS:-8}" \
                $(echo "${step#tests=}" | tr ',' ' ') ;;
@@ -75,13 +85,13 @@ for spec in "$@"; do
         python3 -m cute_kernels.bench.sanitize all ;;
     bench=models)  # its own options (rounds and iterations of whole model steps), MODELS_ARGS
       # shellcheck disable=SC2086
-      run_step "$step" "$cap" python3 -m cute_kernels.cli bench models ${MODELS_ARGS:-} --out-dir "$OUTDIR/results" ;;
+      run_step "$step" "$cap" python3 -m cute_kernels.cli bench models ${MODELS_ARGS:-} --out-dir "$RESULTS" ;;
     bench=*)
       # shellcheck disable=SC2086
-      run_step "$step" "$cap" python3 -m cute_kernels.cli bench "${step#bench=}" $BENCH_ARGS --out-dir "$OUTDIR/results" ;;
+      run_step "$step" "$cap" python3 -m cute_kernels.cli bench "${step#bench=}" $BENCH_ARGS --out-dir "$RESULTS" ;;
     script=*)
       path=${step#script=}; name=$(basename "$path" .py)
-      run_step "$step" "$cap" python3 "$path" --out "$OUTDIR/results/$name.json" ;;
+      run_step "$step" "$cap" python3 "$path" --out "$RESULTS/$name.json" ;;
     *) echo "device_steps.sh: unknown step $step" >&2; FAILED=1 ;;
   esac
 done
