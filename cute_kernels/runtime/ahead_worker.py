@@ -2,7 +2,8 @@
 `python -m cute_kernels.runtime.ahead_worker FD [MODULE ...]`.
 
 Imports the MODULEs (what the calls will need, so that the imports overlap the program's start),
-then reads calls (length-prefixed pickles) from stdin until it closes, makes each in dry-run mode
+then reads calls (length-prefixed pickles) from stdin until it closes or a None arrives (or the
+process that started it is gone), makes each in dry-run mode
 (every kernel it meets is compiled into the disk cache unless there already or claimed by
 another process; nothing launches) and writes one result dict per call to file descriptor FD:
 {"ok", "error", and the dry run's counts for that call}.
@@ -65,10 +66,27 @@ def run(call) -> None:
                 torch.autograd.backward(roots, [torch.empty_like(t) for t in roots])
 
 
+def _exit_with_parent() -> None:
+    """Exit when the program that started this worker is gone. Its end of stdin may outlive it:
+    a process it forked (a DataLoader worker) holds a copy of the pipe, so EOF is not enough."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     from . import cache
     from .compile_ahead import _receive, _send
 
+    _exit_with_parent()
     out = os.fdopen(int(argv[1]), "wb")
     os.environ["CUTE_KERNELS_AHEAD_WORKER"] = "1"
     cache._DRY_RUN.shard = (0, 1)  # every kernel is this worker's to compile
@@ -84,6 +102,8 @@ def main(argv: list[str]) -> int:
         try:
             call = _receive(sys.stdin.buffer)
         except EOFError:
+            return 0
+        if call is None:  # the pool stops this worker
             return 0
         before = dict(counts)
         result = {"ok": True, "error": None}

@@ -259,8 +259,9 @@ def _worker_log():
 def _close(proc, kill: bool = False) -> None:
     try:
         if proc.stdin:
+            _send(proc.stdin, None)  # stop: EOF alone may never come (a forked child holds the pipe)
             proc.stdin.close()
-    except OSError:
+    except (OSError, ValueError):
         pass
     if kill:
         proc.kill()

@@ -251,3 +251,24 @@ def test_an_entry_s_first_call_that_records_autograd_submits_its_backward(monkey
     entry(x, 2.0)  # not a first call
     assert seen == [("ahead_test_scale", __name__, 2)]
     assert torch.equal(call_entry("ahead_test_scale", x.detach(), 3.0), x.detach() * 3.0)
+
+
+def test_a_worker_stops_on_the_stop_message_while_its_pipe_is_still_open():
+    """A program's forked children (DataLoader workers) hold copies of a worker's stdin, so the
+    pool stops a worker by message, not by closing the pipe."""
+    from cute_kernels.runtime.compile_ahead import _receive, _send
+
+    read_fd, write_fd = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "cute_kernels.runtime.ahead_worker", str(write_fd)],
+                            stdin=subprocess.PIPE, pass_fds=(write_fd,), stderr=subprocess.DEVNULL)
+    os.close(write_fd)
+    results = os.fdopen(read_fd, "rb")
+    held = os.dup(proc.stdin.fileno())  # another holder of the pipe's write end
+    try:
+        assert _receive(results) == {"ready": True}
+        _send(proc.stdin, None)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        os.close(held)
+        proc.kill()
+        results.close()
