@@ -61,13 +61,13 @@ def _width(module) -> tuple | None:
 
 def layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Our layers in `model` (itself included), outermost only, in module order."""
-    found, inside = [], []
-    for name, module in model.named_modules():
-        if any(name.startswith(p + ".") for p in inside):
+    found, skip = [], None
+    for name, module in model.named_modules():  # pre-order: a layer's submodules follow it
+        if skip is not None and name.startswith(skip):
             continue
         if _width(module) is not None:
             found.append(module)
-            inside.append(name)
+            skip = f"{name}." if name else ""
     return found
 
 

@@ -2,7 +2,9 @@
 
 Lookup order: memory (a dict keyed by a cheap tuple, the warm path), then disk (an object
 file the DSL exported, loaded in milliseconds, so a second process starts warm), then the
-compiler. Problem sizes are not part of any key: kernels are compiled with dynamic sizes
+compiler, under a claim on the disk entry (`claim`): a process that finds another compiling
+the same kernel (a compile-ahead worker, a precompile worker, another rank) waits for its
+entry instead of compiling it again. Problem sizes are not part of any key: kernels are compiled with dynamic sizes
 (see `tensors`), so a new M, N, K or sequence length reuses the compiled function.
 
 The disk cache lives in $CUTE_KERNELS_CACHE_DIR (default ~/.cache/cute_kernels); set

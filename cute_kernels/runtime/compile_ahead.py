@@ -186,18 +186,22 @@ class _Pool:
         threading.Thread(target=self._serve, name="cute-kernels-ahead", daemon=True).start()
 
     def _serve(self) -> None:
-        proc = call = None
+        proc = call = results = None
         try:
             read_fd, write_fd = os.pipe()
+            results = os.fdopen(read_fd, "rb")
             env = {**os.environ, WORKER_ENV: "1"}
-            proc = subprocess.Popen([sys.executable, "-m", "cute_kernels.runtime.ahead_worker", str(write_fd),
-                                     *sorted(_IMPORTS)],
-                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=_worker_log(),
-                                    pass_fds=(write_fd,), env=env, close_fds=True)
-            os.close(write_fd)
+            log = os.environ.get("CUTE_KERNELS_AHEAD_LOG")
+            try:
+                with open(log or os.devnull, "ab") as stderr:
+                    proc = subprocess.Popen([sys.executable, "-m", "cute_kernels.runtime.ahead_worker",
+                                             str(write_fd), *sorted(_IMPORTS)],
+                                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr,
+                                            pass_fds=(write_fd,), env=env, close_fds=True)
+            finally:
+                os.close(write_fd)  # the worker's end: EOF here once the worker is gone
             with self.cond:
                 self.procs.add(proc)
-            results = os.fdopen(read_fd, "rb")
             _receive(results)  # ready: imports done
             while True:
                 try:
@@ -226,6 +230,8 @@ class _Pool:
                     self.cond.notify_all()
             if proc is not None:
                 _close(proc)
+            if results is not None:
+                results.close()
 
     def _done(self, result: dict) -> None:
         with self.cond:
@@ -249,11 +255,6 @@ class _Pool:
             procs = list(self.procs)
         for proc in procs:
             _close(proc, kill=True)
-
-
-def _worker_log():
-    path = os.environ.get("CUTE_KERNELS_AHEAD_LOG")
-    return open(path, "ab") if path else subprocess.DEVNULL  # noqa: SIM115 - the child owns it
 
 
 def _close(proc, kill: bool = False) -> None:

@@ -59,6 +59,12 @@ def test_patch_arms_every_layer_and_the_first_call_disarms_and_predicts(armed, m
     assert [type(m).__name__ for m in ahead.layers(model)] == ["LayerNorm", "Linear", "Linear", "RMSNorm"] * 2 + [
         "Linear"]
     assert record["started"] == [("cute_kernels.nn",)]
+    import cute_kernels.nn as cnn
+
+    lone = cnn.Linear(4, 4)
+    assert ahead.layers(lone) == [lone]
+    outer = torch.nn.Sequential(cnn.GatedMLP(16, 32), cnn.Linear(16, 16))
+    assert [type(m).__name__ for m in ahead.layers(outer)] == ["GatedMLP", "Linear"]  # not what GatedMLP holds
     assert all(len(m._forward_pre_hooks) == 1 for m in ahead.layers(model))
     monkeypatch.setattr(ahead, "_has_kernels", lambda x: True)
     x = torch.randn(4, 5, 16, requires_grad=True)
