@@ -21,6 +21,7 @@ a training step keeps torch's activation node (`nn.linear.FUSE_ACTIVATION` says 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -87,3 +88,47 @@ def fold_mlp_activations(model: torch.nn.Module, *, kernel: str = "auto", fallba
         module.act = torch.nn.Identity()
         folded.append(name)
     return folded
+
+
+# ---- compile-ahead: the attention calls a patched model's first step will make ----------------------
+
+def _predict(model, x):
+    """`nn.ahead` predictor: for each distinct rebound timm attention module whose forward splits
+    one qkv projection (`qkv`, `num_heads`, `head_dim`; ViT's `Attention`), given the first layer
+    call's input x (batch, tokens, width): its SDPA call on q, k and v as that split leaves them
+    (views of the (B, N, 3, H, D) projection). (forward calls, backward calls)."""
+    from cute_kernels.nn.rebind import is_rebound
+    from cute_kernels.runtime.compile_ahead import Call, TensorSpec
+
+    if not is_timm_model(model) or x.dim() != 3:
+        return [], []
+    b, n = x.shape[:2]
+    grad = torch.is_grad_enabled() and model.training
+    forwards, backwards, seen = [], [], set()
+    for m in model.modules():
+        options = is_rebound(m)
+        h, d = getattr(m, "num_heads", None), getattr(m, "head_dim", None)
+        if options is None or not isinstance(getattr(m, "qkv", None), torch.nn.Linear) or not (h and d) \
+                or not getattr(m, "fused_attn", False) or (m.training and getattr(m.attn_drop, "p", 0.0)):
+            continue
+        if (h, d, options) in seen:
+            continue
+        seen.add((h, d, options))
+        spec = TensorSpec((b, h, n, d), (n * 3 * h * d, d, 3 * h * d, 1), x.dtype, str(x.device), requires_grad=grad)
+        kernel, fallback = options
+        call = functools.partial(Call, "cute_kernels.nn.functional:scaled_dot_product_attention", (spec, spec, spec),
+                                 {"kernel": kernel, "fallback": fallback}, grad=grad, imports=("cute_kernels.nn",))
+        forwards.append(call(backward=False))
+        if grad:
+            backwards.append(call(backward=True))
+    return forwards, backwards
+
+
+def _register_predictor() -> None:
+    from cute_kernels.nn import ahead
+
+    if _predict not in ahead.PREDICTORS:
+        ahead.PREDICTORS.append(_predict)
+
+
+_register_predictor()

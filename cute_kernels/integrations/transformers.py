@@ -45,6 +45,8 @@ from cute_kernels.ops import attention_masked as masked_ops
 from cute_kernels.ops import sdpa_varlen
 from cute_kernels.ops.fallback import check_fallback, note_fallback
 
+from cute_kernels.nn import ahead
+
 from . import hf_masks
 
 __all__ = ["NAME", "attention_forward", "register", "use"]
@@ -173,6 +175,60 @@ def _window(sliding_window, causal: bool, seqlen_k: int):
     return None if seqlen_k <= w else w - 1
 
 
+# ---- compile-ahead: the attention calls a patched model's first step will make ----------------------
+
+def predicted_call(query, key, value, causal: bool, scaling, sliding_window, softcap, sinks, kernel, fallback):
+    """What `attention_forward` computes for a call without a mask (a batch without padding): the
+    call `_predict` has compile-ahead workers make."""
+    window = _window(sliding_window, causal, key.shape[2])
+    if window == "unsupported":
+        return None
+    left = -1 if window is None else window
+    return _dense(query, key, value, causal and query.shape[2] > 1, scaling, left, softcap, sinks, kernel, fallback)
+
+
+def _predict(model, x):
+    """`nn.ahead` predictor: for a model on this attention, given its first layer call's input x
+    (batch, tokens, hidden), one call per distinct attention configuration of its layers, q, k
+    and v laid out as transformers' projections leave them ((B, S, H, D) viewed as (B, H, S, D)):
+    (forward calls, backward calls)."""
+    from cute_kernels.runtime.compile_ahead import Call, TensorSpec
+
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) != NAME or x.dim() != 3:
+        return [], []
+    b, s = x.shape[:2]
+    grad = torch.is_grad_enabled() and model.training
+    device = str(x.device)
+    forwards, backwards, seen = [], [], set()
+    for m in model.modules():
+        config = getattr(m, "config", None)
+        if config is None or not all(hasattr(m, a) for a in ("layer_idx", "scaling", "head_dim")):
+            continue
+        hq = config.num_attention_heads
+        hkv = getattr(config, "num_key_value_heads", None) or hq
+        d = m.head_dim
+        kernel, fallback = getattr(m, OPTIONS_ATTRIBUTE, _DEFAULTS)
+        sinks = getattr(m, "sinks", None)
+        options = (bool(getattr(m, "is_causal", True)), m.scaling, getattr(m, "sliding_window", None),
+                   getattr(m, "attn_logit_softcapping", None))
+        signature = (hq, hkv, d, options, None if sinks is None else tuple(sinks.shape), kernel, fallback)
+        if signature in seen:
+            continue
+        seen.add(signature)
+
+        def spec(heads):
+            return TensorSpec((b, heads, s, d), (s * heads * d, d, heads * d, 1), x.dtype, device, requires_grad=grad)
+
+        args = (spec(hq), spec(hkv), spec(hkv), *options,
+                None if sinks is None else TensorSpec.of(sinks), kernel, fallback)
+        call = functools.partial(Call, "cute_kernels.integrations.transformers:predicted_call", args, grad=grad,
+                                 imports=("cute_kernels.integrations.transformers",))
+        forwards.append(call(backward=False))
+        if grad:
+            backwards.append(call(backward=True))
+    return forwards, backwards
+
+
 def _features(softcap, sinks) -> dict:
     return masked_ops._features(softcap, sinks)
 
@@ -249,3 +305,5 @@ def _torch_attention(query, key, value, attention_mask, position_bias, dropout, 
 
 
 register()
+if _predict not in ahead.PREDICTORS:
+    ahead.PREDICTORS.append(_predict)

@@ -9,7 +9,8 @@ pre-hook on each of our layers; the first to run removes them all and submits to
 autograd) its backward at those leading dimensions, made by copies of the layer whose
 parameters are on the meta device (`meta_copy`). A linear layer's forward, input gradient and
 weight gradient are three calls (one GEMM each, so three workers can share a layer); forwards
-are queued first, then backwards in reverse layer order, as the step meets them.
+are queued first, then backwards in reverse layer order, as the step meets them. What the layers
+do not show (a library's attention) comes from `PREDICTORS`.
 
 A model meets new kernels again later (a generate's prefill and decode run other token counts,
 so other GEMM tile shapes): each compile this process makes itself re-arms its armed models
@@ -38,7 +39,7 @@ from .linear import Linear
 from .mlp import GatedMLP
 from .norms import LayerNorm, RMSNorm
 
-__all__ = ["arm", "disarm", "predict", "meta_copy", "layers"]
+__all__ = ["PREDICTORS", "arm", "disarm", "predict", "meta_copy", "layers"]
 
 # layer -> weakref of the model it was armed for; model -> the hooks' handles; the models
 # `arm` was called for (re-armed after each compile); model -> the predictions made for it
@@ -46,6 +47,11 @@ _ROOTS: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref]" = weakref.Weak
 _HANDLES: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
 _MODELS: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 _PREDICTED: "weakref.WeakKeyDictionary[torch.nn.Module, set]" = weakref.WeakKeyDictionary()
+
+
+# Callables (model, x) -> (forward calls, backward calls) predicting, at the first layer call's
+# input x, what `layers` cannot see: a library's attention (`integrations.transformers` adds one).
+PREDICTORS: list = []
 
 
 def _width(module) -> tuple | None:
@@ -163,6 +169,13 @@ def predict(model: torch.nn.Module, x: torch.Tensor) -> list[Call]:
             backwards.append([call(True, True, True), call(False, False, True)])  # dX; dW (and the bias's)
         else:
             backwards.append([call(False, spec.requires_grad, True)])
+    for predictor in PREDICTORS:
+        try:
+            more_forwards, more_backwards = predictor(model, x)
+        except Exception:  # noqa: BLE001 - a prediction is a hint; the model compiles what it lacks
+            continue
+        forwards += more_forwards
+        backwards.append(more_backwards)  # queued first among the backwards: attention's compile is the longest
     return forwards + [c for group in reversed(backwards) for c in group]
 
 

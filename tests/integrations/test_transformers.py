@@ -229,3 +229,39 @@ def test_without_fallback_cpu_tensors_are_refused():
     _, ours, batch = pair("llama_gqa", fallback="none")
     with pytest.raises((NotImplementedError, ValueError, TypeError), match="fallback='torch'"):
         ours(**batch)
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "mistral_swa", "gpt_oss"])
+def test_compile_ahead_predicts_each_attention_configuration_and_its_calls_run(name):
+    """nn.ahead with this integration's predictor: at a patched model's first layer call, one
+    forward call (and one backward call in training) per distinct attention configuration, q, k
+    and v laid out as the projections leave them; the calls run (CPU, torch computing)."""
+    import pickle
+    import warnings
+
+    from cute_kernels.nn import ahead
+    from cute_kernels.runtime import ahead_worker
+
+    _, ours, batch = pair(name, dtype=torch.float32, patch=True)
+    x = torch.randn(2, 5, ours.config.hidden_size, requires_grad=True)
+    ours.train()
+    forwards, backwards = hf._predict(ours, x)
+    layers = [m for m in ours.modules() if hasattr(m, "layer_idx") and hasattr(m, "scaling")]
+    windows = {getattr(m, "sliding_window", None) for m in layers}
+    assert len(forwards) == len(backwards) == len(windows)  # one configuration per window kind here
+    q, k, v = forwards[0].args[:3]
+    cfg = ours.config
+    d = layers[0].head_dim
+    assert q.shape == (2, cfg.num_attention_heads, 5, d) and q.stride == (5 * cfg.num_attention_heads * d, d,
+                                                                         cfg.num_attention_heads * d, 1)
+    assert k.shape == v.shape == (2, cfg.num_key_value_heads, 5, d) and q.requires_grad
+    assert all(not c.backward for c in forwards) and all(c.backward and c.grad for c in backwards)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's FallbackWarning
+        for call in forwards + backwards:
+            ahead_worker.run(pickle.loads(pickle.dumps(call)))
+    calls = ahead.predict(ours, x)  # the layers' calls and these, backwards after forwards
+    assert sum(c.target == "cute_kernels.integrations.transformers:predicted_call" for c in calls) == 2 * len(windows)
+    with torch.no_grad():
+        assert hf._predict(ours.eval(), x)[1] == []
+    assert hf._predict(torch.nn.Linear(2, 2), x) == ([], [])
