@@ -23,7 +23,7 @@ is keyed by what it compiles. Workers are fresh interpreters (`python -m
 cute_kernels.runtime.ahead_worker`), not multiprocessing's spawn, which would run an unguarded
 user script again in every child; each exits after `IDLE_S` seconds without work, freeing its
 CUDA context. Off unless the unverified path `compile_ahead` is on (`runtime.unverified`), the
-disk cache is on, and this process is not itself a worker.
+disk cache is on, and this process is not itself a worker nor in a dry run (precompile's).
 """
 
 from __future__ import annotations
@@ -117,9 +117,10 @@ class Call:
 def active() -> bool:
     """Whether compile-ahead runs here (module docstring)."""
     from . import unverified
-    from .cache import disk_cache_enabled
+    from .cache import disk_cache_enabled, dry_run
 
-    return unverified.enabled("compile_ahead") and disk_cache_enabled() and os.environ.get(WORKER_ENV) != "1"
+    return (unverified.enabled("compile_ahead") and disk_cache_enabled() and os.environ.get(WORKER_ENV) != "1"
+            and not dry_run())  # a dry run (precompile's workers, these workers) only compiles
 
 
 def workers() -> int:

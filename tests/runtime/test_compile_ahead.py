@@ -226,6 +226,12 @@ def test_nothing_is_submitted_where_compile_ahead_is_off(monkeypatch):
         monkeypatch.setenv(compile_ahead.WORKER_ENV, "1")
         assert not compile_ahead.active()
         monkeypatch.delenv(compile_ahead.WORKER_ENV)
+        from cute_kernels.runtime import cache
+
+        monkeypatch.setattr(cache._DRY_RUN, "shard", (0, 2))  # a precompile worker
+        assert not compile_ahead.active()
+        monkeypatch.setattr(cache._DRY_RUN, "shard", None)
+        assert compile_ahead.active()
         # a call on CPU tensors has no kernels to compile ahead
         assert compile_ahead.backward_of("linear", None, (torch.randn(2, 2, requires_grad=True),)) == 0
     assert compile_ahead._POOL[0] is None
