@@ -159,8 +159,13 @@ def predict(model: torch.nn.Module, x: torch.Tensor) -> list[Call]:
 
         def call(frozen: bool, requires_grad: bool, backward: bool, layer=layer, shape=shape, stride=stride):
             arg = TensorSpec(shape, stride, x.dtype, device, requires_grad=requires_grad)
+            footprint = 0  # Call's estimate, but a linear layer's output can dwarf its input and weight
+            if isinstance(layer, Linear):
+                out_bytes = arg.nbytes // layer.in_features * layer.out_features
+                footprint = (arg.nbytes + out_bytes + layer.weight.numel() * x.element_size()) * (
+                    2 if backward else 1) + (1 << 20)  # with the backward, each has its gradient
             return Call(meta_copy(layer, frozen=frozen), (arg,), grad=grad, backward=backward, device=device,
-                        training=layer.training, imports=("cute_kernels.nn",))
+                        training=layer.training, imports=("cute_kernels.nn",), footprint=footprint)
 
         forwards.append(call(False, spec.requires_grad, False))
         if not (spec.requires_grad or trains):

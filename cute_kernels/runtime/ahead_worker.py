@@ -48,10 +48,17 @@ def _make(tree):
     return tree
 
 
-def run(call) -> None:
-    """Make `call` (a `compile_ahead.Call`) in this process; dry-run mode is the caller's."""
+def run(call) -> bool:
+    """Make `call` (a `compile_ahead.Call`) in this process; dry-run mode is the caller's. False
+    when it was skipped: on a CUDA device without the memory to spare (`compile_ahead.fits`)."""
     import torch
 
+    from .compile_ahead import _specs, fits
+
+    device = torch.device(call.device) if call.device else next(
+        (torch.device(s.device) for s in _specs((call.args, call.kwargs))), None)
+    if device is not None and device.type == "cuda" and not fits(call, *torch.cuda.mem_get_info(device)):
+        return False
     for name in call.imports:
         importlib.import_module(name)
     target = _resolve(call.target)
@@ -64,6 +71,7 @@ def run(call) -> None:
             roots = [t for t in _tensors(out) if t.requires_grad]
             if roots:
                 torch.autograd.backward(roots, [torch.empty_like(t) for t in roots])
+    return True
 
 
 def _exit_with_parent() -> None:
@@ -108,7 +116,7 @@ def main(argv: list[str]) -> int:
         before = dict(counts)
         result = {"ok": True, "error": None}
         try:
-            run(call)
+            result["skipped"] = 0 if run(call) else 1
         except Exception as err:  # noqa: BLE001 - reported; the program compiles what this missed
             result = {"ok": False, "error": f"{type(err).__name__}: {err}"}
         result.update({k: counts[k] - before.get(k, 0) for k in counts})

@@ -40,7 +40,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TensorSpec", "Call", "backward_of", "submit", "start", "wait", "shutdown", "active", "workers", "counts",
+__all__ = ["TensorSpec", "Call", "RESERVE", "fits", "backward_of", "submit", "start", "wait", "shutdown", "active", "workers", "counts",
            "spec_args", "IDLE_S", "WORKER_ENV"]
 
 WORKER_ENV = "CUTE_KERNELS_AHEAD_WORKER"  # set in workers: they predict nothing themselves
@@ -64,6 +64,13 @@ class TensorSpec:
         per16 = max(1, 16 // t.element_size())
         return cls(tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device), bool(t.requires_grad),
                    t.storage_offset() % per16)
+
+    @property
+    def nbytes(self) -> int:
+        import torch
+
+        extent = 0 if any(n == 0 for n in self.shape) else 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride))
+        return (extent + self.offset) * torch.empty((), dtype=self.dtype).element_size()
 
     def make(self):
         """An uninitialized tensor like this (integer ones zeroed: host checks read indices)."""
@@ -99,7 +106,10 @@ class Call:
 
     target: a "module:function" path, or a picklable callable (an `nn.Module` whose tensors are
     on the meta device is moved to `device`, empty, and set to `training`). imports: modules to
-    import first (where a target registers what it looks up)."""
+    import first (where a target registers what it looks up). footprint: the device memory the
+    call takes, in bytes (0: three times its tensors', the module's parameters included); a
+    worker skips a call that would leave the device less than `RESERVE` free, so that the
+    program keeps the memory its own step needs."""
 
     target: Any
     args: tuple = ()
@@ -109,9 +119,41 @@ class Call:
     device: str | None = None
     training: bool = False
     imports: tuple = ()
+    footprint: int = 0
 
     def digest(self) -> str:
         return hashlib.sha256(pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)).hexdigest()
+
+    def memory(self) -> int:
+        """`footprint`, or its estimate."""
+        if self.footprint:
+            return self.footprint
+        total = sum(s.nbytes for s in _specs((self.args, self.kwargs)))
+        parameters = getattr(self.target, "parameters", None)
+        if callable(parameters):
+            total += sum(p.numel() * p.element_size() for p in parameters())
+        return 3 * total
+
+
+def _specs(tree):
+    if isinstance(tree, TensorSpec):
+        yield tree
+    elif isinstance(tree, (tuple, list)):
+        for item in tree:
+            yield from _specs(item)
+    elif isinstance(tree, dict):
+        for item in tree.values():
+            yield from _specs(item)
+
+
+# Device memory a worker leaves free: a call that would take more is skipped (the program's own
+# step, running meanwhile, needs its memory more than a worker needs a prediction).
+RESERVE = {"fraction": 0.25, "bytes": 4 << 30}
+
+
+def fits(call: Call, free: int, total: int) -> bool:
+    """Whether `call` may run on a device with `free` of `total` bytes free (`RESERVE`)."""
+    return free - call.memory() >= max(RESERVE["fraction"] * total, RESERVE["bytes"])
 
 
 def active() -> bool:
@@ -166,7 +208,8 @@ class _Pool:
         self.pending = 0
         self.live = 0
         self.procs: set = set()
-        self.counts = {"calls": 0, "failed": 0, "compiled": 0, "present": 0, "others": 0, "uncacheable": 0}
+        self.counts = {"calls": 0, "failed": 0, "skipped": 0, "compiled": 0, "present": 0, "others": 0,
+                       "uncacheable": 0}
         self.errors: list[str] = []
 
     def put(self, calls: list) -> None:
@@ -240,7 +283,7 @@ class _Pool:
             if not result.get("ok"):
                 self.counts["failed"] += 1
                 self.errors.append(str(result.get("error"))[:500])
-            for k in ("compiled", "present", "others", "uncacheable"):
+            for k in ("skipped", "compiled", "present", "others", "uncacheable"):
                 self.counts[k] += result.get(k, 0)
             self.pending -= 1
             self.cond.notify_all()
@@ -337,8 +380,9 @@ def wait(timeout: float | None = None) -> bool:
 
 
 def counts() -> dict:
-    """What the workers did: calls made, failed, kernels compiled, found on disk, left to
-    another process's claim, not disk-cacheable; with failures, the first errors."""
+    """What the workers did: calls made, failed, skipped (no device memory to spare: `fits`),
+    kernels compiled, found on disk, left to another process's claim, not disk-cacheable; with
+    failures, the first errors."""
     pool = _POOL[0]
     if pool is None:
         return {}

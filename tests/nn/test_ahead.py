@@ -81,6 +81,9 @@ def test_patch_arms_every_layer_and_the_first_call_disarms_and_predicts(armed, m
     assert [c.args[0].shape for c in calls[:5]] == [(4, 5, 16), (4, 5, 16), (4, 5, 32), (4, 5, 16), (4, 5, 16)]
     assert all(c.grad and c.training for c in calls) and all(c.args[0].requires_grad for c in calls[:5])
     assert [c.backward for c in calls] == [False] * 5 + [True] * 8
+    up = calls[1]  # 16 -> 32 on (4, 5, 16) fp32: input, output and weight (the device reserve's measure)
+    assert up.footprint == 4 * (4 * 5 * 16 + 4 * 5 * 32 + 32 * 16) + (1 << 20)
+    assert calls[5].footprint == 2 * 4 * (4 * 5 * 16 + 4 * 5 * 3 + 3 * 16) + (1 << 20)  # the head's dX, gradients too
     head_dx, head_dw = calls[5:7]
     assert not any(p.requires_grad for p in head_dx.target.parameters()) and head_dx.args[0].requires_grad
     assert all(p.requires_grad for p in head_dw.target.parameters()) and not head_dw.args[0].requires_grad

@@ -278,3 +278,21 @@ def test_a_worker_stops_on_the_stop_message_while_its_pipe_is_still_open():
         os.close(held)
         proc.kill()
         results.close()
+
+
+def test_a_call_runs_only_where_the_device_keeps_its_reserve():
+    import torch
+
+    from cute_kernels.runtime.compile_ahead import RESERVE, Call, TensorSpec, fits
+
+    x = TensorSpec((1024, 1024), (1024, 1), torch.bfloat16, "cuda:0")  # 2 MiB
+    assert x.nbytes == 2 << 20 and TensorSpec((4, 0), (1, 1), torch.float32, "cpu").nbytes == 0
+    with torch.device("meta"):
+        layer = torch.nn.Linear(1024, 512, dtype=torch.bfloat16)
+    assert Call(layer, (x,)).memory() == 3 * ((2 << 20) + (1 << 20) + 1024)  # input, weight, bias, thrice
+    assert Call("f", (x,), footprint=5).memory() == 5
+    gib = 1 << 30
+    total = 80 * gib
+    reserve = max(RESERVE["fraction"] * total, RESERVE["bytes"])
+    call = Call("f", footprint=gib)
+    assert fits(call, int(reserve) + gib, total) and not fits(call, int(reserve) + gib - 1, total)
