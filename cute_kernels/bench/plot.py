@@ -154,7 +154,7 @@ def plot_result(result: BenchResult, path: str | Path, *, max_bytes: int = MAX_P
 
 
 def save_png(fig, path: str | Path, *, max_bytes: int = MAX_PNG_BYTES, what: str = "figure",
-             dpis: tuple[int, ...] = (110, 90, 72, 56)) -> Path:
+             dpis: tuple[int, ...] = (90, 72, 56)) -> Path:
     """Write matplotlib figure `fig` as a 256-colour palette PNG of at most `max_bytes` (the
     first of `dpis` that fits), close it, and return the path; RuntimeError if none fits."""
     import matplotlib.pyplot as plt
