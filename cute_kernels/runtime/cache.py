@@ -137,10 +137,12 @@ def compile_kernel(jit_fn: Callable, *args, key: tuple, options: str | None = No
 
 
 class _DryRun:
-    """Dry-run mode (`runtime.precompile`'s workers): `shard` = (index, workers) while on.
+    """Dry-run mode (`runtime.precompile`'s and `runtime.compile_ahead`'s workers): `shard` =
+    (index, workers) while on.
 
-    Then every compile whose disk entry's digest falls in this worker's shard and is not on
-    disk yet is compiled and stored; the function handed back, for every key, is a no-op, so
+    Then every compile whose disk entry's digest falls in this worker's shard (all of them for
+    (0, 1), what those workers use), is not on disk yet and is not claimed by another process
+    (`claim`) is compiled and stored; the function handed back, for every key, is a no-op, so
     the code being traced launches nothing.
     """
 

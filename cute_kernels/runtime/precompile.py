@@ -3,9 +3,11 @@
 A cold process compiles each kernel it meets one after another (about a second each). When
 the calls are known ahead (a fuzz's problem list, a model's first step), `precompile` runs the
 same calls in `workers` fresh processes with the compile cache in dry-run mode
-(`cache._DryRun`): worker i compiles only the kernels whose disk-entry digest falls in shard
-i, stores them, and launches nothing. The program's own run then loads every kernel from disk
-in milliseconds.
+(`cache._DryRun`): each worker compiles the kernels it meets that are neither on disk nor
+claimed by another worker (`cache.claim`), stores them, and launches nothing. The workers trace
+the same calls in the same order, so they spread the kernels among themselves as they go: the
+first to reach a kernel compiles it while the others move on to the next. The program's own run
+then loads every kernel from disk in milliseconds.
 
 The trace is `target(*args)`, `target` a "module:function" string importable in a fresh
 process. It must make the same kernel calls in every process (seeded data, no dependence on
@@ -38,15 +40,16 @@ def _resolve(target: str):
     return getattr(importlib.import_module(module), name)
 
 
-def _worker(index: int, workers: int, target: str, args: tuple) -> dict:
+def _worker(target: str, args: tuple) -> dict:
     from . import cache
 
-    cache._DRY_RUN.shard = (index, workers)
+    cache._DRY_RUN.shard = (0, 1)  # any kernel: claims keep each to one worker
+    before = dict(cache._DRY_RUN.counts)  # a pool process may run two of the tasks
     try:
         _resolve(target)(*args)
     finally:
         cache._DRY_RUN.shard = None
-    return dict(cache._DRY_RUN.counts)
+    return {k: v - before[k] for k, v in cache._DRY_RUN.counts.items()}
 
 
 def precompile(target: str, *args, workers: int | None = None) -> dict:
@@ -67,14 +70,11 @@ def precompile(target: str, *args, workers: int | None = None) -> dict:
     if workers < 1:
         raise ValueError(f"precompile: workers must be >= 1, got {workers}")
     start = time.perf_counter()
-    totals = {"compiled": 0, "present": 0, "uncacheable": 0}
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(_worker, i, workers, target, tuple(args)) for i in range(workers)]
-        for i, fut in enumerate(futures):
-            counts = fut.result()
-            totals["compiled"] += counts["compiled"]
-            totals["present"] += counts["present"]
-            if i == 0:  # every worker meets the same uncacheable keys
-                totals["uncacheable"] = counts["uncacheable"]
-    totals.update(workers=workers, seconds=round(time.perf_counter() - start, 2))
-    return totals
+        counts = [f.result() for f in [pool.submit(_worker, target, tuple(args)) for _ in range(workers)]]
+    compiled = sum(c["compiled"] for c in counts)
+    # every worker meets the same kernels: what one of them met, less what all compiled, was on disk
+    first = counts[0]
+    met = first["compiled"] + first["present"] + first["others"]
+    return {"compiled": compiled, "present": met - compiled, "uncacheable": first["uncacheable"], "workers": workers,
+            "seconds": round(time.perf_counter() - start, 2)}
