@@ -130,31 +130,27 @@ def compile_kernel(jit_fn: Callable, *args, key: tuple, options: str | None = No
     with _LOCK:
         fn = _MEMORY.get(memo)
         if fn is None:
-            fn = _DRY_RUN.compile(jit_fn, args, key, options, memo[2]) if _DRY_RUN.shard else \
+            fn = _DRY_RUN.compile(jit_fn, args, key, options, memo[2]) if _DRY_RUN.on else \
                 _load_or_compile(jit_fn, args, key, options, memo[2])
             _MEMORY[memo] = fn
     return fn
 
 
 class _DryRun:
-    """Dry-run mode (`runtime.precompile`'s and `runtime.compile_ahead`'s workers): `shard` =
-    (index, workers) while on.
+    """Dry-run mode (`runtime.precompile`'s and `runtime.compile_ahead`'s workers), while `on`.
 
-    Then every compile whose disk entry's digest falls in this worker's shard (all of them for
-    (0, 1), what those workers use), is not on disk yet and is not claimed by another process
+    Then every compile whose disk entry is not on disk yet and not claimed by another process
     (`claim`) is compiled and stored; the function handed back, for every key, is a no-op, so
     the code being traced launches nothing.
     """
 
-    shard: tuple[int, int] | None = None
+    on = False
     counts = {"compiled": 0, "present": 0, "others": 0, "uncacheable": 0}
 
     def compile(self, jit_fn, args, key, options, arch):
         entry = _disk_entry(jit_fn, key, options, arch) if disk_cache_enabled() else None
         if entry is None:
             self.counts["uncacheable"] += 1
-        elif int(entry[1][3:], 16) % self.shard[1] != self.shard[0]:
-            self.counts["others"] += 1
         elif entry[0].is_file():
             self.counts["present"] += 1
         elif not claim(entry):
@@ -178,7 +174,7 @@ def _no_launch(*args, **kwargs) -> None:
 def dry_run() -> bool:
     """Whether this process is in dry-run mode (its kernels launch nothing: whatever would time
     or read their results, such as the GEMM autotuner, must not run)."""
-    return _DRY_RUN.shard is not None
+    return _DRY_RUN.on
 
 
 _DRY_RUN = _DryRun()

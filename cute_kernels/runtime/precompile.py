@@ -43,12 +43,12 @@ def _resolve(target: str):
 def _worker(target: str, args: tuple) -> dict:
     from . import cache
 
-    cache._DRY_RUN.shard = (0, 1)  # any kernel: claims keep each to one worker
+    cache._DRY_RUN.on = True  # any kernel it meets: claims keep each to one worker
     before = dict(cache._DRY_RUN.counts)  # a pool process may run two of the tasks
     try:
         _resolve(target)(*args)
     finally:
-        cache._DRY_RUN.shard = None
+        cache._DRY_RUN.on = False
     return {k: v - before[k] for k, v in cache._DRY_RUN.counts.items()}
 
 

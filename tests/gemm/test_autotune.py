@@ -343,7 +343,7 @@ def test_a_dry_run_never_tunes(monkeypatch):
 
     monkeypatch.setenv(autotune.ENV, "1")
     assert autotune.enabled()
-    monkeypatch.setattr(cache._DRY_RUN, "shard", (0, 1))
+    monkeypatch.setattr(cache._DRY_RUN, "on", True)
     assert not autotune.enabled()
 
 

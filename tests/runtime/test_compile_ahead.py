@@ -125,11 +125,11 @@ def test_a_dry_run_leaves_a_claimed_kernel_to_its_claimant(fresh, sleeper):
     entry = cache._disk_entry(job.jit_fn, job.key, job.options, "sm_90a")
     _hold(entry, sleeper.pid)
     before = dict(cache._DRY_RUN.counts)
-    cache._DRY_RUN.shard = (0, 1)
+    cache._DRY_RUN.on = True
     try:
         fn = cache.compile_kernel(job.jit_fn, *job.args, key=job.key, options=job.options)
     finally:
-        cache._DRY_RUN.shard = None
+        cache._DRY_RUN.on = False
     assert fn is cache._no_launch and not entry[0].exists()
     assert cache._DRY_RUN.counts["others"] == before["others"] + 1
     assert cache._DRY_RUN.counts["compiled"] == before["compiled"]
@@ -228,9 +228,9 @@ def test_nothing_is_submitted_where_compile_ahead_is_off(monkeypatch):
         monkeypatch.delenv(compile_ahead.WORKER_ENV)
         from cute_kernels.runtime import cache
 
-        monkeypatch.setattr(cache._DRY_RUN, "shard", (0, 2))  # a precompile worker
+        monkeypatch.setattr(cache._DRY_RUN, "on", True)  # a precompile worker
         assert not compile_ahead.active()
-        monkeypatch.setattr(cache._DRY_RUN, "shard", None)
+        monkeypatch.setattr(cache._DRY_RUN, "on", False)
         assert compile_ahead.active()
         # a call on CPU tensors has no kernels to compile ahead
         assert compile_ahead.backward_of("linear", None, (torch.randn(2, 2, requires_grad=True),)) == 0
