@@ -23,40 +23,15 @@ def _resolve(target):
     return target
 
 
-def _tensors(tree):
-    import torch
-
-    if isinstance(tree, torch.Tensor):
-        yield tree
-    elif isinstance(tree, (tuple, list)):
-        for item in tree:
-            yield from _tensors(item)
-    elif isinstance(tree, dict):
-        for item in tree.values():
-            yield from _tensors(item)
-
-
-def _make(tree):
-    from .compile_ahead import TensorSpec
-
-    if isinstance(tree, TensorSpec):
-        return tree.make()
-    if isinstance(tree, (tuple, list)):
-        return type(tree)(_make(a) for a in tree)
-    if isinstance(tree, dict):
-        return {k: _make(v) for k, v in tree.items()}
-    return tree
-
-
 def run(call) -> bool:
     """Make `call` (a `compile_ahead.Call`) in this process; dry-run mode is the caller's. False
     when it was skipped: on a CUDA device without the memory to spare (`compile_ahead.fits`)."""
     import torch
 
-    from .compile_ahead import _specs, fits
+    from .compile_ahead import TensorSpec, fits, leaves, map_leaves
 
-    device = torch.device(call.device) if call.device else next(
-        (torch.device(s.device) for s in _specs((call.args, call.kwargs))), None)
+    specs = [s for s in leaves((call.args, call.kwargs)) if isinstance(s, TensorSpec)]
+    device = torch.device(call.device or specs[0].device) if (call.device or specs) else None
     if device is not None and device.type == "cuda" and not fits(call, *torch.cuda.mem_get_info(device)):
         return False
     for name in call.imports:
@@ -64,11 +39,11 @@ def run(call) -> bool:
     target = _resolve(call.target)
     if isinstance(target, torch.nn.Module):
         target = target.to_empty(device=call.device).train(call.training)
-    args, kwargs = _make(call.args), _make(call.kwargs)
+    args, kwargs = map_leaves(lambda a: a.make() if isinstance(a, TensorSpec) else a, (call.args, call.kwargs))
     with torch.set_grad_enabled(call.grad):
         out = target(*args, **kwargs)
         if call.backward:
-            roots = [t for t in _tensors(out) if t.requires_grad]
+            roots = [t for t in leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
             if roots:
                 torch.autograd.backward(roots, [torch.empty_like(t) for t in roots])
     return True

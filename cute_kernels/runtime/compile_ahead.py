@@ -40,8 +40,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TensorSpec", "Call", "RESERVE", "fits", "backward_of", "submit", "start", "wait", "shutdown", "active", "workers", "counts",
-           "spec_args", "IDLE_S", "WORKER_ENV"]
+__all__ = ["TensorSpec", "Call", "RESERVE", "fits", "backward_of", "submit", "start", "wait", "shutdown", "active",
+           "workers", "counts", "spec_args", "map_leaves", "leaves", "IDLE_S", "WORKER_ENV"]
 
 WORKER_ENV = "CUTE_KERNELS_AHEAD_WORKER"  # set in workers: they predict nothing themselves
 IDLE_S = 30.0
@@ -66,37 +66,55 @@ class TensorSpec:
                    t.storage_offset() % per16)
 
     @property
+    def extent(self) -> int:
+        """Elements of storage the tensor reaches (its offset included)."""
+        if any(n == 0 for n in self.shape):
+            return self.offset
+        return self.offset + 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride))
+
+    @property
     def nbytes(self) -> int:
         import torch
 
-        extent = 0 if any(n == 0 for n in self.shape) else 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride))
-        return (extent + self.offset) * torch.empty((), dtype=self.dtype).element_size()
+        return self.extent * torch.empty((), dtype=self.dtype).element_size()
 
     def make(self):
         """An uninitialized tensor like this (integer ones zeroed: host checks read indices)."""
         import torch
 
-        extent = 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride) if n > 0)
-        if any(n == 0 for n in self.shape):
-            extent = 0
-        base = torch.empty(extent + self.offset, dtype=self.dtype, device=self.device)
+        base = torch.empty(self.extent, dtype=self.dtype, device=self.device)
         if not (base.is_floating_point() or base.is_complex()):
             base.zero_()
         t = base.as_strided(self.shape, self.stride, self.offset)
         return t.requires_grad_() if self.requires_grad else t
 
 
+def map_leaves(fn, tree):
+    """`tree` (nested tuples, lists and dicts) with `fn` applied to every other value."""
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(map_leaves(fn, a) for a in tree)
+    if isinstance(tree, dict):
+        return {k: map_leaves(fn, v) for k, v in tree.items()}
+    return fn(tree)
+
+
+def leaves(tree):
+    """The values of `tree` (nested tuples, lists and dicts) that are none of those, in order."""
+    if isinstance(tree, (tuple, list)):
+        for item in tree:
+            yield from leaves(item)
+    elif isinstance(tree, dict):
+        for item in tree.values():
+            yield from leaves(item)
+    else:
+        yield tree
+
+
 def spec_args(args):
     """`args` (a tuple, list or dict tree) with every tensor replaced by its `TensorSpec`."""
     import torch
 
-    if isinstance(args, torch.Tensor):
-        return TensorSpec.of(args)
-    if isinstance(args, (tuple, list)):
-        return type(args)(spec_args(a) for a in args)
-    if isinstance(args, dict):
-        return {k: spec_args(v) for k, v in args.items()}
-    return args
+    return map_leaves(lambda a: TensorSpec.of(a) if isinstance(a, torch.Tensor) else a, args)
 
 
 @dataclass(frozen=True)
@@ -128,22 +146,11 @@ class Call:
         """`footprint`, or its estimate."""
         if self.footprint:
             return self.footprint
-        total = sum(s.nbytes for s in _specs((self.args, self.kwargs)))
+        total = sum(s.nbytes for s in leaves((self.args, self.kwargs)) if isinstance(s, TensorSpec))
         parameters = getattr(self.target, "parameters", None)
         if callable(parameters):
             total += sum(p.numel() * p.element_size() for p in parameters())
         return 3 * total
-
-
-def _specs(tree):
-    if isinstance(tree, TensorSpec):
-        yield tree
-    elif isinstance(tree, (tuple, list)):
-        for item in tree:
-            yield from _specs(item)
-    elif isinstance(tree, dict):
-        for item in tree.values():
-            yield from _specs(item)
 
 
 # Device memory a worker leaves free: a call that would take more is skipped (the program's own
