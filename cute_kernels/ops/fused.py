@@ -483,7 +483,11 @@ def _lce_setup(ctx, inputs, output):
         ctx.save_for_backward(x, weight, labels, bias)
         ctx.opts = (ignore_index, label_smoothing, z_loss, chunk, gemm, fallback)
     else:
-        ctx.save_for_backward(dx, dw, db)
+        # Held as a plain attribute and given up by the backward, not saved: a saved tensor stays
+        # referenced by the graph, so autograd's AccumulateGrad copies it into weight.grad (a
+        # vocab x hidden copy, 1 GB at Llama-3's vocabulary, every training step); handed over
+        # alone, it becomes weight.grad itself.
+        ctx.grads = (dx, dw, db)
     ctx.has_bias = bias is not None
 
 
@@ -498,6 +502,18 @@ def _scaled(g, grad):
     return grad * g.to(grad.dtype)
 
 
+def _take_grads(ctx):
+    """The forward's gradients, given up by ctx (`_lce_setup` says why); a second backward
+    through the same graph (retain_graph=True) finds them gone and says so."""
+    grads = getattr(ctx, "grads", None)
+    if grads is None:
+        raise RuntimeError("cute_kernels.linear_cross_entropy: a second backward through the same graph "
+                           "(retain_graph=True): the gradients were computed in the forward and handed to the first "
+                           "backward; compute the loss again for another backward, or use reduction='none'")
+    ctx.grads = None
+    return grads
+
+
 def _lce_grad(ctx, dloss, ddx, ddw, ddb):
     if dloss is None:
         return (None,) * 13
@@ -508,7 +524,7 @@ def _lce_grad(ctx, dloss, ddx, ddw, ddb):
                                                    z_loss, chunk, gemm, fallback)
         db = db if ctx.has_bias else None
     else:
-        dx, dw, db = ctx.saved_tensors
+        dx, dw, db = _take_grads(ctx)
         if dx.numel() == 0 and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
             raise RuntimeError("cute_kernels.linear_cross_entropy: the forward ran with need_grad=False; "
                                "call it with gradients enabled to differentiate it")

@@ -216,3 +216,20 @@ def test_importing_the_torch_layers_loads_no_dsl():
             "cute_kernels.bench.fused_cases; print('cutlass' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_linear_cross_entropy_hands_its_weight_gradient_over_without_a_copy():
+    # computed in the forward, the gradients are given to autograd, not kept by the graph: a
+    # training step's backward() makes the tensor weight.grad itself instead of copying it
+    # (vocab x hidden); a second backward through the graph raises rather than reuse them
+    torch.manual_seed(3)
+    xs, ws, lab = randn(9, 6, grad=True), randn(13, 6, grad=True), _labels(9, 13)
+    loss, _, dw, _ = ops.linear_cross_entropy(xs, ws, lab, None, **T)
+    ptr = dw.data_ptr()
+    del dw
+    loss.backward(retain_graph=True)
+    assert ws.grad.data_ptr() == ptr
+    want = torch.autograd.grad(torch.nn.functional.cross_entropy(xs @ ws.t(), lab), ws)[0]
+    assert torch.allclose(ws.grad, want, rtol=1e-4, atol=1e-6)
+    with pytest.raises(RuntimeError, match="second backward"):
+        loss.backward()
