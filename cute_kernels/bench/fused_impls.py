@@ -11,6 +11,9 @@ How each op is timed (the same for every implementation):
   autograd engine's dispatch, as the attention_bwd suite does;
 - `cross_entropy_fwd_bwd` and `linear_cross_entropy`: loss and gradient together, as a training
   step runs them (our cross-entropy computes the gradient in the forward's launch);
+  `linear_cross_entropy`'s step is `loss.backward()` into the leaves' `.grad`, as training makes
+  it: a gradient computed in the forward and kept saved by the graph is copied into `.grad` there
+  (autograd's AccumulateGrad), which `torch.autograd.grad` would not show;
 - `rope`: in place on a copy of q and k made at prepare (Liger rotates in place too).
 Implementations that overwrite their inputs (Liger's cross-entropy writes its gradient over the
 logits) get their own copy. `linear_cross_entropy` implementations measure their peak memory at
@@ -428,10 +431,11 @@ def _prepare(impl: str, case, inputs) -> Prepared:
         x, w, labels = _leaf(inputs["x"]), _leaf(inputs["w"]), inputs["labels"]
         rows = inputs["dw_rows"]
 
-        def fn():
+        def fn():  # a training step's backward, into the leaves' .grad (module docstring)
+            x.grad = w.grad = None
             loss = _lce(x, w, labels, base)
-            dx, dw = torch.autograd.grad(loss, (x, w))
-            return loss, dx, dw
+            loss.backward()
+            return loss, x.grad, w.grad
 
         peak = _peak_mib(fn) if x.is_cuda else None
         return Prepared(fn, canonical=lambda out: flat(out[0], out[1], out[2][rows]),
