@@ -14,7 +14,8 @@ The tokens are taken in chunks of `chunk` rows. For each chunk c:
 so the extra memory is one logits buffer (chunk x V in x's dtype) besides dx and dW (which the
 caller gets back), and the logits are read twice and written once by the cross-entropy kernel
 (`cross_entropy`) between the GEMMs. The default chunk is Liger's rule, next_pow2(T / ceil(V / H)),
-which makes the buffer about the size of x. With reduction="none" the gradient needs the per-token
+which makes the buffer about the size of x (wider under the unverified path `linear_ce_wide_chunk`:
+`default_chunk`). With reduction="none" the gradient needs the per-token
 dloss of the backward, so the forward computes the loss only and `linear_cross_entropy_backward`
 recomputes the logits chunk by chunk.
 
@@ -36,11 +37,30 @@ REDUCTIONS = ("mean", "sum", "none")
 GEMMS = ("torch", "cute_kernels")
 
 
-def default_chunk(tokens: int, hidden: int, vocab: int) -> int:
-    """Liger's chunk: next_pow2(ceil(T / ceil(V / H))), so chunk * V is about T * H."""
+# The logits buffer a chunk may fill with wider chunks (unverified path `linear_ce_wide_chunk`):
+# 1024 tokens at Llama-3's vocabulary. Why: each chunk's dW GEMM reads and writes the whole
+# vocab x hidden gradient, so Liger's 256-token chunks at 8192 x 4096 -> 128256 move 64 GB a
+# step (about 15 ms at the copy bandwidth); 1024-token ones 16 GB, for 188 MiB more logits, still
+# below the peak of Liger's training step (which copies dW into weight.grad).
+WIDE_CHUNK_BYTES = 256 << 20
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
+def default_chunk(tokens: int, hidden: int, vocab: int, element_bytes: int = 2) -> int:
+    """Liger's chunk: next_pow2(ceil(T / ceil(V / H))), so chunk * V is about T * H; with the path
+    `linear_ce_wide_chunk` on, as wide as `WIDE_CHUNK_BYTES` of logits allow, if wider (at most
+    the tokens' next power of two)."""
+    from cute_kernels.runtime import unverified
+
     inc = -(-vocab // hidden)
-    c = -(-tokens // inc)
-    return max(1, 1 << (c - 1).bit_length()) if c > 1 else 1
+    liger = _pow2_ceil(-(-tokens // inc))
+    if not unverified.enabled("linear_ce_wide_chunk"):
+        return liger
+    fits = max(1, WIDE_CHUNK_BYTES // max(1, vocab * element_bytes))
+    return max(liger, min(1 << (fits.bit_length() - 1), _pow2_ceil(tokens)))
 
 
 def _mm(a, b, gemm: str):
@@ -100,7 +120,7 @@ def linear_cross_entropy(x, weight, labels, bias=None, *, ignore_index: int = -1
     if check_labels:
         check_labels_in_range(op, labels, v, ignore_index)
     grads = need_grad and reduction != "none"
-    step = chunk or default_chunk(t, h, v)
+    step = chunk or default_chunk(t, h, v, x.element_size())
     loss_rows = torch.empty((t,), dtype=torch.float32, device=x.device)
     if reduction == "mean":
         # 1 / n_valid on the device (inf when every token is ignored: the loss is then NaN, as torch's,
@@ -158,7 +178,7 @@ def linear_cross_entropy_backward(x, weight, labels, dloss, bias=None, *, ignore
     check_tensor(op, "dloss", dloss, dtypes=(torch.float32,), ndim=1)
     t, h = x.shape
     v = weight.shape[0]
-    step = chunk or default_chunk(t, h, v)
+    step = chunk or default_chunk(t, h, v, x.element_size())
     dx = torch.empty_like(x)
     dw = torch.empty_like(weight)
     db = torch.zeros((v,), dtype=torch.float32, device=x.device) if bias is not None else None

@@ -28,6 +28,8 @@ PATHS: dict[str, str] = {
                      "kernel (`runtime.lean_dispatch`): what a compiled graph's calls take",
     "compile_ahead": "kernels predicted to be needed next (a call's backward; a patched model's layers) compiled "
                      "in background worker processes while the program runs (`runtime.compile_ahead`)",
+    "linear_ce_wide_chunk": "fused linear + cross-entropy takes tokens in chunks of up to 256 MiB of logits "
+                            "(`fused.linear_ce.default_chunk`) instead of Liger's x-sized chunks",
     "norm_backward_prefetch": "the RMSNorm / LayerNorm backward loads its next row block while it computes "
                               "the current one (`fused.norms`, `NormConfig.prefetch`)",
     "norm_forward_dense": "the RMSNorm / LayerNorm forward compiled for half again as many CTAs an SM "

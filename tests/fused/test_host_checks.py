@@ -93,3 +93,18 @@ def test_linear_ce_chunks_add_up_to_the_whole(monkeypatch, reduction, bias, chun
     for a, r in zip(back, want_back):
         if r is not None:
             torch.testing.assert_close(a, r)
+
+
+def test_the_default_chunk_is_liger_s_unless_wide_chunks_are_on():
+    from cute_kernels.fused.linear_ce import WIDE_CHUNK_BYTES, default_chunk
+    from cute_kernels.runtime import unverified
+
+    with unverified.allowing("linear_ce_wide_chunk", on=False):
+        assert default_chunk(8192, 4096, 128256) == 256  # Liger's: the logits about x's size
+        assert default_chunk(1, 4096, 128256) == 1
+    with unverified.allowing("linear_ce_wide_chunk"):
+        assert default_chunk(8192, 4096, 128256) == 1024  # 1024 x 128256 x 2 bytes <= 256 MiB
+        assert 1024 * 128256 * 2 <= WIDE_CHUNK_BYTES < 2048 * 128256 * 2
+        assert default_chunk(8192, 4096, 128256, 4) == 512  # fp32 logits
+        assert default_chunk(1000, 512, 32000) == 1024  # every token in one chunk
+        assert default_chunk(65536, 8192, 128256) == 4096  # never below Liger's (4096 here)

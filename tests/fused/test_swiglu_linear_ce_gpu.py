@@ -102,3 +102,28 @@ def test_linear_cross_entropy_module_autograd_and_none_reduction():
     assert_close(x.grad, xd.grad, BF16, "dx", factor=3)
     assert_close(head.weight.grad, wd.grad, BF16, "dweight", factor=3)
     assert TOL[BF16] > 0
+
+
+def test_wide_chunks_match_float64_as_liger_s_chunks_do():
+    """The unverified path `linear_ce_wide_chunk` (chunks of up to 256 MiB of logits): the same
+    loss and gradients as Liger's x-sized chunks, within the same float64 bars."""
+    from cute_kernels.fused.linear_ce import default_chunk
+    from cute_kernels.runtime import unverified
+
+    tokens, hidden, vocab = 2048, 512, 50257
+    torch.manual_seed(5)
+    x = randn(tokens, hidden, dtype=BF16)
+    w = randn(vocab, hidden, dtype=BF16, scale=hidden ** -0.5)
+    labels = torch.randint(0, vocab, (tokens,), device="cuda")
+    labels[::5] = -100
+    rloss, rdx, rdw, _ = reference.linear_cross_entropy(f64(x), f64(w), labels, None)
+    chunks = []
+    for on in (False, True):
+        with unverified.allowing("linear_ce_wide_chunk", on=on):
+            chunks.append(default_chunk(tokens, hidden, vocab))
+            loss, dx, dw, _ = linear_cross_entropy(x, w, labels)
+        torch.cuda.synchronize()
+        assert abs(float(loss) - float(rloss)) <= 2e-3 * abs(float(rloss)) + 1e-4, (on, float(loss), float(rloss))
+        assert_close(dx, rdx, BF16, "dx", factor=3)
+        assert_close(dw, rdw, BF16, "dweight", factor=3)
+    assert chunks[1] > chunks[0], chunks
