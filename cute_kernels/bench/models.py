@@ -387,8 +387,9 @@ def _cold_mode(m: _Model, settings: ModelsSettings, log) -> list[Record]:
 
 def _with_compile_ahead() -> dict:
     """The environment of a child with the `compile_ahead` path on too."""
-    paths = [p for p in os.environ.get("CUTE_KERNELS_UNVERIFIED", "").split(",") if p.strip()]
-    return {"CUTE_KERNELS_UNVERIFIED": ",".join([*paths, "compile_ahead"])}
+    from cute_kernels.runtime import unverified
+
+    return {"CUTE_KERNELS_UNVERIFIED": ",".join(sorted(unverified.ENABLED | {"compile_ahead"}))}
 
 
 def _first_step_child(name: str, impl: str, size: str, device: str) -> dict:

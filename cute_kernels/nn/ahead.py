@@ -39,7 +39,7 @@ from .linear import Linear
 from .mlp import GatedMLP
 from .norms import LayerNorm, RMSNorm
 
-__all__ = ["PREDICTORS", "arm", "disarm", "predict", "meta_copy", "layers"]
+__all__ = ["PREDICTORS", "arm", "armed", "disarm", "predict", "meta_copy", "layers"]
 
 # layer -> weakref of the model it was armed for; model -> the hooks' handles; the models
 # `arm` was called for (re-armed after each compile); model -> the predictions made for it
@@ -106,8 +106,13 @@ def _rearm() -> None:
     if not compile_ahead.active():
         return
     for model in list(_MODELS):
-        if model not in _HANDLES:
+        if not armed(model):
             _hook(model)
+
+
+def armed(model: torch.nn.Module) -> bool:
+    """Whether `model`'s layers carry the first-call hooks now."""
+    return model in _HANDLES
 
 
 def disarm(model: torch.nn.Module) -> None:

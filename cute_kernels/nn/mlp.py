@@ -130,10 +130,10 @@ def fuse_gated_mlps(model: torch.nn.Module, *, fallback: str = "none") -> list[s
     replaced modules. Each candidate (bias-free `gate_proj`, `up_proj`, `down_proj`) is run once
     on a probe input and replaced only if it computes down(silu(gate(x)) * up(x)): a GELU-gated
     MLP (Gemma's) or anything else is left as it is. Keeps each module's training flag."""
-    from .ahead import _HANDLES, arm, disarm
+    from . import ahead
 
-    armed = model in _HANDLES
-    disarm(model)
+    was_armed = ahead.armed(model)
+    ahead.disarm(model)
     replaced = []
     for name, module in list(model.named_modules()):
         if isinstance(module, GatedMLP) or not name:
@@ -146,6 +146,6 @@ def fuse_gated_mlps(model: torch.nn.Module, *, fallback: str = "none") -> list[s
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, fused)
         replaced.append(name)
-    if armed:  # by `patch`, before these layers came in (and the probe calls must not fire it)
-        arm(model)
+    if was_armed:  # by `patch`, before these layers came in (and the probe calls must not fire it)
+        ahead.arm(model)
     return replaced

@@ -67,11 +67,11 @@ def _exit_with_parent() -> None:
 
 def main(argv: list[str]) -> int:
     from . import cache
-    from .compile_ahead import _receive, _send
+    from .compile_ahead import WORKER_ENV, _receive, _send
 
     _exit_with_parent()
     out = os.fdopen(int(argv[1]), "wb")
-    os.environ["CUTE_KERNELS_AHEAD_WORKER"] = "1"
+    os.environ[WORKER_ENV] = "1"
     cache._DRY_RUN.on = True
     import torch
 

@@ -290,7 +290,7 @@ class _Pool:
             if not result.get("ok"):
                 self.counts["failed"] += 1
                 self.errors.append(str(result.get("error"))[:500])
-            for k in ("skipped", "compiled", "present", "others", "uncacheable"):
+            for k in self.counts.keys() - {"calls", "failed"}:  # the worker's own counts
                 self.counts[k] += result.get(k, 0)
             self.pending -= 1
             self.cond.notify_all()

@@ -58,8 +58,10 @@ def _child(tmp_path: Path, name: str, ahead: bool) -> tuple[dict, list]:
 
     env = {**os.environ, "CUTE_KERNELS_CACHE_DIR": str(tmp_path / f"cache_{name}"),
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    paths = [p for p in env.get("CUTE_KERNELS_UNVERIFIED", "").split(",") if p and p != "compile_ahead"]
-    env["CUTE_KERNELS_UNVERIFIED"] = ",".join(paths + (["compile_ahead"] if ahead else []))
+    from cute_kernels.runtime import unverified
+
+    env["CUTE_KERNELS_UNVERIFIED"] = ",".join(sorted(unverified.ENABLED - {"compile_ahead"} | (
+        {"compile_ahead"} if ahead else set())))
     out = tmp_path / f"{name}.pt"
     proc = subprocess.run([sys.executable, "-c", _CHILD, str(out)], env=env, capture_output=True, text=True,
                           timeout=900)

@@ -17,7 +17,8 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from cute_kernels.runtime import eager, plan_cache  # noqa: E402
-from cute_kernels.runtime.eager import USE_OP, EagerOp, Plan, autocast_args, call_key  # noqa: E402
+from cute_kernels.runtime.eager import USE_OP, EagerOp, autocast_args, call_key  # noqa: E402
+from eager_toys import ScaledMatmulPlan  # noqa: E402
 
 F64 = torch.float64
 
@@ -40,7 +41,7 @@ class Toy:
         return ToyPlan(self) if self.replayable else None
 
 
-class ToyPlan(Plan):
+class ToyPlan(ScaledMatmulPlan):
     __slots__ = ("toy",)
 
     def __init__(self, toy):
@@ -51,20 +52,13 @@ class ToyPlan(Plan):
         assert not torch.is_grad_enabled() or not (x.requires_grad or w.requires_grad)
         return scale * (x.detach() @ w.detach())
 
-    def forward(self, ctx, x, w, scale):
-        ctx.save_for_backward(x, w)
-        ctx.scale = scale
-        return self.run(x, w, scale)
-
     def backward(self, ctx, g):
         self.toy.backwards += 1
-        x, w = ctx.saved_tensors
-        return ctx.scale * g @ w.T, ctx.scale * x.T @ g, None
+        return self.grads(ctx, g)
 
     def backward_op(self, ctx, g):
         self.toy.backward_ops += 1
-        x, w = ctx.saved_tensors
-        return ctx.scale * g @ w.T, ctx.scale * x.T @ g, None
+        return self.grads(ctx, g)
 
 
 @pytest.fixture

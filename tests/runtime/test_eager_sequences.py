@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from cute_kernels.runtime import eager, plan_cache  # noqa: E402
-from cute_kernels.runtime.eager import EagerOp, Plan  # noqa: E402
+from cute_kernels.runtime.eager import EagerOp  # noqa: E402
+from eager_toys import ScaledMatmulPlan  # noqa: E402
 
 
 def _facts(t):
@@ -44,7 +45,7 @@ class Recorder:
         return RecordedPlan(self, x, w, scale)
 
 
-class RecordedPlan(Plan):
+class RecordedPlan(ScaledMatmulPlan):
     __slots__ = ("owner", "facts", "scale")
 
     def __init__(self, owner, x, w, scale):
@@ -56,17 +57,11 @@ class RecordedPlan(Plan):
         self.owner.runs += 1
         return scale * (x.detach() @ w.detach())
 
-    def forward(self, ctx, x, w, scale):
-        ctx.save_for_backward(x, w)
-        ctx.scale = scale
-        return self.run(x, w, scale)
-
     def backward(self, ctx, g):
-        x, w = ctx.saved_tensors
-        return ctx.scale * g @ w.T, ctx.scale * x.T @ g, None
+        return self.grads(ctx, g)
 
     def backward_op(self, ctx, g):
-        return self.backward(ctx, g)
+        return self.grads(ctx, g)
 
 
 def _operand(shape, transposed: bool, offset: int, dtype, grad: bool):
