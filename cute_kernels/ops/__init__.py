@@ -5,7 +5,9 @@ the first call):
 
 - `matmul(a, b, out_dtype=None, rung="auto", fallback="none")`: 2-D and batched GEMM.
 - `linear(x, weight, bias=None, activation=None, rung="auto", fallback="none")`:
-  activation in {None, "relu", "gelu", "gelu_tanh", "silu"} (`gemm.activations`).
+  activation in {None, "relu", "gelu", "gelu_tanh", "silu"} (`gemm.activations`), differentiable
+  through `linear_backward(grad, x, weight, bias, out, activation, input_grad, weight_grad,
+  bias_grad, ...)` -> (dx, dw, db), one op per layer in a compiled backward graph.
 - `linear_swiglu(x, weight, need_preact=True, rung="auto", fallback="none")` -> (h, p): silu(gate) * up of x
   times an interleaved gate-up weight, gated in the GEMM's epilogue on sm_90 (`gated`),
   differentiable through `linear_swiglu_backward`.
@@ -38,7 +40,7 @@ from __future__ import annotations
 from .attention import CAUSAL, paged_decode, sdpa, sdpa_backward, sdpa_varlen, sdpa_varlen_backward
 from .attention_masked import sdpa_masked, sdpa_masked_backward
 from .fallback import FALLBACK_COUNTS, FALLBACKS, FallbackWarning
-from .gemm import ACTIVATIONS, linear, matmul, scaled_mm
+from .gemm import ACTIVATIONS, linear, linear_backward, matmul, scaled_mm
 from .gated import linear_swiglu, linear_swiglu_backward
 from . import fused
 from .fused import (cross_entropy, cross_entropy_backward, linear_cross_entropy, linear_cross_entropy_backward, norm,
@@ -47,7 +49,7 @@ from . import eager_attention, eager_fused, eager_gemm  # noqa: E402,F401 (the e
 
 FUSED_OPS = ("norm", "norm_backward", "softmax", "softmax_backward", "cross_entropy", "cross_entropy_backward", "rotary",
              "rotary_", "swiglu", "swiglu_backward", "linear_cross_entropy", "linear_cross_entropy_backward")
-OPS = ("matmul", "linear", "linear_swiglu", "linear_swiglu_backward", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
+OPS = ("matmul", "linear", "linear_backward", "linear_swiglu", "linear_swiglu_backward", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
        "sdpa_masked", "sdpa_masked_backward")
 
 
@@ -78,7 +80,7 @@ _lean_dispatch_on_import()
 RESERVED_ARGUMENT_NAMES = frozenset({"kernel", "cls", "self", "name", "layout", "op_overload", "python_kernel_name"})
 
 __all__ = [
-    "matmul", "linear", "linear_swiglu", "linear_swiglu_backward", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
+    "matmul", "linear", "linear_backward", "linear_swiglu", "linear_swiglu_backward", "scaled_mm", "sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "paged_decode",
     "sdpa_masked", "sdpa_masked_backward",
     "fused", "FUSED_OPS", *FUSED_OPS,
     "ACTIVATIONS", "CAUSAL", "FALLBACKS", "FALLBACK_COUNTS", "FallbackWarning", "OPS", "RESERVED_ARGUMENT_NAMES",

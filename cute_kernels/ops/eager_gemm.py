@@ -1,5 +1,5 @@
-"""The eager direct path of `cute_kernels::linear` (`runtime.eager`): what `cute_kernels.nn.Linear`
-and `cute_kernels.nn.functional.linear` call.
+"""The eager direct path of `cute_kernels::linear` and `cute_kernels::linear_backward`
+(`runtime.eager`): what `cute_kernels.nn.Linear` and `cute_kernels.nn.functional.linear` call.
 
     linear(x, weight, bias, activation, rung, fallback)
 
@@ -11,21 +11,22 @@ computes `cute_kernels::linear` with the same arguments. A warm eager call repla
   plan, which forms them with `as_strided`); else `gemm.matmul`'s plan on the 2-D views the
   body makes, then the body's in-place epilogue (`gemm.unfused_epilogue`);
 - backward (inside `runtime.eager.EagerFunction`): `gemm.linear_grads`, the op's own formula,
-  each GEMM through `cute_kernels::matmul`'s body (`runtime.eager.op_body`) instead of the op;
-  without an activation, a warm backward (the same gradient layout and needs) replays that:
-  `gemm.matmul`'s plans of dX = G W and dW = Gᵀ X on views of the caller's tensors, and
-  db = G.sum(0) (`_GradPlan`).
+  whose one call of `cute_kernels::linear_backward` goes through this module's entry for it
+  (`linear_backward`), so a warm backward without activation replays `GradPlan`: `gemm.matmul`'s
+  plans of dX = G W and dW = Gᵀ X on views of the caller's tensors, and db = G.sum(0). The
+  op's body replays the same plan (`runtime.eager.inside`) where a compiled backward graph
+  calls the op.
 """
 
 from __future__ import annotations
 
 import torch
 
-from cute_kernels.runtime.eager import EagerOp, Plan, op_body, register_autocast
+from cute_kernels.runtime.eager import EagerOp, Plan, register_autocast
 
 from . import gemm as gemm_ops
 
-__all__ = ["linear", "LinearPlan"]
+__all__ = ["linear", "linear_backward", "LinearPlan", "GradPlan"]
 
 register_autocast(gemm_ops.linear)
 register_autocast(gemm_ops.matmul)
@@ -36,11 +37,10 @@ class LinearPlan(Plan):
     `gemm.linear_kernel_plan` returns them; the flags say which caller tensors require grad
     (the key fixes them)."""
 
-    __slots__ = ("launch", "kind", "out_shape", "x2_shape", "dtype", "device", "rx", "rw", "rb", "grads")
+    __slots__ = ("launch", "kind", "out_shape", "x2_shape", "dtype", "device", "rx", "rw", "rb")
 
     def __init__(self, launch, kind: str, x, weight, bias):
         self.launch, self.kind = launch, kind
-        self.grads: dict = {}  # (gradient layout, needs_input_grad) -> _GradPlan or None
         self.out_shape = (*x.shape[:-1], weight.shape[0])
         self.x2_shape = (x.numel() // x.shape[-1], x.shape[-1])
         self.dtype, self.device = x.dtype, x.device
@@ -75,32 +75,16 @@ class LinearPlan(Plan):
         return out
 
     def backward(self, ctx, grad):
-        if ctx.activation is None:
-            key = (grad.shape, grad.stride(), grad.dtype, grad.data_ptr() & 15, ctx.needs_input_grad[:3])
-            replay = self.grads.get(key, _UNSEEN)
-            if replay is _UNSEEN:
-                grads = self.backward_checked(ctx, grad)
-                self.grads[key] = _grad_plan(ctx, grad)
-                return grads
-            if replay is not None:
-                return replay(ctx, grad)
-        return self.backward_checked(ctx, grad)
-
-    def backward_checked(self, ctx, grad):
-        rung, fallback = ctx.rung, ctx.fallback
-        return gemm_ops.linear_grads(ctx, grad, lambda a, b: _MATMUL(a, b, None, rung, fallback))
+        return gemm_ops.linear_grads(ctx, grad, linear_backward)
 
     def backward_op(self, ctx, grad):
         return gemm_ops._linear_backward(ctx, grad)
 
 
-_UNSEEN = object()
-
-
-class _GradPlan:
-    """A warm backward of a linear without activation, as `gemm.linear_grads` computes it: dX
-    and dW through the plans `gemm.matmul` kept for the same operands (on views of the caller's
-    tensors with the recorded layouts), db = G.sum(0)."""
+class GradPlan(Plan):
+    """The warm call of one `linear_backward` key without activation: dX = G·W and dW = Gᵀ·X
+    through the plans `gemm.matmul` kept for the same operands (on views of the caller's
+    tensors with the recorded layouts), db = G.sum(0); empty tensors for gradients not asked."""
 
     __slots__ = ("dx", "dw", "g2_shape", "x2_shape", "x_shape")
 
@@ -109,43 +93,46 @@ class _GradPlan:
         n, k = weight.shape
         self.g2_shape, self.x2_shape, self.x_shape = (grad.numel() // n, n), (x.numel() // k, k), x.shape
 
-    def __call__(self, ctx, grad):
-        x, weight, bias, _ = ctx.saved_tensors
-        g = grad.view(self.g2_shape)
-        dx = dw = db = None
-        if self.dx is not None:
-            dx = self.dx(g, weight.detach(), 1.0, 0.0, None).view(self.x_shape)
-        if self.dw is not None:
-            dw = self.dw(g.mT, x.detach().view(self.x2_shape), 1.0, 0.0, None)
-        if bias is not None and ctx.needs_input_grad[2]:
-            db = g.sum(0)
-        return dx, dw, db, None, None, None
+    def run(self, grad, x, weight, bias, out, activation, input_grad, weight_grad, bias_grad, rung, fallback):
+        g = grad.detach().view(self.g2_shape)
+        x = x.detach()
+        # the op's placeholders for gradients not asked: distinct empty tensors (outputs may not alias)
+        dx = self.dx(g, weight.detach(), 1.0, 0.0, None).view(self.x_shape) if self.dx is not None else x.new_empty((0,))
+        dw = self.dw(g.mT, x.view(self.x2_shape), 1.0, 0.0, None) if self.dw is not None else x.new_empty((0,))
+        return dx, dw, g.sum(0) if bias_grad else x.new_empty((0,))
 
 
-def _grad_plan(ctx, grad):
-    """The `_GradPlan` of the backward just computed by `gemm.linear_grads`, or None where a
-    GEMM it ran kept no plan or its 2-D gradient view was a copy."""
+def _build_linear_backward(result, grad, x, weight, bias, out, activation, input_grad, weight_grad, bias_grad, rung,
+                           fallback):
+    """The `GradPlan` of the `linear_backward` call just computed, or None: an activation (its
+    derivative is not replayed), a GEMM that kept no plan, a 2-D view that was a copy, grad mode
+    on with an argument requiring grad (a plan replays no autograd), another device than the
+    current one."""
     from cute_kernels.gemm import api
 
-    x, weight, bias, _ = ctx.saved_tensors
+    if activation is not None or weight.dim() != 2 or x.dim() < 1 or x.numel() == 0:
+        return None
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (grad, x, weight, bias)):
+        return None
+    if x.is_cuda and x.device.index != torch.cuda.current_device():
+        return None
     n, k = weight.shape
-    g2 = grad.reshape(-1, n)
+    g2 = grad.detach().reshape(-1, n)
     if g2.data_ptr() != grad.data_ptr() or gemm_ops._gemm_ready(g2) is not g2:
         return None
-    needs, rung = ctx.needs_input_grad, ctx.rung
     dx = dw = None
-    if needs[0]:
-        dx = api.plan_for(g2.detach(), weight.detach(), kernel=rung)
+    if input_grad:
+        dx = api.plan_for(g2, weight.detach(), kernel=rung)
         if dx is None:
             return None
-    if needs[1]:
+    if weight_grad:
         x2 = x.detach().reshape(-1, k)
         if x2.data_ptr() != x.data_ptr() or gemm_ops._gemm_ready(x2) is not x2:
             return None
-        dw = api.plan_for(g2.detach().mT, x2, kernel=rung)
+        dw = api.plan_for(g2.mT, x2, kernel=rung)
         if dw is None:
             return None
-    return _GradPlan(dx, dw, grad, x, weight)
+    return GradPlan(dx, dw, grad, x, weight)
 
 
 def _build_linear(result, x, weight, bias, activation, rung, fallback):
@@ -167,5 +154,5 @@ def _build_linear(result, x, weight, bias, activation, rung, fallback):
     return LinearPlan(launch, kind, x, weight, bias)
 
 
-_MATMUL = op_body(gemm_ops.matmul)
 linear = EagerOp("linear", gemm_ops.linear, _build_linear)
+linear_backward = EagerOp("linear_backward", gemm_ops.linear_backward, _build_linear_backward, autocast=False)

@@ -20,7 +20,7 @@ from cute_kernels.runtime import eager
 
 from .fallback import UNSUPPORTED, check_fallback, device_guard, note_fallback, on_cuda, raise_unsupported
 
-__all__ = ["matmul", "linear", "scaled_mm", "ACTIVATIONS"]
+__all__ = ["matmul", "linear", "linear_backward", "scaled_mm", "ACTIVATIONS"]
 
 ACTIVATIONS = (None, *activations.NAMES)
 
@@ -256,34 +256,87 @@ def _linear_setup(ctx, inputs, output):
 
 
 def _linear_backward(ctx, grad):
-    rung, fallback = ctx.rung, ctx.fallback
-    return linear_grads(ctx, grad, lambda a, b: matmul(a, b, rung=rung, fallback=fallback))
+    return linear_grads(ctx, grad, linear_backward)
 
 
-def linear_grads(ctx, grad, mm):
+def linear_grads(ctx, grad, backward):
     """(dx, dw, db, None, None, None) of `linear` from ctx (saved (x, weight, bias, relu's
-    output or None); activation; needs_input_grad) and the output gradient, with `mm(a, b)`
-    computing each GEMM: the op itself here, the op's body without the dispatcher in the eager
-    path (`eager_gemm`), so both differentiate alike."""
+    output or None); activation; needs_input_grad) and the output gradient.
+
+    Without grad mode (a plain backward, and the backward graph torch.compile traces) all of it
+    is one call of `backward`: the `linear_backward` op, or its eager entry (`eager_gemm`), so
+    a compiled graph crosses the dispatcher once per layer, not once per GEMM. A differentiable
+    backward (create_graph=True) runs the same formula through `matmul` ops instead, which have
+    gradients of their own."""
     x, weight, bias, out = ctx.saved_tensors
-    n, k = weight.shape
-    x2 = x.reshape(-1, k)
-    g = _gemm_ready(grad.reshape(-1, n))
-    if ctx.activation == "relu":
-        g = activations.backward(g, out.reshape(-1, n), "relu")
-    elif ctx.activation is not None:
-        z = mm(x2, weight.mT)
-        if bias is not None:
-            z = z + bias
-        g = activations.backward(g, z, ctx.activation)
-    needs = ctx.needs_input_grad
-    dx = mm(g, weight).reshape(x.shape) if needs[0] else None
-    dw = mm(g.mT, _gemm_ready(x2)) if needs[1] else None
-    db = g.sum(0) if bias is not None and needs[2] else None
+    needs = (*ctx.needs_input_grad[:3], False, False)[:3]  # shorter where the call left the bias out
+    needs = (needs[0], needs[1], bias is not None and needs[2])
+    rung, fallback = ctx.rung, ctx.fallback
+    if torch.is_grad_enabled():
+        dx, dw, db = grads_of(grad, x, weight, bias, out, ctx.activation, needs,
+                              lambda a, b: matmul(a, b, rung=rung, fallback=fallback))
+    else:
+        grads = backward(grad, x, weight, bias, out, ctx.activation, *needs, rung, fallback)
+        dx, dw, db = (t if need else None for t, need in zip(grads, needs))
     return dx, dw, db, None, None, None
 
 
+def grads_of(grad, x, weight, bias, out, activation, needs, mm):
+    """(dx, dw, db) of `linear`, each None where `needs` (three flags) says so, with `mm(a, b)`
+    computing each GEMM; out is relu's output (its derivative is read off it) or None."""
+    n, k = weight.shape
+    x2 = x.reshape(-1, k)
+    g = _gemm_ready(grad.reshape(-1, n))
+    if activation == "relu":
+        g = activations.backward(g, out.reshape(-1, n), "relu")
+    elif activation is not None:
+        z = mm(x2, weight.mT)
+        if bias is not None:
+            z = z + bias
+        g = activations.backward(g, z, activation)
+    dx = mm(g, weight).reshape(x.shape) if needs[0] else None
+    dw = mm(g.mT, _gemm_ready(x2)) if needs[1] else None
+    db = g.sum(0) if bias is not None and needs[2] else None
+    return dx, dw, db
+
+
+@torch.library.custom_op("cute_kernels::linear_backward", mutates_args=())
+def linear_backward(grad: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], out: Optional[Tensor],
+                    activation: Optional[str], input_grad: bool, weight_grad: bool, bias_grad: bool,
+                    rung: str = "auto", fallback: str = "none") -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dweight, dbias) of `linear` for its output gradient `grad`, each an empty tensor where
+    its flag is off (bias_grad needs a bias); out is relu's output (None for other activations).
+    Not differentiable (`linear`'s create_graph backward uses `matmul` ops instead)."""
+    return eager.inside("linear_backward", _linear_backward_checked,
+                        (grad, x, weight, bias, out, activation, input_grad, weight_grad, bias_grad, rung, fallback))
+
+
+def _linear_backward_checked(grad, x, weight, bias, out, activation, input_grad, weight_grad, bias_grad, rung,
+                             fallback):
+    """`linear_backward`'s checked path (`runtime.eager.inside` replays a recorded call instead)."""
+    check_fallback("linear_backward", fallback)
+    _check_activation(activation)
+    _check_linear(x, weight, bias)
+    if activation == "relu" and out is None:
+        raise ValueError("cute_kernels.linear_backward: activation 'relu' needs out (the forward's output)")
+    if bias_grad and bias is None:
+        raise ValueError("cute_kernels.linear_backward: bias_grad=True needs the bias")
+    d = [None if t is None else t.detach() for t in (grad, x, weight, bias, out)]
+    dx, dw, db = grads_of(*d, activation, (input_grad, weight_grad, bias_grad),
+                          lambda a, b: _MATMUL(a, b, None, rung, fallback))
+    return tuple(d[1].new_empty((0,)) if t is None else t for t in (dx, dw, db))  # distinct: outputs may not alias
+
+
+@linear_backward.register_fake
+def _linear_backward_fake(grad, x, weight, bias, out, activation, input_grad, weight_grad, bias_grad, rung="auto",
+                          fallback="none"):
+    _check_activation(activation)
+    return (x.new_empty(x.shape if input_grad else (0,)), weight.new_empty(weight.shape if weight_grad else (0,)),
+            x.new_empty(bias.shape if bias_grad and bias is not None else (0,)))
+
+
 linear.register_autograd(_linear_backward, setup_context=_linear_setup)
+_MATMUL = eager.op_body(matmul)
 
 
 # ---- scaled_mm (FP8) ---------------------------------------------------------------------------

@@ -126,9 +126,10 @@ def test_warm_linear_skips_the_op_and_matches_torch(kernels, activation, with_bi
         for a, r in zip(got, want):
             assert _rel(a, r) < 1e-12
         recompute = activation in ("silu", "gelu", "gelu_tanh")
-        # dX, dW (and the pre-activation) through the op (call 0) or the op's body (call 1); without
-        # an activation, a warm backward of the plan (call 2) replays the GEMMs' plans
-        replayed = activation is None and call > 1
+        # dX, dW (and the pre-activation) through linear_backward's checked body on call 0 (and
+        # on every call with an activation); without one, the backward's own plan (recorded on
+        # call 0) replays the GEMMs' plans from call 1
+        replayed = activation is None and call > 0
         assert kernels.gemms == ([] if replayed else ["sm90_persistent"] * (2 + recompute))
         assert kernels.replayed == (["sm90_persistent"] * 2 if replayed else [])
     assert kernels.op_calls == 1  # only the first call entered the op
@@ -386,3 +387,39 @@ def test_nn_entries_compile_to_the_op_without_graph_breaks_or_recompiles(cpu_pla
         gx, = torch.autograd.grad(got.sum(), x)
         assert torch.allclose(gx, torch.autograd.grad(want.sum(), x)[0], atol=1e-5)
     assert counter.frame_count == 1, f"recompiled: {counter.frame_count} frames"
+
+
+def test_compiled_backward_calls_one_op_per_linear_layer(kernels):
+    """The backward graph torch.compile traces holds one `linear_backward` per layer (not a
+    `matmul` per GEMM: each op call crosses the dispatcher), whose body replays the backward's
+    plan once the first call recorded it; the gradients match F.linear's."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from functorch.compile import make_boxed_func
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        def keep(g, _):
+            graphs.append(g)
+            return make_boxed_func(g)
+        return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, _: make_boxed_func(g), bw_compiler=keep)
+
+    l1, l2 = cnn.Linear(8, 16, dtype=F64), cnn.Linear(16, 4, bias=False, dtype=F64, activation="relu")
+    ref = [torch.nn.Linear(8, 16, dtype=F64), torch.nn.Linear(16, 4, bias=False, dtype=F64)]
+    for a, b in zip((l1, l2), ref):
+        b.load_state_dict(a.state_dict())
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: l2(l1(x)), backend=backend, fullgraph=True)
+    x = torch.randn(2, 5, 8, dtype=F64, requires_grad=True)
+    params = [x, l1.weight, l1.bias, l2.weight]
+    g = torch.randn(2, 5, 4, dtype=F64)
+    want = torch.autograd.grad(torch.relu(ref[1](ref[0](x))), [x, ref[0].weight, ref[0].bias, ref[1].weight], g)
+    for call in range(2):
+        kernels.gemms.clear(), kernels.replayed.clear()
+        got = torch.autograd.grad(compiled(x), params, g)
+        assert all(_rel(a, r) < 1e-12 for a, r in zip(got, want))
+        # l2 (relu: its derivative is not replayed) runs its checked body every call; l1 replays
+        assert kernels.replayed == ([] if call == 0 else ["auto"] * 2)
+    targets = [str(n.target) for n in graphs[-1].graph.nodes if n.op == "call_function"]
+    assert targets.count("cute_kernels.linear_backward.default") == 2, targets
+    assert not [t for t in targets if "matmul" in t or t.startswith("aten.mm")], targets

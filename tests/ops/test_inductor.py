@@ -41,6 +41,7 @@ def _example_args(name):
     return {
         "matmul": (randn(4, 5), randn(5, 3)),
         "linear": (randn(4, 5), randn(3, 5)),
+        "linear_backward": (randn(4, 3), randn(4, 5), randn(3, 5), randn(3), None, None, True, True, True),
         "linear_swiglu": (randn(4, 5), randn(32, 5)),
         "linear_swiglu_backward": (randn(4, 16), randn(4, 5), randn(32, 5), randn(4, 32)),
         "scaled_mm": (randn(4, 5), randn(5, 3), torch.ones(()), torch.ones(())),
