@@ -147,6 +147,9 @@ def _patch_attention(model, attention_kernel: str, fallback: str, report: PatchR
         try:
             hf.use(model, kernel=attention_kernel, fallback=fallback)
             report.attention = "transformers"
+            from cute_kernels.integrations import graph_decode
+
+            graph_decode.arm(model)  # generate's decode steps from a CUDA graph, where admitted
             return
         except TypeError as err:  # a model whose attention bypasses the interface: rebind below
             report.notes.append(str(err))

@@ -32,6 +32,8 @@ PATHS: dict[str, str] = {
                             "(`fused.linear_ce.default_chunk`) instead of Liger's x-sized chunks",
     "norm_backward_prefetch": "the RMSNorm / LayerNorm backward loads its next row block while it computes "
                               "the current one (`fused.norms`, `NormConfig.prefetch`)",
+    "graph_decode": "a patched transformers model's generate keeps its KV cache in fixed buffers and replays each "
+                    "decode step from a CUDA graph (`integrations.graph_decode`)",
     "norm_forward_dense": "the RMSNorm / LayerNorm forward compiled for half again as many CTAs an SM "
                           "(`fused.tiling.dense_blocks_per_sm`, `NormConfig.dense`)",
 }

@@ -1,0 +1,349 @@
+"""Decode steps of transformers' `generate` replayed from a CUDA graph (unverified path
+"graph_decode").
+
+Why: a decode step of a small or mid-size model is host-bound. The Llama of the models suite
+(4 layers at a 1B-class width, 8 sequences) spends about 4.5 ms of Python per generated token
+(transformers' forward, our entries, the launches) on under 1 ms of GPU work, so routing its
+kernels to ours changed nothing (1.00x stock tokens/s). A CUDA graph replays the whole step's
+launches for the cost of one.
+
+What it takes: a graph replays fixed addresses and fixed sizes, so the KV cache cannot grow
+by concatenation (transformers' `DynamicCache`) and the attention cannot read the key count
+from the host. `GraphDecodeCache` is a `transformers.Cache` whose layers keep keys and values
+in preallocated buffers (B, max_len, Hkv, D) (vLLM's paged layout with one page run per
+sequence, so `cute_kernels::paged_decode` reads them through a fixed block table), and whose
+current length lives on the device: a decode step writes its token at `pos` (B,) and the
+attention reads `pos + 1` keys. The step (write, attend, advance `pos`) is the same eager or
+replayed; the first decode step of a `generate` runs eagerly (it records every launch plan),
+the second captures the graph, and every later one copies the new tokens in and replays it.
+
+    arm(model)        nn.patch does this for transformers causal LMs: `model.generate`
+                      takes this path for the calls it admits (below), else is transformers'
+    GraphDecodeCache  the cache (also usable eagerly, e.g. on CPU with fallback="torch")
+
+A `generate` call is admitted when the path is on (`runtime.unverified`) and: the model's
+attention is ours (`attn_implementation="cute_kernels"`) with only full causal attention
+(no sliding window shorter than the longest sequence, no soft-capping, no sinks); the prompt
+is `input_ids` without padding (no attention_mask, or one of all ones: one host check per
+call); greedy or sampled search with one beam, no assistant model, no cache passed in; and
+the longest sequence is known (`max_new_tokens` or `max_length`). Everything else runs
+transformers' own `generate` unchanged. A cache is made per call (its buffers and graph are
+freed with it), so a returned `past_key_values` stays valid; continuing from it (a later
+call's prefill with seen tokens) runs eagerly on the same buffers.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+__all__ = ["GraphDecodeCache", "arm", "admitted", "PAGE"]
+
+PAGE = 64  # keys per page of the block table (a multiple of 16: the decode kernel's MMA path)
+
+
+def _layer_base():
+    from transformers.cache_utils import CacheLayerMixin
+
+    return CacheLayerMixin
+
+
+class _Buffers:
+    """What one cache's layers share: its length, sizes and the step's fixed tensors."""
+
+    def __init__(self, max_len: int):
+        self.max_len = -(-max_len // PAGE) * PAGE
+        self.decoding = False  # inside a decode step (eager or being captured)
+        self.pos = self.lens = self.table = self.rows = None
+        self.ids = self.positions = None
+        self.graph = self.logits = None
+        self.eager_steps = 0
+        self.failure: str | None = None  # why the graph was given up (the step then stays eager)
+
+    def start(self, key_states) -> None:
+        """Allocate the per-sequence tensors at the prefill (its batch and device)."""
+        b, device = key_states.shape[0], key_states.device
+        pages = self.max_len // PAGE
+        self.pos = torch.zeros(b, dtype=torch.int64, device=device)
+        self.lens = torch.zeros(b, dtype=torch.int32, device=device)
+        self.table = torch.arange(b * pages, dtype=torch.int32, device=device).view(b, pages)
+        self.rows = torch.arange(b, device=device)
+
+
+class GraphDecodeCache:
+    """Made by `GraphDecodeCache.new(num_layers, max_len)`: a `transformers.Cache` subclass
+    (built on first use, so importing this module does not import transformers)."""
+
+    _cls = None
+
+    @classmethod
+    def new(cls, num_layers: int, max_len: int):
+        if cls._cls is None:
+            cls._cls = _make_classes()
+        return cls._cls(num_layers, max_len)
+
+
+def _make_classes():
+    from transformers.cache_utils import Cache
+
+    base = _layer_base()
+
+    class GraphDecodeLayer(base):
+        is_compileable = False
+        is_sliding = False
+
+        def __init__(self, shared: _Buffers):
+            super().__init__()
+            self.shared = shared
+            self.length = 0  # tokens stored (host): a decode step's driver advances it, not the step
+
+        def lazy_initialization(self, key_states, value_states):
+            s = self.shared
+            b, h, _, d = key_states.shape
+            self.keys = key_states.new_zeros((b, s.max_len, h, d))
+            self.values = value_states.new_zeros((b, s.max_len, h, value_states.shape[-1]))
+            self.dtype, self.device = key_states.dtype, key_states.device
+            self.is_initialized = True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            s = self.shared
+            if not self.is_initialized:
+                if s.pos is None:
+                    s.start(key_states)
+                self.lazy_initialization(key_states, value_states)
+            n = key_states.shape[2]
+            if s.decoding:
+                if n != 1:
+                    raise RuntimeError(f"graph_decode: a decode step got {n} new tokens, not 1")
+                # one token per sequence at its own position (a device tensor: the graph replays it)
+                self.keys[s.rows, s.pos] = key_states[:, :, 0]
+                self.values[s.rows, s.pos] = value_states[:, :, 0]
+                return self.keys, self.values  # `attention_forward` knows these objects (decode_attention)
+            start = self.length
+            end = start + n
+            if end > s.max_len:
+                raise ValueError(f"graph_decode: {end} tokens exceed the cache's {s.max_len}")
+            self.keys[:, start:end] = key_states.transpose(1, 2)
+            self.values[:, start:end] = value_states.transpose(1, 2)
+            self.length = end
+            if start == 0:
+                return key_states, value_states
+            # a continued call outside a decode step (a later generate given this cache): the keys
+            # so far, contiguous as transformers' own caches hand them over
+            return (self.keys[:, :end].transpose(1, 2).contiguous(),
+                    self.values[:, :end].transpose(1, 2).contiguous())
+
+        def get_mask_sizes(self, query_length: int):
+            return self.length + query_length, 0
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def get_max_length(self) -> int:
+            return self.shared.max_len
+
+        def reset(self) -> None:
+            raise NotImplementedError("graph_decode: a GraphDecodeCache is made per generate call; make a new one")
+
+        def reorder_cache(self, beam_idx) -> None:
+            raise NotImplementedError("graph_decode: beam search is not admitted (num_beams=1 only)")
+
+    class _Cache(Cache):
+        def __init__(self, num_layers: int, max_len: int):
+            self.shared = _Buffers(max_len)
+            super().__init__(layers=[GraphDecodeLayer(self.shared) for _ in range(num_layers)])
+
+        def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+            return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
+
+        def advance(self) -> None:
+            """Count the token a decode step stored (its update wrote it at the device-side pos)."""
+            for layer in self.layers:
+                layer.length += 1
+
+    _Cache.__name__ = _Cache.__qualname__ = "GraphDecodeCache"
+    return _Cache
+
+
+# ---- the attention call of a decode step ---------------------------------------------------------
+
+ACTIVE: list = []  # the cache whose decode step is running (at most one)
+
+
+def decode_attention(query, key, value, scaling, kernel: str, fallback: str):
+    """The attention of a decode step over a `GraphDecodeCache` (what `integrations.transformers.
+    attention_forward` calls while one runs), or None outside one. q (B, Hq, 1, D); key and
+    value must be the layer's own buffers (what its `update` returned): anything else means the
+    model changed them between the cache and the attention, which this path cannot follow."""
+    if not ACTIVE:
+        return None
+    cache = ACTIVE[-1]
+    for layer in cache.layers:
+        if key is layer.keys:
+            break
+    else:
+        raise RuntimeError("graph_decode: the attention did not receive the cache's own key buffer (the model "
+                           "transforms keys after the cache update); turn the path off for this model")
+    if value is not layer.values or query.shape[2] != 1:
+        raise RuntimeError("graph_decode: a decode step's attention must take one query token over the cache's "
+                           "own value buffer")
+    from cute_kernels.ops import paged_decode
+
+    s = cache.shared
+    b, h, d = key.shape[0], key.shape[2], key.shape[3]
+    pages = key.view(-1, PAGE, h, d)
+    vpages = value.view(-1, PAGE, h, value.shape[3])
+    out = paged_decode(query[:, :, 0], pages, vpages, s.table, s.lens, scaling, rung="auto" if kernel == "auto"
+                       else "decode", fallback=fallback)
+    return out.unsqueeze(1)  # (B, 1, Hq, Dv), transformers' attention output layout
+
+
+# ---- the decode step -----------------------------------------------------------------------------
+
+def _step(cache, forward, kwargs: dict):
+    """One decode step on the cache's fixed tensors: write each layer's token at pos, attend to
+    pos + 1 keys, advance pos. Capturable: no host reads, no size depends on the step."""
+    s = cache.shared
+    s.lens.copy_(s.pos + 1)
+    s.positions.copy_(s.pos[:, None])
+    ACTIVE.append(cache)
+    s.decoding = True
+    try:
+        out = forward(input_ids=s.ids, position_ids=s.positions, past_key_values=cache, attention_mask=None,
+                      **kwargs)
+    finally:
+        s.decoding = False
+        ACTIVE.pop()
+    s.pos.add_(1)
+    return out
+
+
+def _decode(cache, forward, input_ids, kwargs: dict):
+    """transformers' decode call `forward(input_ids=(B, 1), ...)` through the cache's step:
+    eager the first time (it records the launch plans), captured the second, replayed after."""
+    s = cache.shared
+    if s.ids is None:
+        s.ids = torch.empty_like(input_ids)
+        s.positions = torch.empty_like(input_ids)
+        s.pos.fill_(cache.get_seq_length())
+    s.ids.copy_(input_ids)
+    use_graph = input_ids.is_cuda and s.failure is None
+    if use_graph and s.graph is None and s.eager_steps >= 1:
+        _capture(cache, forward, kwargs)
+    if s.graph is not None:
+        s.graph.replay()
+        cache.advance()
+        return _output(s.logits, cache)
+    out = _step(cache, forward, kwargs)
+    s.eager_steps += 1
+    cache.advance()
+    return out
+
+
+def _capture(cache, forward, kwargs: dict) -> None:
+    s = cache.shared
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            out = _step(cache, forward, kwargs)
+    except Exception as err:  # a launch that cannot be captured: keep the eager step, say why once
+        s.failure = f"{type(err).__name__}: {err}"
+        warnings.warn(f"graph_decode: the decode step could not be captured ({s.failure}); it runs eagerly",
+                      RuntimeWarning, stacklevel=3)
+        return
+    s.graph, s.logits = graph, out.logits
+
+
+def _output(logits, cache):
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return CausalLMOutputWithPast(logits=logits, past_key_values=cache)
+
+
+# ---- generate --------------------------------------------------------------------------------------
+
+# transformers' decode-call arguments a step takes (the others it replaces: input_ids, position_ids,
+# past_key_values, attention_mask); a call with any other, or asking for attentions or hidden
+# states, runs the model's own forward
+_STEP_KWARGS = frozenset({"use_cache", "return_dict", "logits_to_keep", "output_attentions", "output_hidden_states"})
+_REPLACED = ("input_ids", "position_ids", "past_key_values", "attention_mask")
+
+
+def admitted(model, args: tuple, kwargs: dict):
+    """(input_ids, max_len) when `model.generate(*args, **kwargs)` takes this path, else None."""
+    from cute_kernels.runtime import unverified
+
+    if not unverified.enabled("graph_decode"):
+        return None
+    config = model.config
+    if getattr(config, "_attn_implementation", None) != "cute_kernels" or config.is_encoder_decoder:
+        return None
+    if getattr(config, "model_type", "") == "gpt_oss" or getattr(config, "attn_logit_softcapping", None):
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        return None
+    input_ids = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs"))
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
+        return None
+    if any(kwargs.get(k) is not None for k in ("past_key_values", "assistant_model", "inputs_embeds",
+                                                "prefix_allowed_tokens_fn")):
+        return None
+    gen = kwargs.get("generation_config") or model.generation_config
+    if (kwargs.get("num_beams") or gen.num_beams or 1) != 1 or (kwargs.get("num_return_sequences") or 1) != 1:
+        return None
+    new = kwargs.get("max_new_tokens", gen.max_new_tokens)
+    max_len = input_ids.shape[1] + new if new is not None else kwargs.get("max_length", gen.max_length)
+    if not max_len or max_len <= input_ids.shape[1]:
+        return None
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True) and window < max_len:
+        return None
+    mask = kwargs.get("attention_mask")
+    if mask is not None and not bool(mask.all()):
+        return None  # padded prompts: the kernel reads a prefix of keys, not a key mask
+    return input_ids, max_len
+
+
+def generate(model, original, *args, **kwargs):
+    """`model.generate` once armed: transformers' generate with a `GraphDecodeCache` and its
+    decode steps replayed from a graph where the call is admitted (module docstring)."""
+    admit = admitted(model, args, kwargs)
+    if admit is None:
+        return original(*args, **kwargs)
+    input_ids, max_len = admit
+    cache = GraphDecodeCache.new(model.config.get_text_config().num_hidden_layers, max_len)
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def graphed_forward(*fargs, **fkwargs):
+        ids = fkwargs.get("input_ids")
+        extra = {k: v for k, v in fkwargs.items() if k not in _REPLACED}
+        if (fargs or fkwargs.get("past_key_values") is not cache or ids is None or ids.shape[1] != 1
+                or cache.get_seq_length() == 0 or not set(extra) <= _STEP_KWARGS
+                or extra.get("output_attentions") or extra.get("output_hidden_states")):
+            return forward(*fargs, **fkwargs)  # the prefill, or a call the step does not take
+        return _decode(cache, forward, ids, extra)
+
+    kwargs["past_key_values"] = cache
+    own = model.__dict__.get("forward")  # an instance forward already there (accelerate's hooks)
+    model.forward = graphed_forward
+    try:
+        return original(*args, **kwargs)
+    finally:
+        if own is None:
+            del model.forward  # the class's forward again
+        else:
+            model.forward = own
+
+
+def arm(model) -> None:
+    """Route `model.generate` through `generate` above (idempotent; transformers models with
+    `generate` only). Each call checks whether it is admitted."""
+    if getattr(model, "_cute_kernels_graph_decode", False) or not hasattr(type(model), "generate"):
+        return
+    original = model.generate
+    model.generate = functools.partial(generate, model, original)
+    object.__setattr__(model, "_cute_kernels_graph_decode", True)

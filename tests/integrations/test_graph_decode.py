@@ -1,0 +1,108 @@
+"""`integrations.graph_decode` on CPU (fallback="torch", float64): the cache and the decode step
+that a CUDA graph replays on the GPU run eagerly here, so what is tested is the step itself (the
+fixed buffers, the device-side positions, the paged attention over them) against stock
+generate's tokens and logits; which calls are admitted; a returned cache continues correctly.
+The capture and replay are tested on the GPU (tests/integrations/test_models_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from cute_kernels import ops  # noqa: E402
+from cute_kernels.integrations import graph_decode  # noqa: E402
+from cute_kernels.runtime import unverified  # noqa: E402
+
+from ._models import pair, rel  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::cute_kernels.ops.fallback.FallbackWarning")
+
+
+def _calls(op: str) -> int:
+    return sum(n for (name, _), n in ops.FALLBACK_COUNTS.items() if name == op)
+
+
+@pytest.fixture
+def on():
+    with unverified.allowing("graph_decode"):
+        yield
+
+
+def _models(name="llama_gqa"):
+    stock, ours, _ = pair(name, patch=True)
+    return stock.eval(), ours.eval()
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_generate_through_the_fixed_cache_gives_the_stock_tokens(on, sample):
+    stock, ours = _models()
+    ids = torch.randint(0, 64, (3, 9))
+    kw = dict(max_new_tokens=70, do_sample=sample, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    if sample:
+        kw.update(top_k=5, temperature=0.7)
+    torch.manual_seed(1)
+    want = stock.generate(ids, **kw)
+    ops.FALLBACK_COUNTS.clear()
+    torch.manual_seed(1)
+    got = ours.generate(ids, **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    # patch's RMSNorm keeps float64 where Hugging Face's computes in float32: about 1e-7 apart
+    assert max(rel(a, b) for a, b in zip(got.logits, want.logits)) < 1e-6
+    # 69 decode steps in each layer through the paged kernel (9 + 70 tokens: two pages of 64)
+    assert _calls("paged_decode") == ours.config.num_hidden_layers * 69
+    cache = got.past_key_values
+    assert type(cache).__name__ == "GraphDecodeCache" and cache.get_seq_length() == 9 + 69
+    assert cache.shared.max_len == 128 and cache.shared.eager_steps == 69  # no CUDA: never captured
+    assert int(cache.shared.pos[0]) == 9 + 69
+
+
+def test_a_returned_cache_continues_on_its_buffers(on):
+    stock, ours = _models()
+    ids = torch.randint(0, 64, (2, 6))
+    first = ours.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0, return_dict_in_generate=True)
+    more = torch.randint(0, 64, (2, 3))
+    seq = torch.cat([first.sequences, more], 1)
+    # a later call given the cache is transformers' own generate on the same buffers
+    got = ours.generate(seq, past_key_values=first.past_key_values, max_new_tokens=4, do_sample=False,
+                        pad_token_id=0)
+    want = stock.generate(seq, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+
+
+def test_calls_it_does_not_take_run_transformers_generate(on):
+    stock, ours = _models()
+    ids = torch.randint(0, 64, (2, 6))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert graph_decode.admitted(ours, (ids,), kw) is not None
+    assert graph_decode.admitted(ours, (ids,), {**kw, "attention_mask": mask}) is None  # padded prompts
+    assert graph_decode.admitted(ours, (ids,), {**kw, "num_beams": 2}) is None
+    assert graph_decode.admitted(ours, (ids.float(),), kw) is None
+    with unverified.allowing("graph_decode", on=False):
+        assert graph_decode.admitted(ours, (ids,), kw) is None
+    _, window = _models("mistral_swa")
+    assert graph_decode.admitted(window, (ids,), {**kw, "max_new_tokens": 4096}) is None
+    ops.FALLBACK_COUNTS.clear()
+    got = ours.generate(ids, attention_mask=mask, **kw)
+    assert torch.equal(got, stock.generate(ids, attention_mask=mask, **kw))
+    assert _calls("paged_decode") == 0
+    assert "forward" not in ours.__dict__  # the class's forward again after each call
+
+
+def test_attention_that_did_not_receive_the_cache_buffers_raises():
+    stock, ours = _models()
+    cache = graph_decode.GraphDecodeCache.new(2, 16)
+    k = torch.randn(1, 2, 3, 8, dtype=torch.float64)
+    cache.update(k, k, 0)
+    graph_decode.ACTIVE.append(cache)
+    try:
+        with pytest.raises(RuntimeError, match="own key buffer"):
+            graph_decode.decode_attention(torch.randn(1, 4, 1, 8), torch.randn(1, 16, 2, 8), k, None, "auto",
+                                          "torch")
+    finally:
+        graph_decode.ACTIVE.pop()
+    assert graph_decode.decode_attention(k, k, k, None, "auto", "torch") is None  # outside a step
