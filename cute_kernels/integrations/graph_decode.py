@@ -24,12 +24,15 @@ the second captures the graph, and every later one copies the new tokens in and 
 A `generate` call is admitted when the path is on (`runtime.unverified`) and: the model's
 attention is ours (`attn_implementation="cute_kernels"`) with only full causal attention
 (no sliding window shorter than the longest sequence, no soft-capping, no sinks); the prompt
-is `input_ids` without padding (no attention_mask, or one of all ones: one host check per
-call); greedy or sampled search with one beam, no assistant model, no cache passed in; and
+is `input_ids`, unpadded or left-padded (as generate wants batched prompts; one host check of
+the mask per call: each row's padding is dropped from the cache, so the kernel reads a prefix of
+keys and a decode step's position is the row's own length); greedy or sampled search with one beam, no assistant model, no cache passed in; and
 the longest sequence is known (`max_new_tokens` or `max_length`). Everything else runs
 transformers' own `generate` unchanged. A cache is made per call (its buffers and graph are
 freed with it), so a returned `past_key_values` stays valid; continuing from it (a later
-call's prefill with seen tokens) runs eagerly on the same buffers.
+call's prefill with seen tokens) runs eagerly on the same buffers, except a left-padded batch's
+(its rows are stored without their padding, which the later call's mask still counts): that
+raises NotImplementedError.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ class _Buffers:
         self.ids = self.positions = None
         self.graph = self.logits = None
         self.eager_steps = 0
+        self.shift = None  # (B,) pads before each prompt (left padding), or None: rows stored compacted
+        self.prefill_index = None
         self.failure: str | None = None  # why the graph was given up (the step then stays eager)
 
     def start(self, key_states) -> None:
@@ -125,8 +130,14 @@ def _make_classes():
             end = start + n
             if end > s.max_len:
                 raise ValueError(f"graph_decode: {end} tokens exceed the cache's {s.max_len}")
-            self.keys[:, start:end] = key_states.transpose(1, 2)
-            self.values[:, start:end] = value_states.transpose(1, 2)
+            if s.shift is not None and start:
+                raise NotImplementedError("graph_decode: a left-padded batch's cache keeps each row's tokens "
+                                          "without its padding, so it cannot be continued by a later call")
+            k, v = key_states.transpose(1, 2), value_states.transpose(1, 2)
+            if s.shift is not None:  # left padding: row b's real tokens moved to the front of its pages
+                k, v = _compacted(s, k), _compacted(s, v)
+            self.keys[:, start:end] = k
+            self.values[:, start:end] = v
             self.length = end
             if start == 0:
                 return key_states, value_states
@@ -165,6 +176,15 @@ def _make_classes():
 
     _Cache.__name__ = _Cache.__qualname__ = "GraphDecodeCache"
     return _Cache
+
+
+def _compacted(s: _Buffers, t):
+    """(B, n, H, D) prompt keys or values with row b moved left by its padding s.shift[b] (what
+    follows its last real token is never read: the decode kernel reads lens[b] keys)."""
+    n = t.shape[1]
+    if s.prefill_index is None or s.prefill_index.shape[1] != n:
+        s.prefill_index = (torch.arange(n, device=t.device)[None, :] + s.shift[:, None]).clamp_max(n - 1)
+    return t.gather(1, s.prefill_index[:, :, None, None].expand(-1, -1, t.shape[2], t.shape[3]))
 
 
 # ---- the attention call of a decode step ---------------------------------------------------------
@@ -228,6 +248,8 @@ def _decode(cache, forward, input_ids, kwargs: dict):
         s.ids = torch.empty_like(input_ids)
         s.positions = torch.empty_like(input_ids)
         s.pos.fill_(cache.get_seq_length())
+        if s.shift is not None:
+            s.pos.sub_(s.shift)
     s.ids.copy_(input_ids)
     use_graph = input_ids.is_cuda and s.failure is None
     if use_graph and s.graph is None and s.eager_steps >= 1:
@@ -272,7 +294,8 @@ _REPLACED = ("input_ids", "position_ids", "past_key_values", "attention_mask")
 
 
 def admitted(model, args: tuple, kwargs: dict):
-    """(input_ids, max_len) when `model.generate(*args, **kwargs)` takes this path, else None."""
+    """(input_ids, max_len, left-padding mask or None) when `model.generate(*args, **kwargs)` takes
+    this path, else None."""
     from cute_kernels.runtime import unverified
 
     if not unverified.enabled("graph_decode"):
@@ -302,9 +325,20 @@ def admitted(model, args: tuple, kwargs: dict):
     if window is not None and getattr(config, "use_sliding_window", True) and window < max_len:
         return None
     mask = kwargs.get("attention_mask")
-    if mask is not None and not bool(mask.all()):
-        return None  # padded prompts: the kernel reads a prefix of keys, not a key mask
-    return input_ids, max_len
+    pad = kwargs.get("pad_token_id", gen.pad_token_id)
+    if mask is None and pad is not None and bool((input_ids == pad).any()):
+        return None  # transformers would infer a mask from the pad token (its rule, not repeated here)
+    if mask is not None:
+        if mask.shape != input_ids.shape:
+            return None
+        real = mask.bool()
+        # left padding only (each row's real tokens at its end, at least one): stored compacted,
+        # since the decode kernel reads a prefix of keys, not a key mask
+        if not bool((real == (real.cumsum(1) > 0)).all() and real[:, -1].all()):
+            return None
+        if bool(real.all()):
+            mask = None
+    return input_ids, max_len, mask
 
 
 def generate(model, original, *args, **kwargs):
@@ -313,8 +347,10 @@ def generate(model, original, *args, **kwargs):
     admit = admitted(model, args, kwargs)
     if admit is None:
         return original(*args, **kwargs)
-    input_ids, max_len = admit
+    input_ids, max_len, mask = admit
     cache = GraphDecodeCache.new(model.config.get_text_config().num_hidden_layers, max_len)
+    if mask is not None:
+        cache.shared.shift = (mask.shape[1] - mask.bool().sum(1)).to(torch.int64)
     forward = model.forward
 
     @functools.wraps(forward)

@@ -39,7 +39,7 @@ def _models(name="llama_gqa"):
 @pytest.mark.parametrize("sample", [False, True])
 def test_generate_through_the_fixed_cache_gives_the_stock_tokens(on, sample):
     stock, ours = _models()
-    ids = torch.randint(0, 64, (3, 9))
+    ids = torch.randint(1, 64, (3, 9))  # no pad token (0): transformers would infer padding
     kw = dict(max_new_tokens=70, do_sample=sample, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
     if sample:
         kw.update(top_k=5, temperature=0.7)
@@ -61,7 +61,7 @@ def test_generate_through_the_fixed_cache_gives_the_stock_tokens(on, sample):
 
 def test_a_returned_cache_continues_on_its_buffers(on):
     stock, ours = _models()
-    ids = torch.randint(0, 64, (2, 6))
+    ids = torch.randint(1, 64, (2, 6))
     first = ours.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0, return_dict_in_generate=True)
     more = torch.randint(0, 64, (2, 3))
     seq = torch.cat([first.sequences, more], 1)
@@ -72,14 +72,44 @@ def test_a_returned_cache_continues_on_its_buffers(on):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("sample", [False, True])
+def test_left_padded_prompts_are_stored_without_their_padding(on, sample):
+    stock, ours = _models()
+    ids = torch.randint(1, 64, (4, 11))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    mask[2, :10] = 0  # one real token
+    ids = ids.masked_fill(mask == 0, 0)
+    kw = dict(max_new_tokens=60, do_sample=sample, pad_token_id=0, attention_mask=mask, output_logits=True,
+              return_dict_in_generate=True)
+    if sample:
+        kw.update(top_k=5)
+    torch.manual_seed(2)
+    want = stock.generate(ids, **kw)
+    ops.FALLBACK_COUNTS.clear()
+    torch.manual_seed(2)
+    got = ours.generate(ids, **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    assert max(rel(a, b) for a, b in zip(got.logits, want.logits)) < 1e-6
+    assert _calls("paged_decode") == ours.config.num_hidden_layers * 59
+    s = got.past_key_values.shared
+    assert s.pos.tolist() == [11 + 59, 8 + 59, 1 + 59, 11 + 59]
+    with pytest.raises(NotImplementedError, match="left-padded"):
+        ours.generate(got.sequences, past_key_values=got.past_key_values, max_new_tokens=2, pad_token_id=0,
+                      attention_mask=torch.ones_like(got.sequences))
+
+
 def test_calls_it_does_not_take_run_transformers_generate(on):
     stock, ours = _models()
-    ids = torch.randint(0, 64, (2, 6))
+    ids = torch.randint(1, 64, (2, 6))
     mask = torch.ones_like(ids)
-    mask[1, :2] = 0
+    mask[1, 3] = 0  # a hole, not left padding
     kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
     assert graph_decode.admitted(ours, (ids,), kw) is not None
-    assert graph_decode.admitted(ours, (ids,), {**kw, "attention_mask": mask}) is None  # padded prompts
+    assert graph_decode.admitted(ours, (ids,), {**kw, "attention_mask": mask}) is None
+    with_pad = ids.clone()
+    with_pad[0, 0] = 0
+    assert graph_decode.admitted(ours, (with_pad,), kw) is None  # transformers would infer a mask
     assert graph_decode.admitted(ours, (ids,), {**kw, "num_beams": 2}) is None
     assert graph_decode.admitted(ours, (ids.float(),), kw) is None
     with unverified.allowing("graph_decode", on=False):

@@ -1,5 +1,5 @@
 """GPU: `integrations.graph_decode` captures a patched Llama's decode step once per generate and
-replays it; its logits (teacher-forced to the tokens of the same model with the path off) match,
+replays it (unpadded and left-padded prompts); its logits (teacher-forced to the tokens of the same model with the path off) match,
 the graph was captured after one eager step, and a replay after the capture wrote nothing wrong
 (a second generate on a fresh cache gives the same logits). Timing belongs to `bench models`."""
 
@@ -23,8 +23,9 @@ class _Forced:
         return forced.scatter_(1, self.tokens[:, step:step + 1], 0.0)
 
 
-@pytest.mark.parametrize("name,batch,prompt", [("llama_gqa", 8, 100), ("qwen2", 3, 37)])
-def test_replayed_decode_matches_the_eager_decode(name, batch, prompt):
+@pytest.mark.parametrize("name,batch,prompt,padded", [("llama_gqa", 8, 100, False), ("qwen2", 3, 37, False),
+                                                       ("llama_gqa", 5, 70, True)])
+def test_replayed_decode_matches_the_eager_decode(name, batch, prompt, padded):
     import cute_kernels.nn as cnn
     from cute_kernels.bench import model_specs
     from cute_kernels.runtime import unverified
@@ -35,8 +36,13 @@ def test_replayed_decode_matches_the_eager_decode(name, batch, prompt):
     ours.eval()
     gen = torch.Generator(device="cpu").manual_seed(3)
     ids = torch.randint(3, ours.config.vocab_size, (batch, prompt), generator=gen).cuda()
+    mask = torch.ones_like(ids)
+    if padded:  # left padding of several lengths (one row keeps a single real token)
+        for row, pads in enumerate((0, 9, prompt - 1, 33, 64)[:batch]):
+            mask[row, :pads] = 0
+        ids = ids.masked_fill(mask == 0, 0)
     kw = dict(max_new_tokens=40, min_new_tokens=40, do_sample=False, pad_token_id=0, output_logits=True,
-              return_dict_in_generate=True, attention_mask=torch.ones_like(ids))
+              return_dict_in_generate=True, attention_mask=mask)
     with torch.no_grad():
         with unverified.allowing("graph_decode", on=False):
             want = ours.generate(ids, **kw)
