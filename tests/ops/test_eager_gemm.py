@@ -360,6 +360,29 @@ def test_warm_training_call_runs_under_one_autograd_node(sm90, grad):
     assert "cute_kernels.runtime.eager.EagerFunction.forward" in py  # parameters require grad: a node
 
 
+@pytest.mark.parametrize("shape", [(2, 128, 384), (256, 384)])
+def test_warm_backward_replays_the_checked_gemms_without_an_op(sm90, shape):
+    """On the real sm90 rungs: the first backward runs `linear_backward`'s checked body (dX and
+    dW, two launches); a warm one launches the same two GEMMs on the same operands (the
+    gradient, the weight, the input) without entering a torch.library op."""
+    layer = cnn.Linear(384, 512, dtype=torch.bfloat16)
+    x = torch.randn(*shape).to(torch.bfloat16).requires_grad_(True)
+    g = torch.randn(*shape[:-1], 512).to(torch.bfloat16)
+    params = [x, layer.weight, layer.bias]
+    ptrs = []
+    for call in range(3):
+        out = layer(x)
+        n0 = len(sm90.launches)
+        py, _ = _profile(lambda: torch.autograd.grad(out, params, g))
+        launched = sm90.launches[n0:]
+        assert len(launched) == 2, launched
+        ptrs.append([[t.data_ptr() for t in launch[:2]] for launch in launched])
+        if call:
+            assert not [f for f in py if f.startswith(("torch._ops", "torch._library"))], py
+    wx, wg = layer.weight.data_ptr(), g.data_ptr()
+    assert ptrs[0] == ptrs[1] == ptrs[2] == [[wg, wx], [wg, x.data_ptr()]]
+
+
 # ---- torch.compile ------------------------------------------------------------------------------
 
 @pytest.mark.filterwarnings("ignore::cute_kernels.ops.fallback.FallbackWarning")
