@@ -136,3 +136,27 @@ def test_attention_that_did_not_receive_the_cache_buffers_raises():
     finally:
         graph_decode.ACTIVE.pop()
     assert graph_decode.decode_attention(k, k, k, None, "auto", "torch") is None  # outside a step
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_batches_paddings_and_lengths_give_the_stock_tokens(on, seed):
+    """Random batch sizes, prompt lengths, left paddings (whole rows but one real token
+    included) and generation lengths that cross page boundaries, greedy, against stock."""
+    gen = torch.Generator().manual_seed(seed)
+    stock, ours = _models("qwen2" if seed % 2 else "llama_gqa")
+    b = int(torch.randint(1, 6, (1,), generator=gen))
+    s = int(torch.randint(1, 40, (1,), generator=gen))
+    new = int(torch.randint(2, 90, (1,), generator=gen))
+    ids = torch.randint(1, 64, (b, s), generator=gen)
+    mask = torch.ones_like(ids)
+    for row in range(b):
+        pads = int(torch.randint(0, s, (1,), generator=gen)) if seed % 3 else 0
+        mask[row, :pads] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, attention_mask=mask,
+              return_dict_in_generate=True, output_logits=True)
+    want = stock.generate(ids, **kw)
+    got = ours.generate(ids, **kw)
+    assert type(got.past_key_values).__name__ == "GraphDecodeCache"
+    assert torch.equal(got.sequences, want.sequences)
+    assert max(rel(a, c) for a, c in zip(got.logits, want.logits)) < 1e-6
