@@ -217,6 +217,16 @@ def sdpa_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor
     took them (the sinks' own gradient is `features.sinks_gradient`, see the module docstring).
     Raises NotImplementedError naming the missing kernel when no attention backward exists for
     the input."""
+    if softcap is None and sinks is None:  # the form the eager entry keys (`ops.eager_attention`)
+        return eager.inside("sdpa_backward", _sdpa_backward, (grad_out, q, k, v, out, lse, causal, scale, enable_gqa,
+                                                              window_left, window_right, rung, fallback))
+    return _sdpa_backward(grad_out, q, k, v, out, lse, causal, scale, enable_gqa, window_left, window_right, rung,
+                          fallback, softcap, sinks)
+
+
+def _sdpa_backward(grad_out, q, k, v, out, lse, causal, scale, enable_gqa, window_left, window_right, rung, fallback,
+                   softcap=None, sinks=None):
+    """`sdpa_backward`'s checked path (`runtime.eager.inside` replays a recorded call instead)."""
     check_fallback("sdpa_backward", fallback)
     _check_causal("sdpa_backward", causal)
     window = _window("sdpa_backward", causal, window_left, window_right)

@@ -7,10 +7,11 @@ computes `cute_kernels::sdpa` with the same arguments. A warm eager call replays
 - forward: `attention_forward`'s stored plan for the key (`attention.api.plan_for`: the rung's
   launch with its scalars bound, out and lse allocated) on the caller's q, k, v (detached);
 - backward (inside `runtime.eager.EagerFunction`): what the op's autograd formula does
-  (`_sdpa_setup` saves the same tensors and options), with `cute_kernels::sdpa_backward`'s
-  body in place of the op; a warm backward (the same output-gradient layout, the same
-  determinism setting) calls the plan that body's entry kept (`attention.api.
-  backward_plan_for`: the chosen rung's backward on the recorded problem) directly.
+  (`_sdpa_setup` saves the same tensors and options), through this module's entry for
+  `cute_kernels::sdpa_backward` (`sdpa_backward`), so a warm backward replays
+  `SdpaBackwardPlan` (`attention.api.backward_plan_for`: the chosen rung's backward on the
+  recorded problem). The op's body replays the same plan (`runtime.eager.inside`) where a
+  compiled backward graph calls the op.
 A key with arguments this module does not know (a schema grown by options it cannot hand down)
 keeps the op.
 """
@@ -20,11 +21,11 @@ from __future__ import annotations
 import torch
 
 from cute_kernels.attention import dense_decode as _dense
-from cute_kernels.runtime.eager import EagerOp, Plan, op_body, register_autocast
+from cute_kernels.runtime.eager import EagerOp, Plan, register_autocast
 
 from . import attention as attention_ops
 
-__all__ = ["sdpa", "SdpaPlan"]
+__all__ = ["sdpa", "sdpa_backward", "SdpaPlan", "SdpaBackwardPlan"]
 
 register_autocast(attention_ops.sdpa)
 
@@ -39,11 +40,10 @@ class SdpaPlan(Plan):
     """The warm call of one `sdpa` key: `launch(q, k, v) -> (out, lse)`, the attention
     layer's plan; `detach`: whether q, k or v requires grad (the key fixes it)."""
 
-    __slots__ = ("launch", "detach", "grads")
+    __slots__ = ("launch", "detach")
 
     def __init__(self, launch, detach: bool):
         self.launch, self.detach = launch, detach
-        self.grads: dict = {}  # (output-gradient layout, deterministic) -> backward plan or None
 
     def run(self, q, k, v, *options):
         if self.detach:
@@ -59,40 +59,56 @@ class SdpaPlan(Plan):
     def backward(self, ctx, grad_out, grad_lse):
         if grad_out is None:
             return (None,) * _ARGS
-        key = (grad_out.shape, grad_out.stride(), grad_out.dtype, grad_out.data_ptr() & 15, _deterministic())
-        replay = self.grads.get(key, _UNSEEN)
         q, k, v, out, lse, _ = ctx.saved_tensors  # the last: sinks, None on this path
-        if replay is _UNSEEN:
-            dq, dk, dv = _SDPA_BACKWARD(grad_out, q, k, v, out, lse, **ctx.options)
-            self.grads[key] = _backward_plan(ctx, grad_out)
-        elif replay is None:
-            dq, dk, dv = _SDPA_BACKWARD(grad_out, q, k, v, out, lse, **ctx.options)
-        else:
-            dq, dk, dv = replay(grad_out.detach(), q.detach(), k.detach(), v.detach(), out.detach(), lse)
-            dq, dk, dv = dq.contiguous(), dk.contiguous(), dv.contiguous()  # as the op's body returns them
+        o = ctx.options
+        dq, dk, dv = sdpa_backward(grad_out, q, k, v, out, lse, *(o[name] for name in _OPTIONS))
         return (dq, dk, dv) + (None,) * (_ARGS - 3)
 
     def backward_op(self, ctx, grad_out, grad_lse):
         return attention_ops._sdpa_grad(ctx, grad_out, grad_lse)[:_ARGS]  # the features' gradients: None
 
 
-_UNSEEN = object()
+# `sdpa_backward`'s options in its schema order (after grad_out, q, k, v, out, lse), as `sdpa` saved them
+_OPTIONS = ("causal", "scale", "enable_gqa", "window_left", "window_right", "rung", "fallback")
 _deterministic = torch.are_deterministic_algorithms_enabled
 
 
-def _backward_plan(ctx, grad_out):
-    """The plan `attention_backward` kept for the call `sdpa_backward`'s body just made with the
-    saved tensors and options (the body's window and detaching, repeated here), or None."""
+class SdpaBackwardPlan(Plan):
+    """The warm call of one `sdpa_backward` key: `replay(dout, q, k, v, out, lse) -> (dq, dk,
+    dv)`, the attention layer's backward plan, made under one determinism setting (which the key
+    does not hold: under the other the call takes the checked path)."""
+
+    __slots__ = ("replay", "deterministic")
+
+    def __init__(self, replay, deterministic: bool):
+        self.replay, self.deterministic = replay, deterministic
+
+    def run(self, grad_out, q, k, v, out, lse, *options):
+        if _deterministic() != self.deterministic:
+            return attention_ops._sdpa_backward(grad_out, q, k, v, out, lse, *options)
+        dq, dk, dv = self.replay(grad_out.detach(), q.detach(), k.detach(), v.detach(), out.detach(), lse)
+        return dq.contiguous(), dk.contiguous(), dv.contiguous()  # as the op's body returns them
+
+
+def _build_sdpa_backward(result, grad_out, q, k, v, out, lse, causal, scale, enable_gqa, window_left, window_right,
+                         rung, fallback):
+    """The plan `attention_backward` kept for the `sdpa_backward` call the op's body just made,
+    or None: the torch fallback, grad mode on with an argument requiring grad (a plan replays no
+    autograd), another device than the current one."""
+    saved = (grad_out, q, k, v, out, lse)
+    if fallback == "torch" and not all(t.is_cuda for t in saved):
+        return None  # PyTorch computed it
+    if q.is_cuda and q.device.index != torch.cuda.current_device():
+        return None  # the op's body switches devices (device_guard); the plan does not
+    if torch.is_grad_enabled() and any(t.requires_grad for t in saved):
+        return None
     from cute_kernels.attention import api
 
-    o = ctx.options
-    saved = ctx.saved_tensors[:5]  # q, k, v, out, lse (then sinks: None on this path)
-    if o["fallback"] == "torch" and not all(t.is_cuda for t in saved):
-        return None
-    window = None if (o["window_left"], o["window_right"]) == (-1, -1) else (o["window_left"], o["window_right"])
-    q, k, v, out, lse = (t.detach() for t in saved)
-    return api.backward_plan_for(grad_out.detach(), q, k, v, out, lse, causal=o["causal"], scale=o["scale"],
-                                 enable_gqa=o["enable_gqa"], window_size=window, kernel=o["rung"])
+    window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+    deterministic = _deterministic()
+    replay = api.backward_plan_for(*(t.detach() for t in saved), causal=causal, scale=scale, enable_gqa=enable_gqa,
+                                   window_size=window, kernel=rung, deterministic=deterministic)
+    return None if replay is None else SdpaBackwardPlan(replay, deterministic)
 
 
 def _build_sdpa(result, *args):
@@ -151,5 +167,5 @@ def _build_decode_family(result, *args):
     return SdpaPlan(launch, q.requires_grad or k.requires_grad or v.requires_grad)
 
 
-_SDPA_BACKWARD = op_body(attention_ops.sdpa_backward)
 sdpa = EagerOp("sdpa", attention_ops.sdpa, _build_sdpa, family=(_decode_family, _build_decode_family))
+sdpa_backward = EagerOp("sdpa_backward", attention_ops.sdpa_backward, _build_sdpa_backward, autocast=False)
