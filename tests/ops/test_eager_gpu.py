@@ -221,9 +221,10 @@ def test_gpu_ops_called_as_a_compiled_graph_calls_them_replay_the_plans(monkeypa
     from cute_kernels.ops import gemm as gemm_ops
     from cute_kernels.runtime import plan_cache, unverified
 
-    bodies = {"linear": 0, "sdpa": 0, "norm": 0}
+    bodies = {"linear": 0, "sdpa": 0, "norm": 0, "linear_backward": 0, "sdpa_backward": 0}
     for module, fn, name in ((gemm_ops, "_linear", "linear"), (attention_ops, "_sdpa", "sdpa"),
-                             (fused_ops, "_norm", "norm")):
+                             (fused_ops, "_norm", "norm"), (gemm_ops, "_linear_backward_checked", "linear_backward"),
+                             (attention_ops, "_sdpa_backward", "sdpa_backward")):
         def counted(*args, _fn=getattr(module, fn), _name=name):
             bodies[_name] += 1
             return _fn(*args)
@@ -245,24 +246,41 @@ def _ops_replay_plans(bodies):
     q, k, v = (torch.randn(2, 12, 197, 64, device="cuda", dtype=BF16) for _ in range(3))
     xn, wn = torch.randn(4, 1000, 768, device="cuda", dtype=BF16), torch.randn(768, device="cuda", dtype=BF16)
     ops = torch.ops.cute_kernels
+    g = torch.randn(3, 77, 2304, device="cuda", dtype=BF16)
+    with torch.no_grad():
+        out, lse = ops.sdpa(q, k, v, None, None, False, -1, -1, "auto", "none")
+    dout = torch.randn_like(out)
     calls = {"linear": lambda: ops.linear(x, w, b, "gelu_tanh", "auto", "none"),
              "sdpa": lambda: ops.sdpa(q, k, v, None, None, False, -1, -1, "auto", "none")[0],
-             "norm": lambda: ops.norm(xn, wn, None, None, "rms", 1e-6, 0.0, None, "none")[0]}
+             "norm": lambda: ops.norm(xn, wn, None, None, "rms", 1e-6, 0.0, None, "none")[0],
+             "linear_backward": lambda: ops.linear_backward(g, x, w, b, None, None, True, True, True, "auto", "none"),
+             "sdpa_backward": lambda: ops.sdpa_backward(dout, q, k, v, out, lse, None, None, False, -1, -1, "auto",
+                                                        "none")}
     first = {name: call() for name, call in calls.items()}
     for _ in range(3):
         for name, call in calls.items():
-            assert torch.equal(call(), first[name]), name
-    assert bodies == {"linear": 1, "sdpa": 1, "norm": 1}
+            got = call()
+            for a, e in zip(*((t,) if isinstance(t, torch.Tensor) else t for t in (got, first[name]))):
+                # attention's dq sums in whatever order the tiles arrive; everything else is bit for bit
+                assert _rel(a, e) < 1e-3 if name == "sdpa_backward" else torch.equal(a, e), name
+    assert bodies == {"linear": 1, "sdpa": 1, "norm": 1, "linear_backward": 1, "sdpa_backward": 1}
     d = torch.float64
     refs = {"linear": F.gelu(x.to(d) @ w.to(d).T + b.to(d), approximate="tanh"),
             "sdpa": F.scaled_dot_product_attention(q.to(d), k.to(d), v.to(d)),
             "norm": xn.to(d) * torch.rsqrt(xn.to(d).pow(2).mean(-1, keepdim=True) + 1e-6) * wn.to(d)}
     for name, ref in refs.items():
         assert _rel(first[name], ref) < 1e-2, name
+    g2, x2 = g.to(d).reshape(-1, 2304), x.to(d).reshape(-1, 768)
+    for got, ref in zip(first["linear_backward"], (g2 @ w.to(d), g2.T @ x2, g2.sum(0))):
+        assert _rel(got.reshape(ref.shape), ref) < 1e-2
+    qd, kd, vd = (t.to(d).requires_grad_() for t in (q, k, v))
+    refs = torch.autograd.grad(F.scaled_dot_product_attention(qd, kd, vd), (qd, kd, vd), dout.to(d))
+    for got, ref in zip(first["sdpa_backward"], refs):
+        assert _rel(got, ref) < 2e-2
 
 
 def test_gpu_backward_ops_compute_alike_through_either_dispatch():
-    """What a compiled backward graph calls (matmul, sdpa_backward, norm_backward, without grad
+    """What a compiled backward graph calls (matmul, linear_backward, sdpa_backward, norm_backward, without grad
     mode) gives the same values whether custom_op's Autograd kernel or the lean one
     (`runtime.lean_dispatch`) enters the body: bit for bit, but for attention's dq, which sums
     in whatever order the tiles arrive."""
@@ -281,7 +299,10 @@ def test_gpu_backward_ops_compute_alike_through_either_dispatch():
         dout = torch.randn_like(out)
         rstd = ops.norm(xn, wn, None, None, "rms", 1e-6, 0.0, None, "none")[2]
         dy = torch.randn_like(xn)
+        w2 = torch.randn(768, 3072, device="cuda", dtype=BF16)
         calls = {"matmul": lambda: (ops.matmul(g2.mT, x2, None, "auto", "none"),),
+                 "linear_backward": lambda: ops.linear_backward(g2, x2, w2, None, None, None, True, True, False,
+                                                                "auto", "none"),
                  "sdpa_backward": lambda: ops.sdpa_backward(dout, q, k, v, out, lse, None, None, False, -1, -1,
                                                             "auto", "none"),
                  "norm_backward": lambda: ops.norm_backward(dy, xn, wn, rstd, None, None, "rms", 0.0, False, True,
