@@ -7,7 +7,8 @@ the first call):
 - `linear(x, weight, bias=None, activation=None, rung="auto", fallback="none")`:
   activation in {None, "relu", "gelu", "gelu_tanh", "silu"} (`gemm.activations`), differentiable
   through `linear_backward(grad, x, weight, bias, out, activation, input_grad, weight_grad,
-  bias_grad, ...)` -> (dx, dw, db), one op per layer in a compiled backward graph.
+  bias_grad, ...)` -> (dx, dw, db) (the eager backward's; a compiled backward graph's with the
+  unverified path "backward_op_replay", else two `matmul` calls per layer).
 - `linear_swiglu(x, weight, need_preact=True, rung="auto", fallback="none")` -> (h, p): silu(gate) * up of x
   times an interleaved gate-up weight, gated in the GEMM's epilogue on sm_90 (`gated`),
   differentiable through `linear_swiglu_backward`.

@@ -32,6 +32,9 @@ PATHS: dict[str, str] = {
                             "(`fused.linear_ce.default_chunk`) instead of Liger's x-sized chunks",
     "norm_backward_prefetch": "the RMSNorm / LayerNorm backward loads its next row block while it computes "
                               "the current one (`fused.norms`, `NormConfig.prefetch`)",
+    "backward_op_replay": "in a compiled backward graph a linear layer's gradient is one op (`linear_backward`, not a "
+                          "`matmul` op per GEMM), and the bodies of linear_backward and sdpa_backward replay recorded "
+                          "plans (`runtime.eager.inside`)",
     "graph_decode": "a patched transformers model's generate keeps its KV cache in fixed buffers and replays each "
                     "decode step from a CUDA graph (`integrations.graph_decode`)",
     "norm_forward_dense": "the RMSNorm / LayerNorm forward compiled for half again as many CTAs an SM "
