@@ -314,11 +314,12 @@ def _generate_mode(m: _Model, settings: ModelsSettings, log) -> list[Record]:
             got = m.ours.generate(ids, logits_processor=[forced], output_logits=True, return_dict_in_generate=True,
                                   **kw)
             err = _rel(torch.stack([s.float() for s in got.logits]), torch.stack([s.float() for s in want.logits]))
+            decode = _decode_path(got.past_key_values)
             free = m.ours.generate(ids, **kw)
         agreement = float((free[:, ids.shape[1]:] == want.sequences[:, ids.shape[1]:]).float().mean())
         ok = err <= m.tolerance
         log(f"  {case}: teacher-forced logits rel_err {err:.2e} {'ok' if ok else 'FAILED'}, "
-            f"greedy token agreement {agreement:.1%}")
+            f"greedy token agreement {agreement:.1%}, decode steps {decode}")
         gen_fns = {"stock": lambda: m.stock.generate(ids, **kw), "cute_kernels": lambda: m.ours.generate(ids, **kw)}
         with torch.no_grad():
             timings = _timed(gen_fns if ok else {"stock": gen_fns["stock"]},
@@ -329,12 +330,22 @@ def _generate_mode(m: _Model, settings: ModelsSettings, log) -> list[Record]:
         return [_record(case, "cute_kernels", None, None, False, f"{type(exc).__name__}: {exc}")]
     finally:
         m.stock.train(), m.ours.train()
-    records = _pair_records(case, timings, err, ok, m.tolerance, token_agreement=agreement,
+    records = _pair_records(case, timings, err, ok, m.tolerance, token_agreement=agreement, decode=decode,
                             error=None if ok else f"teacher-forced logits rel_err {err:.3g} above {m.tolerance:.3g}")
     for r in records:
         if r.ms:
             r.extra["tokens_per_s"] = settings.prompts * n / (r.ms / 1e3)
     return records
+
+
+def _decode_path(cache) -> str:
+    """How our generate ran its decode steps: "graph" (replayed from a CUDA graph,
+    `integrations.graph_decode`), "graph-eager" (its cache, not captured: the reason is logged by
+    a warning), or "eager" (transformers' own cache)."""
+    shared = getattr(cache, "shared", None)
+    if shared is None or not hasattr(shared, "graph"):
+        return "eager"
+    return "graph" if shared.graph is not None else "graph-eager"
 
 
 # ---- cold start (fresh processes) --------------------------------------------------------------

@@ -119,6 +119,8 @@ def models_page(result: BenchResult | None, json_name: str | None = None, plot_n
                 notes.append(f"{who} {r.extra['tokens_per_s']:.0f} tok/s")
         if ours is not None and "token_agreement" in ours.extra:
             notes.append(f"{100 * ours.extra['token_agreement']:.1f}% tokens equal")
+        if ours is not None and ours.extra.get("decode", "eager") != "eager":
+            notes.append(f"decode steps: {ours.extra['decode']}")
         if ours is not None and "note" in ours.extra:
             notes.append(str(ours.extra["note"]))
         measured = (ours or stock).extra.get("measured") if (ours or stock) is not None else None
