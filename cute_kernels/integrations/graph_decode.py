@@ -19,7 +19,8 @@ the second captures the graph, and every later one copies the new tokens in and 
 
     arm(model)        nn.patch does this for transformers causal LMs: `model.generate`
                       takes this path for the calls it admits (below), else is transformers'
-    GraphDecodeCache  the cache (also usable eagerly, e.g. on CPU with fallback="torch")
+    GraphDecodeCache(num_layers, max_len)   the cache (also usable eagerly, e.g. on CPU with
+                      fallback="torch")
 
 A `generate` call is admitted when the path is on (`runtime.unverified`) and: the model's
 attention is ours (`attn_implementation="cute_kernels"`) with only full causal attention
@@ -41,16 +42,11 @@ import functools
 import warnings
 
 import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 __all__ = ["GraphDecodeCache", "arm", "admitted", "PAGE"]
 
 PAGE = 64  # keys per page of the block table (a multiple of 16: the decode kernel's MMA path)
-
-
-def _layer_base():
-    from transformers.cache_utils import CacheLayerMixin
-
-    return CacheLayerMixin
 
 
 class _Buffers:
@@ -77,105 +73,91 @@ class _Buffers:
         self.rows = torch.arange(b, device=device)
 
 
-class GraphDecodeCache:
-    """Made by `GraphDecodeCache.new(num_layers, max_len)`: a `transformers.Cache` subclass
-    (built on first use, so importing this module does not import transformers)."""
+class GraphDecodeLayer(CacheLayerMixin):
+    """One layer's keys and values, (B, max_len, Hkv, D) each: a prompt is written at the host's
+    `length` (compacted where left-padded), a decode step's token at the device's `pos`."""
 
-    _cls = None
+    is_compileable = False
+    is_sliding = False
 
-    @classmethod
-    def new(cls, num_layers: int, max_len: int):
-        if cls._cls is None:
-            cls._cls = _make_classes()
-        return cls._cls(num_layers, max_len)
+    def __init__(self, shared: _Buffers):
+        super().__init__()
+        self.shared = shared
+        self.length = 0  # tokens stored (host): a decode step's driver advances it, not the step
 
+    def lazy_initialization(self, key_states, value_states):
+        s = self.shared
+        b, h, _, d = key_states.shape
+        self.keys = key_states.new_zeros((b, s.max_len, h, d))
+        self.values = value_states.new_zeros((b, s.max_len, h, value_states.shape[-1]))
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
 
-def _make_classes():
-    from transformers.cache_utils import Cache
+    def update(self, key_states, value_states, *args, **kwargs):
+        s = self.shared
+        if not self.is_initialized:
+            if s.pos is None:
+                s.start(key_states)
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[2]
+        if s.decoding:
+            if n != 1:
+                raise RuntimeError(f"graph_decode: a decode step got {n} new tokens, not 1")
+            # one token per sequence at its own position (a device tensor: the graph replays it)
+            self.keys[s.rows, s.pos] = key_states[:, :, 0]
+            self.values[s.rows, s.pos] = value_states[:, :, 0]
+            return self.keys, self.values  # `attention_forward` knows these objects (decode_attention)
+        start = self.length
+        end = start + n
+        if end > s.max_len:
+            raise ValueError(f"graph_decode: {end} tokens exceed the cache's {s.max_len}")
+        if s.shift is not None and start:
+            raise NotImplementedError("graph_decode: a left-padded batch's cache keeps each row's tokens "
+                                      "without its padding, so it cannot be continued by a later call")
+        k, v = key_states.transpose(1, 2), value_states.transpose(1, 2)
+        if s.shift is not None:  # left padding: row b's real tokens moved to the front of its pages
+            k, v = _compacted(s, k), _compacted(s, v)
+        self.keys[:, start:end] = k
+        self.values[:, start:end] = v
+        self.length = end
+        if start == 0:
+            return key_states, value_states
+        # a continued call outside a decode step (a later generate given this cache): the keys
+        # so far, contiguous as transformers' own caches hand them over
+        return (self.keys[:, :end].transpose(1, 2).contiguous(),
+                self.values[:, :end].transpose(1, 2).contiguous())
 
-    base = _layer_base()
+    def get_mask_sizes(self, query_length: int):
+        return self.length + query_length, 0
 
-    class GraphDecodeLayer(base):
-        is_compileable = False
-        is_sliding = False
+    def get_seq_length(self) -> int:
+        return self.length
 
-        def __init__(self, shared: _Buffers):
-            super().__init__()
-            self.shared = shared
-            self.length = 0  # tokens stored (host): a decode step's driver advances it, not the step
+    def get_max_length(self) -> int:
+        return self.shared.max_len
 
-        def lazy_initialization(self, key_states, value_states):
-            s = self.shared
-            b, h, _, d = key_states.shape
-            self.keys = key_states.new_zeros((b, s.max_len, h, d))
-            self.values = value_states.new_zeros((b, s.max_len, h, value_states.shape[-1]))
-            self.dtype, self.device = key_states.dtype, key_states.device
-            self.is_initialized = True
+    def reset(self) -> None:
+        raise NotImplementedError("graph_decode: a GraphDecodeCache is made per generate call; make a new one")
 
-        def update(self, key_states, value_states, *args, **kwargs):
-            s = self.shared
-            if not self.is_initialized:
-                if s.pos is None:
-                    s.start(key_states)
-                self.lazy_initialization(key_states, value_states)
-            n = key_states.shape[2]
-            if s.decoding:
-                if n != 1:
-                    raise RuntimeError(f"graph_decode: a decode step got {n} new tokens, not 1")
-                # one token per sequence at its own position (a device tensor: the graph replays it)
-                self.keys[s.rows, s.pos] = key_states[:, :, 0]
-                self.values[s.rows, s.pos] = value_states[:, :, 0]
-                return self.keys, self.values  # `attention_forward` knows these objects (decode_attention)
-            start = self.length
-            end = start + n
-            if end > s.max_len:
-                raise ValueError(f"graph_decode: {end} tokens exceed the cache's {s.max_len}")
-            if s.shift is not None and start:
-                raise NotImplementedError("graph_decode: a left-padded batch's cache keeps each row's tokens "
-                                          "without its padding, so it cannot be continued by a later call")
-            k, v = key_states.transpose(1, 2), value_states.transpose(1, 2)
-            if s.shift is not None:  # left padding: row b's real tokens moved to the front of its pages
-                k, v = _compacted(s, k), _compacted(s, v)
-            self.keys[:, start:end] = k
-            self.values[:, start:end] = v
-            self.length = end
-            if start == 0:
-                return key_states, value_states
-            # a continued call outside a decode step (a later generate given this cache): the keys
-            # so far, contiguous as transformers' own caches hand them over
-            return (self.keys[:, :end].transpose(1, 2).contiguous(),
-                    self.values[:, :end].transpose(1, 2).contiguous())
+    def reorder_cache(self, beam_idx) -> None:
+        raise NotImplementedError("graph_decode: beam search is not admitted (num_beams=1 only)")
 
-        def get_mask_sizes(self, query_length: int):
-            return self.length + query_length, 0
+class GraphDecodeCache(Cache):
+    """A `transformers.Cache` for one generate call (module docstring): `num_layers` layers of
+    fixed buffers for up to `max_len` tokens a sequence (rounded up to whole pages)."""
 
-        def get_seq_length(self) -> int:
-            return self.length
+    def __init__(self, num_layers: int, max_len: int):
+        self.shared = _Buffers(max_len)
+        super().__init__(layers=[GraphDecodeLayer(self.shared) for _ in range(num_layers)])
 
-        def get_max_length(self) -> int:
-            return self.shared.max_len
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
 
-        def reset(self) -> None:
-            raise NotImplementedError("graph_decode: a GraphDecodeCache is made per generate call; make a new one")
+    def advance(self) -> None:
+        """Count the token a decode step stored (its update wrote it at the device-side pos)."""
+        for layer in self.layers:
+            layer.length += 1
 
-        def reorder_cache(self, beam_idx) -> None:
-            raise NotImplementedError("graph_decode: beam search is not admitted (num_beams=1 only)")
-
-    class _Cache(Cache):
-        def __init__(self, num_layers: int, max_len: int):
-            self.shared = _Buffers(max_len)
-            super().__init__(layers=[GraphDecodeLayer(self.shared) for _ in range(num_layers)])
-
-        def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
-            return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
-
-        def advance(self) -> None:
-            """Count the token a decode step stored (its update wrote it at the device-side pos)."""
-            for layer in self.layers:
-                layer.length += 1
-
-    _Cache.__name__ = _Cache.__qualname__ = "GraphDecodeCache"
-    return _Cache
 
 
 def _compacted(s: _Buffers, t):
@@ -348,7 +330,7 @@ def generate(model, original, *args, **kwargs):
     if admit is None:
         return original(*args, **kwargs)
     input_ids, max_len, mask = admit
-    cache = GraphDecodeCache.new(model.config.get_text_config().num_hidden_layers, max_len)
+    cache = GraphDecodeCache(model.config.get_text_config().num_hidden_layers, max_len)
     if mask is not None:
         cache.shared.shift = (mask.shape[1] - mask.bool().sum(1)).to(torch.int64)
     forward = model.forward

@@ -125,7 +125,7 @@ def test_calls_it_does_not_take_run_transformers_generate(on):
 
 def test_attention_that_did_not_receive_the_cache_buffers_raises():
     stock, ours = _models()
-    cache = graph_decode.GraphDecodeCache.new(2, 16)
+    cache = graph_decode.GraphDecodeCache(2, 16)
     k = torch.randn(1, 2, 3, 8, dtype=torch.float64)
     cache.update(k, k, 0)
     graph_decode.ACTIVE.append(cache)
