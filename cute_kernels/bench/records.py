@@ -138,8 +138,16 @@ class BenchResult:
         data = self.to_dict()
         validate_result(data)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+        path.write_text(dumps_result(data))
         return path
+
+
+def dumps_result(data: dict) -> str:
+    """Strict JSON of a result: the header indented, one record a line (a diff shows which
+    records changed, and a suite's file is a third of its indented size)."""
+    head = json.dumps({k: v for k, v in data.items() if k != "records"}, indent=1, allow_nan=False)
+    records = ",\n".join("  " + json.dumps(r, allow_nan=False, separators=(",", ":")) for r in data["records"])
+    return f'{head[:-2]},\n "records": [\n{records}\n ]\n}}\n'  # head ends with "\n}"
 
 
 def load_result(path: str | Path) -> BenchResult:

@@ -33,6 +33,10 @@ def test_write_read_back_round_trips(tmp_path):
 
     data = json.loads(text, parse_constant=reject)  # strict JSON: no NaN/Infinity
     assert set(data) >= {"date", "device", "versions", "suite", "records"}
+    lines = text.splitlines()
+    start = lines.index(' "records": [')
+    assert [json.loads(line.rstrip(",")) for line in lines[start + 1:start + 4]] == data["records"]  # one a line
+    assert lines[start + 4:] == [" ]", "}"]
     assert data["device_slug"] == "h200"
     back = load_result(path)
     assert back.suite == "gemm" and back.device == "NVIDIA H200" and back.ceilings["bf16"] == 752.0
