@@ -1,0 +1,34 @@
+"""GPU: the linear-layer training fuzz (`cute_kernels.bench.linear_fuzz`): random problems
+through `cute_kernels.nn.Linear`, forward and backward, the checked call and two warm ones
+(the replayed forward and `linear_backward` plans), against float64; zero wrong.
+
+CUTE_KERNELS_LINEAR_FUZZ_CASES sets the count (default 300), CUTE_KERNELS_FUZZ_SEED the seed
+(else a fresh one, printed and kept in the record); with CUTE_KERNELS_RESULTS_DIR set the
+`linear_fuzz` record (cases, wrong) is written there."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def test_random_linear_training_steps_are_all_right():
+    from cute_kernels.bench import linear_fuzz
+    from cute_kernels.bench.fuzz_record import write_to_results_dir
+
+    n = int(os.environ.get("CUTE_KERNELS_LINEAR_FUZZ_CASES", "300"))
+    seed = int(os.environ.get("CUTE_KERNELS_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
+    print(f"linear fuzz: seed {seed}, {n} cases")
+    report = linear_fuzz.run(seed, n)
+    print(f"linear fuzz: {report.cases} cases, {report.wrong} wrong ({report.errors} raised), worst passing "
+          f"{report.worst:.3g} of its bar, {report.seconds} s")
+    write_to_results_dir(linear_fuzz.result(report))
+    assert report.cases == n
+    assert report.wrong == 0, "wrong cases (first few):\n" + "\n".join(f"{f['problem']}: {f['why']}"
+                                                                      for f in report.failures)
