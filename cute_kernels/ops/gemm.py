@@ -277,8 +277,8 @@ def linear_grads(ctx, grad, backward):
         dx, dw, db = grads_of(grad, x, weight, bias, out, ctx.activation, needs,
                               lambda a, b: matmul(a, b, rung=rung, fallback=fallback))
     else:
-        grads = backward(grad, x, weight, bias, out, ctx.activation, *needs, rung, fallback)
-        dx, dw, db = (t if need else None for t, need in zip(grads, needs))
+        dx, dw, db = backward(grad, x, weight, bias, out, ctx.activation, *needs, rung, fallback)
+        dx, dw, db = dx if needs[0] else None, dw if needs[1] else None, db if needs[2] else None  # not the placeholders
     return dx, dw, db, None, None, None
 
 
