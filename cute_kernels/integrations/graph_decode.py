@@ -278,10 +278,10 @@ _REPLACED = ("input_ids", "position_ids", "past_key_values", "attention_mask")
 def admitted(model, args: tuple, kwargs: dict):
     """(input_ids, max_len, left-padding mask or None) when `model.generate(*args, **kwargs)` takes
     this path, else None."""
-    from cute_kernels.runtime import unverified
+    from cute_kernels.runtime import cache, unverified
 
-    if not unverified.enabled("graph_decode"):
-        return None
+    if not unverified.enabled("graph_decode") or cache.dry_run():
+        return None  # (a dry run, precompile's trace, launches nothing a graph could hold)
     config = model.config
     if getattr(config, "_attn_implementation", None) != "cute_kernels" or config.is_encoder_decoder:
         return None
