@@ -233,7 +233,9 @@ def _decode(cache, forward, input_ids, kwargs: dict):
         if s.shift is not None:
             s.pos.sub_(s.shift)
     s.ids.copy_(input_ids)
-    use_graph = input_ids.is_cuda and s.failure is None
+    # a dry run (precompile's trace) launches nothing a graph could hold: its steps stay eager,
+    # which is where they meet (and compile) the decode kernel
+    use_graph = input_ids.is_cuda and s.failure is None and not _dry_run()
     if use_graph and s.graph is None and s.eager_steps >= 1:
         _capture(cache, forward, kwargs)
     if s.graph is not None:
@@ -244,6 +246,12 @@ def _decode(cache, forward, input_ids, kwargs: dict):
     s.eager_steps += 1
     cache.advance()
     return out
+
+
+def _dry_run() -> bool:
+    from cute_kernels.runtime import cache
+
+    return cache.dry_run()
 
 
 def _capture(cache, forward, kwargs: dict) -> None:
@@ -278,10 +286,10 @@ _REPLACED = ("input_ids", "position_ids", "past_key_values", "attention_mask")
 def admitted(model, args: tuple, kwargs: dict):
     """(input_ids, max_len, left-padding mask or None) when `model.generate(*args, **kwargs)` takes
     this path, else None."""
-    from cute_kernels.runtime import cache, unverified
+    from cute_kernels.runtime import unverified
 
-    if not unverified.enabled("graph_decode") or cache.dry_run():
-        return None  # (a dry run, precompile's trace, launches nothing a graph could hold)
+    if not unverified.enabled("graph_decode"):
+        return None
     config = model.config
     if getattr(config, "_attn_implementation", None) != "cute_kernels" or config.is_encoder_decoder:
         return None
