@@ -159,7 +159,6 @@ class GraphDecodeCache(Cache):
             layer.length += 1
 
 
-
 def _compacted(s: _Buffers, t):
     """(B, n, H, D) prompt keys or values with row b moved left by its padding s.shift[b] (what
     follows its last real token is never read: the decode kernel reads lens[b] keys)."""
@@ -174,7 +173,7 @@ def _compacted(s: _Buffers, t):
 ACTIVE: list = []  # the cache whose decode step is running (at most one)
 
 
-def decode_attention(query, key, value, scaling, kernel: str, fallback: str):
+def decode_attention(query, key, value, scaling, fallback: str):
     """The attention of a decode step over a `GraphDecodeCache` (what `integrations.transformers.
     attention_forward` calls while one runs), or None outside one. q (B, Hq, 1, D); key and
     value must be the layer's own buffers (what its `update` returned): anything else means the
@@ -194,11 +193,12 @@ def decode_attention(query, key, value, scaling, kernel: str, fallback: str):
     from cute_kernels.ops import paged_decode
 
     s = cache.shared
-    b, h, d = key.shape[0], key.shape[2], key.shape[3]
-    pages = key.view(-1, PAGE, h, d)
+    h = key.shape[2]
+    pages = key.view(-1, PAGE, h, key.shape[3])
     vpages = value.view(-1, PAGE, h, value.shape[3])
-    out = paged_decode(query[:, :, 0], pages, vpages, s.table, s.lens, scaling, rung="auto" if kernel == "auto"
-                       else "decode", fallback=fallback)
+    # the decode rung is the only one that reads a block table, whichever rung the model's other
+    # attention calls were given
+    out = paged_decode(query[:, :, 0], pages, vpages, s.table, s.lens, scaling, rung="auto", fallback=fallback)
     return out.unsqueeze(1)  # (B, 1, Hq, Dv), transformers' attention output layout
 
 

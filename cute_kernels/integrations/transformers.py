@@ -107,7 +107,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     """transformers' attention-function signature on our kernels (module docstring)."""
     kernel, fallback = getattr(module, OPTIONS_ATTRIBUTE, _options)
     if graph_decode.ACTIVE:  # a decode step over a GraphDecodeCache: its fixed buffers, device lengths
-        return graph_decode.decode_attention(query, key, value, scaling, kernel, fallback), None
+        return graph_decode.decode_attention(query, key, value, scaling, fallback), None
     if kwargs.get("output_attentions"):
         raise ValueError("cute_kernels attention: output_attentions=True asks for the attention weights, which "
                          "the fused kernels never form; use attn_implementation='eager' for that")

@@ -131,11 +131,11 @@ def test_attention_that_did_not_receive_the_cache_buffers_raises():
     graph_decode.ACTIVE.append(cache)
     try:
         with pytest.raises(RuntimeError, match="own key buffer"):
-            graph_decode.decode_attention(torch.randn(1, 4, 1, 8), torch.randn(1, 16, 2, 8), k, None, "auto",
+            graph_decode.decode_attention(torch.randn(1, 4, 1, 8), torch.randn(1, 16, 2, 8), k, None,
                                           "torch")
     finally:
         graph_decode.ACTIVE.pop()
-    assert graph_decode.decode_attention(k, k, k, None, "auto", "torch") is None  # outside a step
+    assert graph_decode.decode_attention(k, k, k, None, "torch") is None  # outside a step
 
 
 @pytest.mark.parametrize("seed", range(8))
