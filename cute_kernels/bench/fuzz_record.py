@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["FuzzReport", "poison", "fuzz_result", "write_to_results_dir"]
+__all__ = ["FuzzReport", "seed_and_cases", "poison", "fuzz_result", "write_to_results_dir"]
 
 
 @dataclass
@@ -30,6 +30,16 @@ class FuzzReport:
         self.errors += 1
         return f"{type(exc).__name__}: {exc}"[:300]
 
+    def summary(self, name: str) -> str:
+        """One line: cases, wrong (raised), the worst passing case and the time."""
+        worst = f"worst passing {self.worst:.3g} of its bar" if self.measure == "error/bound" else \
+            f"worst passing rel_err {self.worst:.3g}"
+        return f"{name}: {self.cases} cases, {self.wrong} wrong ({self.errors} raised), {worst}, {self.seconds} s"
+
+    def failure_lines(self) -> str:
+        """The first few wrong cases, a line each (what a failing test shows)."""
+        return "wrong cases (first few):\n" + "\n".join(f"{f['problem']}: {f['why']}" for f in self.failures)
+
     def tally(self, why: str | None, worst: float, failure, max_failures: int) -> None:
         """Count one checked case's verdict: wrong when `why` says why (`failure()`, the
         description kept, among the first `max_failures`), else passing, its `worst` joining
@@ -40,6 +50,16 @@ class FuzzReport:
         self.wrong += 1
         if len(self.failures) < max_failures:
             self.failures.append(failure())
+
+
+def seed_and_cases(cases_variable: str, default: int) -> tuple[int, int]:
+    """(seed, cases) of a fuzz run: CUTE_KERNELS_FUZZ_SEED, else a fresh seed (print it: it is
+    kept in the record too), and the count `cases_variable` sets, else `default`."""
+    import random
+
+    cases = int(os.environ.get(cases_variable, str(default)))
+    seed = int(os.environ.get("CUTE_KERNELS_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
+    return seed, cases
 
 
 def poison(device, numel: int) -> None:

@@ -86,3 +86,20 @@ def test_the_report_tallies_wrong_raised_and_worst_passing_cases():
     r.tally(None, 0.125, lambda: {}, 1)
     assert (r.wrong, r.errors, r.worst, r.failures) == (2, 1, 0.25, [{"problem": "a"}])
     assert r.raised(KeyError("k")) == "KeyError: 'k'" and len(r.raised(ValueError("x" * 400))) == 300
+
+
+def test_the_report_says_itself_and_runs_draw_their_seed_and_count(monkeypatch):
+    from cute_kernels.bench.fuzz_record import FuzzReport, seed_and_cases
+
+    r = FuzzReport(cases=3, wrong=1, worst=0.5, seconds=2.0, failures=[{"problem": "p", "why": "rel_err 1"}])
+    assert r.summary("x fuzz") == "x fuzz: 3 cases, 1 wrong (0 raised), worst passing rel_err 0.5, 2.0 s"
+    r.measure = "error/bound"
+    assert "worst passing 0.5 of its bar" in r.summary("x fuzz")
+    assert r.failure_lines().splitlines()[1:] == ["p: rel_err 1"]
+    monkeypatch.setenv("CUTE_KERNELS_FUZZ_SEED", "17")
+    monkeypatch.delenv("SOME_FUZZ_CASES", raising=False)
+    assert seed_and_cases("SOME_FUZZ_CASES", 40) == (17, 40)
+    monkeypatch.setenv("SOME_FUZZ_CASES", "9")
+    monkeypatch.delenv("CUTE_KERNELS_FUZZ_SEED")
+    seed, n = seed_and_cases("SOME_FUZZ_CASES", 40)
+    assert n == 9 and 0 <= seed < 1 << 30

@@ -10,8 +10,6 @@ first in parallel processes (`runtime.precompile`). With CUTE_KERNELS_RESULTS_DI
 
 from __future__ import annotations
 
-import os
-import random
 
 import pytest
 
@@ -23,19 +21,16 @@ pytestmark = pytest.mark.gpu
 def test_random_fused_problems_are_all_right():
     import torch
 
-    from cute_kernels.bench.fuzz_record import write_to_results_dir
+    from cute_kernels.bench.fuzz_record import seed_and_cases, write_to_results_dir
     from cute_kernels.runtime.precompile import precompile
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    n = int(os.environ.get("CUTE_KERNELS_FUSED_FUZZ_CASES", "1200"))
-    seed = int(os.environ.get("CUTE_KERNELS_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
+    seed, n = seed_and_cases("CUTE_KERNELS_FUSED_FUZZ_CASES", 1200)
     print(f"fused fuzz: seed {seed}, {n} cases")
     print(f"precompiled: {precompile('cute_kernels.bench.fused_fuzz:trace', seed, n)}")
     report = fused_fuzz.run(seed, n)
-    print(f"fused fuzz: {report.cases} cases, {report.wrong} wrong ({report.errors} raised), worst passing "
-          f"gradient rel_err {report.worst:.3g}, {report.seconds} s")
+    print(report.summary("fused fuzz"))
     write_to_results_dir(fused_fuzz.result(report))
     assert report.cases == n
-    assert report.wrong == 0, "wrong cases (first few):\n" + "\n".join(f"{f['problem']}: {f['why']}"
-                                                                      for f in report.failures)
+    assert report.wrong == 0, report.failure_lines()

@@ -10,8 +10,6 @@ CUTE_KERNELS_RESULTS_DIR set, the `gemm_fuzz` record (cases, wrong) is written t
 
 from __future__ import annotations
 
-import os
-import random
 
 import pytest
 
@@ -21,21 +19,18 @@ pytestmark = pytest.mark.gpu
 
 
 def test_random_gemm_problems_are_all_right():
-    from cute_kernels.bench.fuzz_record import write_to_results_dir
+    from cute_kernels.bench.fuzz_record import seed_and_cases, write_to_results_dir
     from cute_kernels.runtime.precompile import precompile
 
-    n = int(os.environ.get("CUTE_KERNELS_GEMM_FUZZ_CASES", "2000"))
-    seed = int(os.environ.get("CUTE_KERNELS_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
+    seed, n = seed_and_cases("CUTE_KERNELS_GEMM_FUZZ_CASES", 2000)
     print(f"gemm fuzz: seed {seed}, {n} cases")
     warm = precompile("cute_kernels.bench.gemm_fuzz:trace", seed, n)
     print(f"precompiled: {warm}")
     report = gemm_fuzz.run(seed, n)
-    print(f"gemm fuzz: {report.cases} cases, {report.wrong} wrong ({report.errors} raised), worst passing rel_err "
-          f"{report.worst:.3g}, {report.seconds} s")
+    print(report.summary("gemm fuzz"))
     write_to_results_dir(gemm_fuzz.result(report))
     assert report.cases == n
-    assert report.wrong == 0, "wrong cases (first few):\n" + "\n".join(f"{f['problem']}: {f['why']}"
-                                                                      for f in report.failures)
+    assert report.wrong == 0, report.failure_lines()
 
 
 def test_small_n_and_small_m_regime_is_right_on_every_major():

@@ -8,9 +8,6 @@ CUTE_KERNELS_LINEAR_FUZZ_CASES sets the count (default 300), CUTE_KERNELS_FUZZ_S
 
 from __future__ import annotations
 
-import os
-import random
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -20,15 +17,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def test_random_linear_training_steps_are_all_right():
     from cute_kernels.bench import linear_fuzz
-    from cute_kernels.bench.fuzz_record import write_to_results_dir
+    from cute_kernels.bench.fuzz_record import seed_and_cases, write_to_results_dir
 
-    n = int(os.environ.get("CUTE_KERNELS_LINEAR_FUZZ_CASES", "300"))
-    seed = int(os.environ.get("CUTE_KERNELS_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
+    seed, n = seed_and_cases("CUTE_KERNELS_LINEAR_FUZZ_CASES", 300)
     print(f"linear fuzz: seed {seed}, {n} cases")
     report = linear_fuzz.run(seed, n)
-    print(f"linear fuzz: {report.cases} cases, {report.wrong} wrong ({report.errors} raised), worst passing "
-          f"{report.worst:.3g} of its bar, {report.seconds} s")
+    print(report.summary("linear fuzz"))
     write_to_results_dir(linear_fuzz.result(report))
     assert report.cases == n
-    assert report.wrong == 0, "wrong cases (first few):\n" + "\n".join(f"{f['problem']}: {f['why']}"
-                                                                      for f in report.failures)
+    assert report.wrong == 0, report.failure_lines()
