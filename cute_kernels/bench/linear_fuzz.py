@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 from .fuzz_record import FuzzReport, fuzz_result, poison
 
-__all__ = ["Problem", "problems", "run", "check", "tolerance", "element_tolerance", "result", "CALLS"]
+__all__ = ["Problem", "problems", "run", "trace", "check", "tolerance", "element_tolerance", "result", "CALLS"]
 
 ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
 CALLS = 3  # the checked call and two warm ones
@@ -101,9 +101,8 @@ def _errors(p: Problem, got, ref, what: str) -> float:
     return max(norm, element) if norm == norm and element == element else math.nan
 
 
-def check(p: Problem, seed: int, device: str = "cuda") -> tuple[str | None, float]:
-    """(None when every call of problem `p` is right, else why not; the worst error of its
-    results over their bars)."""
+def _setup(p: Problem, seed: int, device: str):
+    """(layer, x, output gradient, the tensors to differentiate, their names) of problem `p`."""
     import torch
 
     import cute_kernels.nn as cnn
@@ -121,10 +120,19 @@ def check(p: Problem, seed: int, device: str = "cuda") -> tuple[str | None, floa
     if p.bias:
         layer.bias.requires_grad_(p.weight_grad)
     g = torch.randn(*shape, p.n, generator=gen).to(device=device, dtype=dtype)
-    want_out, want_grads = _reference(p, x, layer.weight, layer.bias, g)
     wrt = [t for t, need in ((x, p.input_grad), (layer.weight, p.weight_grad),
                              (layer.bias, p.weight_grad and p.bias)) if need]
     names = [n for n, need in (("dx", p.input_grad), ("dw", p.weight_grad), ("db", p.weight_grad and p.bias)) if need]
+    return layer, x, g, wrt, names
+
+
+def check(p: Problem, seed: int, device: str = "cuda") -> tuple[str | None, float]:
+    """(None when every call of problem `p` is right, else why not; the worst error of its
+    results over their bars)."""
+    import torch
+
+    layer, x, g, wrt, names = _setup(p, seed, device)
+    want_out, want_grads = _reference(p, x, layer.weight, layer.bias, g)
     worst = 0.0
     for call in range(CALLS):
         poison(device, 2 * (p.m * (p.n + p.k) + p.n * p.k))
@@ -153,6 +161,20 @@ def run(seed: int = 0, n: int = 300, *, device: str = "cuda", max_failures: int 
         report.tally(why, worst, lambda p=p, why=why: {"problem": asdict(p), "why": why}, max_failures)
     report.seconds = round(time.time() - t0, 1)
     return report
+
+
+def trace(seed: int = 0, n: int = 300, device: str = "cuda") -> None:
+    """The calls `run` makes, unchecked (for `runtime.precompile`'s workers)."""
+    import torch
+
+    for i, p in enumerate(problems(seed, n)):
+        try:
+            layer, x, g, wrt, _ = _setup(p, seed * 1_000_003 + i, device)
+            out = layer(x)
+            if wrt:
+                torch.autograd.grad(out, wrt, g)
+        except Exception:  # noqa: BLE001 - `run` reports it; the trace only compiles
+            pass
 
 
 def result(report: FuzzReport, device: str = "cuda"):

@@ -62,6 +62,7 @@ def test_a_right_layer_passes_and_a_wrong_gradient_fails(monkeypatch):
     _cpu_layers(monkeypatch)
     report = linear_fuzz.run(3, 12, device="cpu", max_size=40)
     assert report.cases == 12 and report.wrong == 0, report.failures
+    linear_fuzz.trace(3, 4, device="cpu")  # what precompile's workers run: the same calls, unchecked
     _cpu_layers(monkeypatch, grad_scale=1.05)  # a 5% wrong weight gradient
     p = linear_fuzz.Problem(m=30, k=20, n=10, dtype="bf16", weight_grad=True)
     why, _ = linear_fuzz.check(p, 0, "cpu")
