@@ -1,6 +1,7 @@
 """Fuzz of a linear layer's training step: random problems through `cute_kernels.nn.Linear`,
 forward and backward, three times each (the checked call, then the replayed plans of the eager
-path: `ops.eager_gemm`'s forward and `linear_backward` entries), against float64.
+path: `ops.eager_gemm`'s forward and `linear_backward` entries), and the gradients twice more
+through the `linear_backward` op as a compiled backward graph calls it, against float64.
 
 A problem draws M (rows, 2-D or split into a batch of 3-D), K and N from 1 to `max_size`
 (primes and 1 among them), bf16 or fp16, a bias or none, an activation, and which of the input
@@ -141,12 +142,35 @@ def check(p: Problem, seed: int, device: str = "cuda") -> tuple[str | None, floa
         if wrt:
             grads = torch.autograd.grad(out, wrt, g)
             results += [(name, got, ref, "grad") for name, got, ref in zip(names, grads, want_grads)]
+        if call == 0:
+            results += _op_results(p, layer, x, g, out, names, want_grads)
         for name, got, ref, what in results:
             ratio = _errors(p, got, ref, what)
             if not ratio <= 1.0:  # (NaN fails too)
                 return f"call {call}: {name} error {ratio:.3g} times its bar", worst
             worst = max(worst, ratio)
     return None, worst
+
+
+def _op_results(p: Problem, layer, x, g, out, names, want_grads) -> list:
+    """The gradients as a compiled backward graph computes them (`cute_kernels::linear_backward`
+    called as an op, without grad mode), twice: the checked body, then (with the unverified path
+    "backward_op_replay" on) the replayed plan; none where nothing needs a gradient."""
+    import torch
+
+    needs = (p.input_grad, p.weight_grad, p.weight_grad and p.bias)
+    if not any(needs):
+        return []
+    w, b = layer.weight, layer.bias
+    results = []
+    with torch.no_grad():
+        for call in range(2):
+            dx, dw, db = torch.ops.cute_kernels.linear_backward(
+                g, x, w, b, out.detach() if p.activation == "relu" else None, p.activation, *needs, layer.kernel,
+                layer.fallback)
+            got = [t for t, need in zip((dx, dw, db), needs) if need]
+            results += [(f"op call {call} {name}", t, ref, "grad") for name, t, ref in zip(names, got, want_grads)]
+    return results
 
 
 def run(seed: int = 0, n: int = 300, *, device: str = "cuda", max_failures: int = 20, **draw) -> FuzzReport:

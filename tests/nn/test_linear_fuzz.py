@@ -27,8 +27,10 @@ def _cpu_layers(monkeypatch, grad_scale=1.0):
     real = cnn.Linear
 
     class CpuLinear(torch.nn.Linear):
+        kernel, fallback = "auto", "torch"  # what the fuzz's op calls hand the op (PyTorch on CPU)
+
         def __init__(self, k, n, *, bias, activation, device, dtype):
-            super().__init__(k, n, bias=bias, device="cpu", dtype=torch.float32)
+            super().__init__(k, n, bias=bias, device="cpu", dtype=dtype)
             self.activation = activation
 
         def forward(self, x):
@@ -37,7 +39,7 @@ def _cpu_layers(monkeypatch, grad_scale=1.0):
             w = self.weight * 1.0
             if grad_scale != 1.0:
                 w = _Scaled.apply(w, grad_scale)
-            y = F.linear(x.float(), w, self.bias)
+            y = F.linear(x.float(), w.float(), None if self.bias is None else self.bias.float())
             act = {None: lambda t: t, "relu": torch.relu, "gelu": F.gelu, "silu": F.silu,
                    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[self.activation]
             return act(y)
