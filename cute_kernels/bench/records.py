@@ -144,7 +144,7 @@ class BenchResult:
 
 def dumps_result(data: dict) -> str:
     """Strict JSON of a result: the header indented, one record a line (a diff shows which
-    records changed, and a suite's file is a third of its indented size)."""
+    records changed; about 16% smaller than indenting every field)."""
     head = json.dumps({k: v for k, v in data.items() if k != "records"}, indent=1, allow_nan=False)
     records = ",\n".join("  " + json.dumps(r, allow_nan=False, separators=(",", ":")) for r in data["records"])
     return f'{head[:-2]},\n "records": [\n{records}\n ]\n}}\n'  # head ends with "\n}"
