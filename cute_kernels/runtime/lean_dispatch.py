@@ -27,6 +27,7 @@ for every call while the path is off.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import torch
@@ -81,8 +82,11 @@ def install(op) -> bool:
 
     namespace, name = qualname.split("::")
     lib = torch.library.Library(namespace, "FRAGMENT")
+    # custom_op registered its Autograd kernel from Python: replacing it needs allow_override,
+    # which torch 2.11 (the H200's) defaults to False and later versions to True
+    override = {"allow_override": True} if "allow_override" in inspect.signature(lib.impl).parameters else {}
     with warnings.catch_warnings():  # the dispatcher warns that a kernel replaces custom_op's
         warnings.simplefilter("ignore")
-        lib.impl(name, kernel, "Autograd", with_keyset=True)
+        lib.impl(name, kernel, "Autograd", with_keyset=True, **override)
     _INSTALLED[qualname] = lib
     return True

@@ -76,10 +76,10 @@ def test_gpu_warm_linear_matches_float64_and_the_op(op_calls, case, activation):
     for gs in grads:
         for a, r in zip(gs, ref_grads):
             assert _rel(a, r) < 2e-2
-    with torch.no_grad():
-        layer(x)
+    with torch.no_grad():  # another key, which the op's body recorded on call 0 (`runtime.eager.inside`:
+        layer(x)           # an autograd.Function's forward runs without grad mode): replayed
         again = layer(x)
-    assert torch.equal(again, outs[0]) and op_calls["linear"] == 2
+    assert torch.equal(again, outs[0]) and op_calls["linear"] == 1
 
 
 def test_gpu_warm_linear_propagates_nan_and_takes_in_place_ops(op_calls):
@@ -153,7 +153,7 @@ def test_gpu_warm_sdpa_matches_float64_and_the_op(op_calls, case, is_causal):
         for _ in range(2):
             assert torch.equal(cnn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
                                                                            enable_gqa=gqa), outs[0])
-    assert op_calls["sdpa"] == 2
+    assert op_calls["sdpa"] == 1  # the no-grad key: recorded by the op's body on call 0, replayed
     # the warm plans (forward and backward) on fresh values of the same layouts
     for t in (q, k, v, g):
         with torch.no_grad():
@@ -164,7 +164,7 @@ def test_gpu_warm_sdpa_matches_float64_and_the_op(op_calls, case, is_causal):
     assert _rel(out, ref) < 1e-2
     for a, r in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, ref_in, g.double())):
         assert _rel(a, r) < 2e-2
-    assert op_calls["sdpa"] == 2
+    assert op_calls["sdpa"] == 1
 
 
 def test_gpu_patched_block_compiles_to_one_graph_under_inductor():
