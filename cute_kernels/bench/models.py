@@ -299,6 +299,8 @@ class _Forced:
 def _generate_mode(m: _Model, settings: ModelsSettings, log) -> list[Record]:
     import torch
 
+    from cute_kernels.integrations import graph_decode
+
     case = f"{m.spec.name}/generate"
     vocab = m.stock.config.vocab_size
     gen = torch.Generator(device="cpu").manual_seed(settings.seed + 7)
@@ -314,7 +316,7 @@ def _generate_mode(m: _Model, settings: ModelsSettings, log) -> list[Record]:
             got = m.ours.generate(ids, logits_processor=[forced], output_logits=True, return_dict_in_generate=True,
                                   **kw)
             err = _rel(torch.stack([s.float() for s in got.logits]), torch.stack([s.float() for s in want.logits]))
-            decode = _decode_path(got.past_key_values)
+            decode = graph_decode.decode_path(got.past_key_values)
             free = m.ours.generate(ids, **kw)
         agreement = float((free[:, ids.shape[1]:] == want.sequences[:, ids.shape[1]:]).float().mean())
         ok = err <= m.tolerance
@@ -336,16 +338,6 @@ def _generate_mode(m: _Model, settings: ModelsSettings, log) -> list[Record]:
         if r.ms:
             r.extra["tokens_per_s"] = settings.prompts * n / (r.ms / 1e3)
     return records
-
-
-def _decode_path(cache) -> str:
-    """How our generate ran its decode steps: "graph" (replayed from a CUDA graph,
-    `integrations.graph_decode`), "graph-eager" (its cache, not captured: the reason is logged by
-    a warning), or "eager" (transformers' own cache)."""
-    shared = getattr(cache, "shared", None)
-    if shared is None or not hasattr(shared, "graph"):
-        return "eager"
-    return "graph" if shared.graph is not None else "graph-eager"
 
 
 # ---- cold start (fresh processes) --------------------------------------------------------------

@@ -26,9 +26,10 @@ A `generate` call is admitted when the path is on (`runtime.unverified`) and: th
 attention is ours (`attn_implementation="cute_kernels"`) with only full causal attention
 (no sliding window shorter than the longest sequence, no soft-capping, no sinks); the prompt
 is `input_ids`, unpadded or left-padded (as generate wants batched prompts; one host check of
-the mask per call: each row's padding is dropped from the cache, so the kernel reads a prefix of
-keys and a decode step's position is the row's own length); greedy or sampled search with one beam, no assistant model, no cache passed in; and
-the longest sequence is known (`max_new_tokens` or `max_length`). Everything else runs
+the mask per call: each row's padding is dropped from the cache, so the kernel reads a prefix
+of keys and a decode step's position is the row's own length); greedy or sampled search with
+one beam, no assistant model, no cache passed in; and the longest sequence is known
+(`max_new_tokens` or `max_length`). Everything else runs
 transformers' own `generate` unchanged. A cache is made per call (its buffers and graph are
 freed with it), so a returned `past_key_values` stays valid; continuing from it (a later
 call's prefill with seen tokens) runs eagerly on the same buffers, except a left-padded batch's
@@ -44,13 +45,14 @@ import warnings
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-__all__ = ["GraphDecodeCache", "arm", "admitted", "PAGE"]
+__all__ = ["GraphDecodeCache", "arm", "admitted", "decode_path", "PAGE"]
 
 PAGE = 64  # keys per page of the block table (a multiple of 16: the decode kernel's MMA path)
 
 
 class _Buffers:
-    """What one cache's layers share: its length, sizes and the step's fixed tensors."""
+    """What one cache's layers share: the padded length, the device-side positions and lengths,
+    the step's fixed inputs and its graph."""
 
     def __init__(self, max_len: int):
         self.max_len = -(-max_len // PAGE) * PAGE
@@ -59,7 +61,7 @@ class _Buffers:
         self.ids = self.positions = None
         self.graph = self.logits = None
         self.eager_steps = 0
-        self.shift = None  # (B,) pads before each prompt (left padding), or None: rows stored compacted
+        self.shift = None  # (B,) int64 pads before each prompt (rows stored without them), or None
         self.prefill_index = None
         self.failure: str | None = None  # why the graph was given up (the step then stays eager)
 
@@ -284,7 +286,7 @@ _REPLACED = ("input_ids", "position_ids", "past_key_values", "attention_mask")
 
 
 def admitted(model, args: tuple, kwargs: dict):
-    """(input_ids, max_len, left-padding mask or None) when `model.generate(*args, **kwargs)` takes
+    """(max_len, each row's left padding (B,) or None) when `model.generate(*args, **kwargs)` takes
     this path, else None."""
     from cute_kernels.runtime import unverified
 
@@ -326,9 +328,9 @@ def admitted(model, args: tuple, kwargs: dict):
         # since the decode kernel reads a prefix of keys, not a key mask
         if not bool((real == (real.cumsum(1) > 0)).all() and real[:, -1].all()):
             return None
-        if bool(real.all()):
-            mask = None
-    return input_ids, max_len, mask
+        pads = (~real).sum(1)
+        return max_len, pads if bool(pads.any()) else None
+    return max_len, None
 
 
 def generate(model, original, *args, **kwargs):
@@ -337,10 +339,9 @@ def generate(model, original, *args, **kwargs):
     admit = admitted(model, args, kwargs)
     if admit is None:
         return original(*args, **kwargs)
-    input_ids, max_len, mask = admit
+    max_len, pads = admit
     cache = GraphDecodeCache(model.config.get_text_config().num_hidden_layers, max_len)
-    if mask is not None:
-        cache.shared.shift = (mask.shape[1] - mask.bool().sum(1)).to(torch.int64)
+    cache.shared.shift = pads
     forward = model.forward
 
     @functools.wraps(forward)
@@ -363,6 +364,15 @@ def generate(model, original, *args, **kwargs):
             del model.forward  # the class's forward again
         else:
             model.forward = own
+
+
+def decode_path(cache) -> str:
+    """How a generate that returned `cache` ran its decode steps: "graph" (replayed from the
+    graph), "graph-eager" (a `GraphDecodeCache` whose step was never captured: no CUDA, a dry
+    run, or a capture that failed with a warning), or "eager" (transformers' own cache)."""
+    if not isinstance(cache, GraphDecodeCache):
+        return "eager"
+    return "graph" if cache.shared.graph is not None else "graph-eager"
 
 
 def arm(model) -> None:

@@ -97,9 +97,10 @@ class GradPlan(Plan):
         g = grad.detach().view(self.g2_shape)
         x = x.detach()
         # the op's placeholders for gradients not asked: distinct empty tensors (outputs may not alias)
-        dx = self.dx(g, weight.detach(), 1.0, 0.0, None).view(self.x_shape) if self.dx is not None else x.new_empty((0,))
-        dw = self.dw(g.mT, x.view(self.x2_shape), 1.0, 0.0, None) if self.dw is not None else x.new_empty((0,))
-        return dx, dw, g.sum(0) if bias_grad else x.new_empty((0,))
+        empty = x.new_empty
+        dx = empty((0,)) if self.dx is None else self.dx(g, weight.detach(), 1.0, 0.0, None).view(self.x_shape)
+        dw = empty((0,)) if self.dw is None else self.dw(g.mT, x.view(self.x2_shape), 1.0, 0.0, None)
+        return dx, dw, g.sum(0) if bias_grad else empty((0,))
 
 
 def _build_linear_backward(result, grad, x, weight, bias, out, activation, input_grad, weight_grad, bias_grad, rung,

@@ -270,15 +270,16 @@ def linear_grads(ctx, grad, backward):
     gradients of their own; so does the op path until its GPU tests have run (`runtime.unverified`,
     "backward_op_replay")."""
     x, weight, bias, out = ctx.saved_tensors
-    needs = (*ctx.needs_input_grad[:3], False, False)[:3]  # shorter where the call left the bias out
-    needs = (needs[0], needs[1], bias is not None and needs[2])
+    need = ctx.needs_input_grad  # shorter where the call left the bias out
+    needs = (need[0], need[1], bias is not None and len(need) > 2 and need[2])
     rung, fallback = ctx.rung, ctx.fallback
     if torch.is_grad_enabled() or (backward is linear_backward and not unverified.enabled("backward_op_replay")):
         dx, dw, db = grads_of(grad, x, weight, bias, out, ctx.activation, needs,
                               lambda a, b: matmul(a, b, rung=rung, fallback=fallback))
     else:
         dx, dw, db = backward(grad, x, weight, bias, out, ctx.activation, *needs, rung, fallback)
-        dx, dw, db = dx if needs[0] else None, dw if needs[1] else None, db if needs[2] else None  # not the placeholders
+        # None, not the op's empty placeholders, for gradients not asked
+        dx, dw, db = dx if needs[0] else None, dw if needs[1] else None, db if needs[2] else None
     return dx, dw, db, None, None, None
 
 

@@ -36,21 +36,29 @@ def _models(name="llama_gqa"):
     return stock.eval(), ours.eval()
 
 
+def _generate_both(stock, ours, ids, seed=0, **kw):
+    """Stock's and our generate of `ids` from the same seed (our fallback counts cleared between):
+    the same tokens, and logits within 1e-6 (patch's RMSNorm keeps float64 where Hugging Face's
+    computes in float32: about 1e-7 apart); returns ours."""
+    kw.update(output_logits=True, return_dict_in_generate=True)
+    torch.manual_seed(seed)
+    want = stock.generate(ids, **kw)
+    ops.FALLBACK_COUNTS.clear()
+    torch.manual_seed(seed)
+    got = ours.generate(ids, **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    assert max(rel(a, b) for a, b in zip(got.logits, want.logits)) < 1e-6
+    return got
+
+
 @pytest.mark.parametrize("sample", [False, True])
 def test_generate_through_the_fixed_cache_gives_the_stock_tokens(on, sample):
     stock, ours = _models()
     ids = torch.randint(1, 64, (3, 9))  # no pad token (0): transformers would infer padding
-    kw = dict(max_new_tokens=70, do_sample=sample, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    kw = dict(max_new_tokens=70, do_sample=sample, pad_token_id=0)
     if sample:
         kw.update(top_k=5, temperature=0.7)
-    torch.manual_seed(1)
-    want = stock.generate(ids, **kw)
-    ops.FALLBACK_COUNTS.clear()
-    torch.manual_seed(1)
-    got = ours.generate(ids, **kw)
-    assert torch.equal(got.sequences, want.sequences)
-    # patch's RMSNorm keeps float64 where Hugging Face's computes in float32: about 1e-7 apart
-    assert max(rel(a, b) for a, b in zip(got.logits, want.logits)) < 1e-6
+    got = _generate_both(stock, ours, ids, 1, **kw)
     # 69 decode steps in each layer through the paged kernel (9 + 70 tokens: two pages of 64)
     assert _calls("paged_decode") == ours.config.num_hidden_layers * 69
     cache = got.past_key_values
@@ -80,17 +88,10 @@ def test_left_padded_prompts_are_stored_without_their_padding(on, sample):
     mask[1, :3] = 0
     mask[2, :10] = 0  # one real token
     ids = ids.masked_fill(mask == 0, 0)
-    kw = dict(max_new_tokens=60, do_sample=sample, pad_token_id=0, attention_mask=mask, output_logits=True,
-              return_dict_in_generate=True)
+    kw = dict(max_new_tokens=60, do_sample=sample, pad_token_id=0, attention_mask=mask)
     if sample:
         kw.update(top_k=5)
-    torch.manual_seed(2)
-    want = stock.generate(ids, **kw)
-    ops.FALLBACK_COUNTS.clear()
-    torch.manual_seed(2)
-    got = ours.generate(ids, **kw)
-    assert torch.equal(got.sequences, want.sequences)
-    assert max(rel(a, b) for a, b in zip(got.logits, want.logits)) < 1e-6
+    got = _generate_both(stock, ours, ids, 2, **kw)
     assert _calls("paged_decode") == ours.config.num_hidden_layers * 59
     s = got.past_key_values.shared
     assert s.pos.tolist() == [11 + 59, 8 + 59, 1 + 59, 11 + 59]
@@ -153,10 +154,6 @@ def test_random_batches_paddings_and_lengths_give_the_stock_tokens(on, seed):
         pads = int(torch.randint(0, s, (1,), generator=gen)) if seed % 3 else 0
         mask[row, :pads] = 0
     ids = ids.masked_fill(mask == 0, 0)
-    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, attention_mask=mask,
-              return_dict_in_generate=True, output_logits=True)
-    want = stock.generate(ids, **kw)
-    got = ours.generate(ids, **kw)
+    got = _generate_both(stock, ours, ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
+                         attention_mask=mask)
     assert type(got.past_key_values).__name__ == "GraphDecodeCache"
-    assert torch.equal(got.sequences, want.sequences)
-    assert max(rel(a, c) for a, c in zip(got.logits, want.logits)) < 1e-6

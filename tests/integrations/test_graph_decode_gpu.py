@@ -1,7 +1,8 @@
-"""GPU: `integrations.graph_decode` captures a patched Llama's decode step once per generate and
-replays it (unpadded and left-padded prompts); its logits (teacher-forced to the tokens of the same model with the path off) match,
-the graph was captured after one eager step, and a replay after the capture wrote nothing wrong
-(a second generate on a fresh cache gives the same logits). Timing belongs to `bench models`."""
+"""GPU: `integrations.graph_decode` captures a patched model's decode step once per generate and
+replays it (unpadded and left-padded prompts): its logits (teacher-forced to the tokens of the
+same model with the path off) match, the graph was captured after one eager step, and a replay
+after the capture wrote nothing wrong (a second generate on a fresh cache gives the same
+logits). Timing belongs to `bench models`."""
 
 from __future__ import annotations
 
