@@ -1,5 +1,4 @@
-"""Decode steps of transformers' `generate` replayed from a CUDA graph (unverified path
-"graph_decode").
+"""Decode steps of transformers' `generate` replayed from a CUDA graph.
 
 Why: a decode step of a small or mid-size model is host-bound. The Llama of the models suite
 (4 layers at a 1B-class width, 8 sequences) spends about 4.5 ms of Python per generated token
@@ -19,10 +18,12 @@ the second captures the graph, and every later one copies the new tokens in and 
 
     arm(model)        nn.patch does this for transformers causal LMs: `model.generate`
                       takes this path for the calls it admits (below), else is transformers'
+    arm(model, on=False)   every call is transformers' own generate again (nn.patch's
+                      decode_graph=False)
     GraphDecodeCache(num_layers, max_len)   the cache (also usable eagerly, e.g. on CPU with
                       fallback="torch")
 
-A `generate` call is admitted when the path is on (`runtime.unverified`) and: the model's
+A `generate` call is admitted when the model is armed (on) and: the model's
 attention is ours (`attn_implementation="cute_kernels"`) with only full causal attention
 (no sliding window shorter than the longest sequence, no soft-capping, no sinks); the prompt
 is `input_ids`, unpadded or left-padded (as generate wants batched prompts; one host check of
@@ -288,9 +289,7 @@ _REPLACED = ("input_ids", "position_ids", "past_key_values", "attention_mask")
 def admitted(model, args: tuple, kwargs: dict):
     """(max_len, each row's left padding (B,) or None) when `model.generate(*args, **kwargs)` takes
     this path, else None."""
-    from cute_kernels.runtime import unverified
-
-    if not unverified.enabled("graph_decode"):
+    if not model.__dict__.get("_cute_kernels_graph_decode", False):
         return None
     config = model.config
     if getattr(config, "_attn_implementation", None) != "cute_kernels" or config.is_encoder_decoder:
@@ -375,11 +374,13 @@ def decode_path(cache) -> str:
     return "graph" if cache.shared.graph is not None else "graph-eager"
 
 
-def arm(model) -> None:
-    """Route `model.generate` through `generate` above (idempotent; transformers models with
-    `generate` only). Each call checks whether it is admitted."""
-    if getattr(model, "_cute_kernels_graph_decode", False) or not hasattr(type(model), "generate"):
+def arm(model, on: bool = True) -> None:
+    """Route `model.generate` through `generate` above (transformers models with `generate`
+    only; idempotent), or with on=False leave every call to transformers' own. Each call checks
+    whether it is admitted."""
+    if not hasattr(type(model), "generate"):
         return
-    original = model.generate
-    model.generate = functools.partial(generate, model, original)
-    object.__setattr__(model, "_cute_kernels_graph_decode", True)
+    if "_cute_kernels_graph_decode" not in model.__dict__:  # wrapped once; the flag decides
+        original = model.generate
+        model.generate = functools.partial(generate, model, original)
+    object.__setattr__(model, "_cute_kernels_graph_decode", bool(on))

@@ -74,11 +74,13 @@ class PatchReport:
 
 
 def patch(model: torch.nn.Module, *, linear: bool = True, sdpa: bool = True, norms: bool = True,
-          kernel: str = "auto", attention_kernel: str = "auto", fallback: str = "none") -> torch.nn.Module:
+          kernel: str = "auto", attention_kernel: str = "auto", fallback: str = "none",
+          decode_graph: bool = True) -> torch.nn.Module:
     """Route `model`'s linear layers (linear=True, GEMM rung `kernel`), norms (norms=True) and
     attention (sdpa=True, attention rung `attention_kernel`) through cute_kernels, in place
-    (module docstring); returns `model`. Idempotent; a later call with other options applies
-    them."""
+    (module docstring); returns `model`. A transformers model's `generate` replays its decode
+    steps from a CUDA graph where it can (`integrations.graph_decode`; decode_graph=False keeps
+    transformers' own). Idempotent; a later call with other options applies them."""
     cf.check_fallback("nn.patch", fallback)
     if type(model) is torch.nn.Linear:
         raise TypeError("cute_kernels.nn.patch: model is itself an nn.Linear; use cute_kernels.nn.Linear."
@@ -92,7 +94,7 @@ def patch(model: torch.nn.Module, *, linear: bool = True, sdpa: bool = True, nor
     if norms:
         report.norms = _swap_norms(model, fallback)
     if sdpa:
-        _patch_attention(model, attention_kernel, fallback, report)
+        _patch_attention(model, attention_kernel, fallback, decode_graph, report)
     object.__setattr__(model, "cute_kernels_patch", report)
     from .ahead import arm
 
@@ -138,7 +140,7 @@ def _is_transformers_model(model) -> bool:
     return transformers is not None and isinstance(model, transformers.PreTrainedModel)
 
 
-def _patch_attention(model, attention_kernel: str, fallback: str, report: PatchReport) -> None:
+def _patch_attention(model, attention_kernel: str, fallback: str, decode_graph: bool, report: PatchReport) -> None:
     from cute_kernels.nn.rebind import rebind_sdpa
 
     if _is_transformers_model(model):
@@ -149,7 +151,7 @@ def _patch_attention(model, attention_kernel: str, fallback: str, report: PatchR
             report.attention = "transformers"
             from cute_kernels.integrations import graph_decode
 
-            graph_decode.arm(model)  # generate's decode steps from a CUDA graph, where admitted
+            graph_decode.arm(model, on=decode_graph)  # generate's decode steps from a CUDA graph, where admitted
             return
         except TypeError as err:  # a model whose attention bypasses the interface: rebind below
             report.notes.append(str(err))

@@ -22,7 +22,8 @@ __all__ = ["PATHS", "ENABLED", "enabled", "allowing"]
 
 # name -> what it is. Paths built without a GPU leave this list (and become defaults) the day their
 # GPU tests pass and they measure faster: split-K summed in the GEMM kernel and the Hopper
-# attention backward at head dim 96 (2026-12-05), the op bodies' plan replay (2026-12-05).
+# attention backward at head dim 96 (2026-12-05), the op bodies' plan replay and
+# generate's decode steps from a CUDA graph (2026-12-05).
 PATHS: dict[str, str] = {
     "lean_dispatch": "our custom ops' calls without autograd enter the op's body from the dispatcher's Autograd "
                      "kernel (`runtime.lean_dispatch`): what a compiled graph's calls take",
@@ -35,8 +36,6 @@ PATHS: dict[str, str] = {
     "backward_op_replay": "in a compiled backward graph a linear layer's gradient is one op (`linear_backward`, not a "
                           "`matmul` op per GEMM), and the bodies of linear_backward and sdpa_backward replay recorded "
                           "plans (`runtime.eager.inside`)",
-    "graph_decode": "a patched transformers model's generate keeps its KV cache in fixed buffers and replays each "
-                    "decode step from a CUDA graph (`integrations.graph_decode`)",
     "norm_forward_dense": "the RMSNorm / LayerNorm forward compiled for half again as many CTAs an SM "
                           "(`fused.tiling.dense_blocks_per_sm`, `NormConfig.dense`)",
 }

@@ -14,7 +14,6 @@ import torch  # noqa: E402
 
 from cute_kernels import ops  # noqa: E402
 from cute_kernels.integrations import graph_decode  # noqa: E402
-from cute_kernels.runtime import unverified  # noqa: E402
 
 from ._models import pair, rel  # noqa: E402
 
@@ -23,12 +22,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::cute_kernels.ops.fallback.Fallb
 
 def _calls(op: str) -> int:
     return sum(n for (name, _), n in ops.FALLBACK_COUNTS.items() if name == op)
-
-
-@pytest.fixture
-def on():
-    with unverified.allowing("graph_decode"):
-        yield
 
 
 def _models(name="llama_gqa"):
@@ -52,7 +45,7 @@ def _generate_both(stock, ours, ids, seed=0, **kw):
 
 
 @pytest.mark.parametrize("sample", [False, True])
-def test_generate_through_the_fixed_cache_gives_the_stock_tokens(on, sample):
+def test_generate_through_the_fixed_cache_gives_the_stock_tokens(sample):
     stock, ours = _models()
     ids = torch.randint(1, 64, (3, 9))  # no pad token (0): transformers would infer padding
     kw = dict(max_new_tokens=70, do_sample=sample, pad_token_id=0)
@@ -67,7 +60,7 @@ def test_generate_through_the_fixed_cache_gives_the_stock_tokens(on, sample):
     assert int(cache.shared.pos[0]) == 9 + 69
 
 
-def test_a_returned_cache_continues_on_its_buffers(on):
+def test_a_returned_cache_continues_on_its_buffers():
     stock, ours = _models()
     ids = torch.randint(1, 64, (2, 6))
     first = ours.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0, return_dict_in_generate=True)
@@ -81,7 +74,7 @@ def test_a_returned_cache_continues_on_its_buffers(on):
 
 
 @pytest.mark.parametrize("sample", [False, True])
-def test_left_padded_prompts_are_stored_without_their_padding(on, sample):
+def test_left_padded_prompts_are_stored_without_their_padding(sample):
     stock, ours = _models()
     ids = torch.randint(1, 64, (4, 11))
     mask = torch.ones_like(ids)
@@ -100,7 +93,7 @@ def test_left_padded_prompts_are_stored_without_their_padding(on, sample):
                       attention_mask=torch.ones_like(got.sequences))
 
 
-def test_calls_it_does_not_take_run_transformers_generate(on):
+def test_calls_it_does_not_take_run_transformers_generate():
     stock, ours = _models()
     ids = torch.randint(1, 64, (2, 6))
     mask = torch.ones_like(ids)
@@ -113,8 +106,9 @@ def test_calls_it_does_not_take_run_transformers_generate(on):
     assert graph_decode.admitted(ours, (with_pad,), kw) is None  # transformers would infer a mask
     assert graph_decode.admitted(ours, (ids,), {**kw, "num_beams": 2}) is None
     assert graph_decode.admitted(ours, (ids.float(),), kw) is None
-    with unverified.allowing("graph_decode", on=False):
-        assert graph_decode.admitted(ours, (ids,), kw) is None
+    graph_decode.arm(ours, on=False)  # nn.patch(..., decode_graph=False)
+    assert graph_decode.admitted(ours, (ids,), kw) is None
+    graph_decode.arm(ours)
     _, window = _models("mistral_swa")
     assert graph_decode.admitted(window, (ids,), {**kw, "max_new_tokens": 4096}) is None
     ops.FALLBACK_COUNTS.clear()
@@ -140,7 +134,7 @@ def test_attention_that_did_not_receive_the_cache_buffers_raises():
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_random_batches_paddings_and_lengths_give_the_stock_tokens(on, seed):
+def test_random_batches_paddings_and_lengths_give_the_stock_tokens(seed):
     """Random batch sizes, prompt lengths, left paddings (whole rows but one real token
     included) and generation lengths that cross page boundaries, greedy, against stock."""
     gen = torch.Generator().manual_seed(seed)

@@ -29,7 +29,7 @@ class _Forced:
 def test_replayed_decode_matches_the_eager_decode(name, batch, prompt, padded):
     import cute_kernels.nn as cnn
     from cute_kernels.bench import model_specs
-    from cute_kernels.runtime import unverified
+    from cute_kernels.integrations import graph_decode
 
     from ._models import rel
 
@@ -45,11 +45,11 @@ def test_replayed_decode_matches_the_eager_decode(name, batch, prompt, padded):
     kw = dict(max_new_tokens=40, min_new_tokens=40, do_sample=False, pad_token_id=0, output_logits=True,
               return_dict_in_generate=True, attention_mask=mask)
     with torch.no_grad():
-        with unverified.allowing("graph_decode", on=False):
-            want = ours.generate(ids, **kw)
+        graph_decode.arm(ours, on=False)
+        want = ours.generate(ids, **kw)
         forced = _Forced(want.sequences[:, prompt:], prompt)
-        with unverified.allowing("graph_decode"):
-            runs = [ours.generate(ids, logits_processor=[forced], **kw) for _ in range(2)]
+        graph_decode.arm(ours)
+        runs = [ours.generate(ids, logits_processor=[forced], **kw) for _ in range(2)]
     for got in runs:
         s = got.past_key_values.shared
         assert type(got.past_key_values).__name__ == "GraphDecodeCache"
