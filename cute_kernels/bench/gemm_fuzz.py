@@ -126,9 +126,14 @@ def tolerance(p: Problem) -> float:
     inputs, so what remains is the output's rounding (its norm-wise relative error is about
     2^-(mantissa bits + 1) / sqrt(3): 1.1e-3 for bf16, 1.4e-4 for fp16), fp32 accumulation
     (below 1e-5 for these K), and the approximate tanh/exp of gelu_tanh and silu (about 5e-4);
-    each bar is some 3x above its expected error, far below what a wrong element costs."""
+    each bar is some 3x above its expected error, far below what a wrong element costs. A SwiGLU
+    product below the skinny bound rounds g and u to the output dtype before gating (as torch's
+    silu(g) * u does): three roundings of up to 2^-(mantissa bits) each, and on a small result
+    (measured: 3x16x1 bf16, 24 elements, 9.3e-3) the largest elements' set the norm."""
+    if p.entry == "swiglu":
+        return {"bf16": 1.2e-2, "fp16": 1.5e-3, "fp32": 5e-5}[p.out_dtype] + 1.5e-3
     out = {"bf16": 4e-3, "fp16": 6e-4, "fp32": 5e-5}[p.out_dtype]
-    return out + (1.5e-3 if p.activation in ("gelu_tanh", "silu") or p.entry == "swiglu" else 0.0)
+    return out + (1.5e-3 if p.activation in ("gelu_tanh", "silu") else 0.0)
 
 
 def element_error(p: Problem, out, ref) -> float:

@@ -173,8 +173,8 @@ def _relu_grads(p: Problem, x, w, g, out) -> list:
 
 def _op_results(p: Problem, layer, x, g, out, names, want_grads) -> list:
     """The gradients as a compiled backward graph computes them (`cute_kernels::linear_backward`
-    called as an op, without grad mode), twice: the checked body, then (with the unverified path
-    "backward_op_replay" on) the replayed plan; none where nothing needs a gradient."""
+    called as an op, without grad mode), twice: the checked body, then the replayed plan; none
+    where nothing needs a gradient."""
     import torch
 
     needs = (p.input_grad, p.weight_grad, p.weight_grad and p.bias)

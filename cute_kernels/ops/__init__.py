@@ -7,8 +7,7 @@ the first call):
 - `linear(x, weight, bias=None, activation=None, rung="auto", fallback="none")`:
   activation in {None, "relu", "gelu", "gelu_tanh", "silu"} (`gemm.activations`), differentiable
   through `linear_backward(grad, x, weight, bias, out, activation, input_grad, weight_grad,
-  bias_grad, ...)` -> (dx, dw, db) (the eager backward's; a compiled backward graph's with the
-  unverified path "backward_op_replay", else two `matmul` calls per layer).
+  bias_grad, ...)` -> (dx, dw, db) (the eager backward's and a compiled backward graph's).
 - `linear_swiglu(x, weight, need_preact=True, rung="auto", fallback="none")` -> (h, p): silu(gate) * up of x
   times an interleaved gate-up weight, gated in the GEMM's epilogue on sm_90 (`gated`),
   differentiable through `linear_swiglu_backward`.
@@ -56,22 +55,14 @@ OPS = ("matmul", "linear", "linear_backward", "linear_swiglu", "linear_swiglu_ba
 
 def install_lean_dispatch() -> None:
     """`runtime.lean_dispatch` for every op above (it leaves out `rotary_`, which mutates q and k);
-    idempotent. Done at import when the path is on (`runtime.unverified`, "lean_dispatch"): until
-    its GPU tests have run, the ops keep custom_op's own kernels unless asked."""
+    idempotent; done at import."""
     from cute_kernels.runtime import lean_dispatch
 
     for name in OPS + FUSED_OPS:
         lean_dispatch.install(globals()[name])
 
 
-def _lean_dispatch_on_import() -> None:
-    from cute_kernels.runtime import unverified
-
-    if unverified.enabled("lean_dispatch"):
-        install_lean_dispatch()
-
-
-_lean_dispatch_on_import()
+install_lean_dispatch()
 
 # Names no schema argument of ours may take. Inductor lowers an op it has no lowering for through
 # `FallbackKernel.create(kernel, *args, **kwargs)`, passing the schema's defaulted arguments as

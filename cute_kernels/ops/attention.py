@@ -29,7 +29,7 @@ from torch import Tensor
 
 from cute_kernels.attention.features import check_sinks, check_softcap, sinks_gradient
 from cute_kernels.attention.mask_rule import canonical_window
-from cute_kernels.runtime import eager, unverified
+from cute_kernels.runtime import eager
 
 from . import attention_reference as reference
 from .fallback import UNSUPPORTED, check_fallback, device_guard, note_fallback, on_cuda, raise_unsupported
@@ -217,7 +217,7 @@ def sdpa_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor
     took them (the sinks' own gradient is `features.sinks_gradient`, see the module docstring).
     Raises NotImplementedError naming the missing kernel when no attention backward exists for
     the input."""
-    if softcap is None and sinks is None and unverified.enabled("backward_op_replay"):  # the eager entry's form
+    if softcap is None and sinks is None:  # the eager entry's form
         return eager.inside("sdpa_backward", _sdpa_backward, (grad_out, q, k, v, out, lse, causal, scale, enable_gqa,
                                                               window_left, window_right, rung, fallback))
     return _sdpa_backward(grad_out, q, k, v, out, lse, causal, scale, enable_gqa, window_left, window_right, rung,

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from cute_kernels.gemm import activations
-from cute_kernels.runtime import eager, unverified
+from cute_kernels.runtime import eager
 
 from .fallback import UNSUPPORTED, check_fallback, device_guard, note_fallback, on_cuda, raise_unsupported
 
@@ -267,13 +267,12 @@ def linear_grads(ctx, grad, backward):
     is one call of `backward`: the `linear_backward` op, or its eager entry (`eager_gemm`), so
     a compiled graph crosses the dispatcher once per layer, not once per GEMM. A differentiable
     backward (create_graph=True) runs the same formula through `matmul` ops instead, which have
-    gradients of their own; so does the op path until its GPU tests have run (`runtime.unverified`,
-    "backward_op_replay")."""
+    gradients of their own."""
     x, weight, bias, out = ctx.saved_tensors
     need = ctx.needs_input_grad  # shorter where the call left the bias out
     needs = (need[0], need[1], bias is not None and len(need) > 2 and need[2])
     rung, fallback = ctx.rung, ctx.fallback
-    if torch.is_grad_enabled() or (backward is linear_backward and not unverified.enabled("backward_op_replay")):
+    if torch.is_grad_enabled():
         dx, dw, db = grads_of(grad, x, weight, bias, out, ctx.activation, needs,
                               lambda a, b: matmul(a, b, rung=rung, fallback=fallback))
     else:
@@ -309,10 +308,8 @@ def linear_backward(grad: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tens
     """(dx, dweight, dbias) of `linear` for its output gradient `grad`, each an empty tensor where
     its flag is off (bias_grad needs a bias); out is relu's output (None for other activations).
     Not differentiable (`linear`'s create_graph backward uses `matmul` ops instead)."""
-    args = (grad, x, weight, bias, out, activation, input_grad, weight_grad, bias_grad, rung, fallback)
-    if unverified.enabled("backward_op_replay"):
-        return eager.inside("linear_backward", _linear_backward_checked, args)
-    return _linear_backward_checked(*args)
+    return eager.inside("linear_backward", _linear_backward_checked,
+                        (grad, x, weight, bias, out, activation, input_grad, weight_grad, bias_grad, rung, fallback))
 
 
 def _linear_backward_checked(grad, x, weight, bias, out, activation, input_grad, weight_grad, bias_grad, rung,

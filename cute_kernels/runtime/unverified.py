@@ -22,20 +22,16 @@ __all__ = ["PATHS", "ENABLED", "enabled", "allowing"]
 
 # name -> what it is. Paths built without a GPU leave this list (and become defaults) the day their
 # GPU tests pass and they measure faster: split-K summed in the GEMM kernel and the Hopper
-# attention backward at head dim 96 (2026-12-05), the op bodies' plan replay and
-# generate's decode steps from a CUDA graph (2026-12-05).
+# attention backward at head dim 96 (2026-12-05), the op bodies' plan replay,
+# generate's decode steps from a CUDA graph, the lean Autograd kernel and the compiled backward's
+# one op a layer (2026-12-05).
 PATHS: dict[str, str] = {
-    "lean_dispatch": "our custom ops' calls without autograd enter the op's body from the dispatcher's Autograd "
-                     "kernel (`runtime.lean_dispatch`): what a compiled graph's calls take",
     "compile_ahead": "kernels predicted to be needed next (a call's backward; a patched model's layers) compiled "
                      "in background worker processes while the program runs (`runtime.compile_ahead`)",
     "linear_ce_wide_chunk": "fused linear + cross-entropy takes tokens in chunks of up to 256 MiB of logits "
                             "(`fused.linear_ce.default_chunk`) instead of Liger's x-sized chunks",
     "norm_backward_prefetch": "the RMSNorm / LayerNorm backward loads its next row block while it computes "
                               "the current one (`fused.norms`, `NormConfig.prefetch`)",
-    "backward_op_replay": "in a compiled backward graph a linear layer's gradient is one op (`linear_backward`, not a "
-                          "`matmul` op per GEMM), and the bodies of linear_backward and sdpa_backward replay recorded "
-                          "plans (`runtime.eager.inside`)",
     "norm_forward_dense": "the RMSNorm / LayerNorm forward compiled for half again as many CTAs an SM "
                           "(`fused.tiling.dense_blocks_per_sm`, `NormConfig.dense`)",
 }

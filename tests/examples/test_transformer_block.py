@@ -116,18 +116,10 @@ def _patched(config):
     return block, cnn.patch(tb.shared_copy(block), fallback="torch")
 
 
-@pytest.mark.parametrize("replay", [False, True], ids=["ops_per_gemm", "backward_op_replay"])
-def test_patched_block_compiles_to_one_graph_of_our_ops(replay):
+def test_patched_block_compiles_to_one_graph_of_our_ops():
     """fullgraph: one forward graph, no break, with our ops and none of PyTorch's linear/SDPA;
     the backward graph AOTAutograd derives uses our sdpa_backward and, per linear layer, one
-    linear_backward (`runtime.unverified` "backward_op_replay") or two matmul ops."""
-    from cute_kernels.runtime import unverified
-
-    with unverified.allowing("backward_op_replay", on=replay):
-        _compiles_to_one_graph(replay)
-
-
-def _compiles_to_one_graph(replay):
+    linear_backward."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
@@ -157,11 +149,9 @@ def _compiles_to_one_graph(replay):
         out, gx, *gparams = tb.forward_backward(compiled, x, grad_out, list(block.parameters()))
         want = tb.forward_backward(block, x, grad_out, list(block.parameters()))
     assert torch.ops.cute_kernels.sdpa_backward.default in graphs["bw"]
-    if replay:  # one op per linear layer (dX, dW and db in one call), none per GEMM
-        assert graphs["bw"].count(torch.ops.cute_kernels.linear_backward.default) == 4
-        assert torch.ops.cute_kernels.matmul.default not in graphs["bw"]
-    else:
-        assert graphs["bw"].count(torch.ops.cute_kernels.matmul.default) == 8  # dX and dW of 4 linears
+    # one op per linear layer (dX, dW and db in one call), none per GEMM
+    assert graphs["bw"].count(torch.ops.cute_kernels.linear_backward.default) == 4
+    assert torch.ops.cute_kernels.matmul.default not in graphs["bw"]
     for got, ref in zip((out, gx, *gparams), want):
         assert tb.rel_err(got, ref) < 1e-5  # fp32 both sides, PyTorch computes our ops on CPU
 

@@ -189,7 +189,7 @@ PREFETCH_CASES = [
 def test_prefetching_backward_matches_the_plain_loop_and_float64(kind, rows, width, dtype, wdt, bias, residual,
                                                                  row_pad):
     """`NormConfig.prefetch` (the next row block loaded while this one computes) changes where
-    values wait, not what is computed: the same bits as the plain loop, and float64's values."""
+    values wait, not what is computed: float64's values, and the plain loop's within a few ulp."""
     from cute_kernels.fused.dispatch import norm_backward_prefetch, norm_tiling
     from cute_kernels.fused.host import dtype_name
     from cute_kernels.runtime import unverified
@@ -217,12 +217,18 @@ def test_prefetching_backward_matches_the_plain_loop_and_float64(kind, rows, wid
         assert rel_err(dw, rdw) <= 2 * TOL[wdt] + 1e-5, f"dweight (prefetch={on})"
         if bias:
             assert rel_err(db, rdb) <= 2 * TOL[wdt] + 1e-5, f"dbias (prefetch={on})"
+    # The same values but for the last bits: the two loops compile to different instruction orders
+    # (measured on an H100: a few dx elements in millions one output ulp apart in bf16, fp32's
+    # last bits), where a stale or misplaced row block would be off by its whole magnitude.
     for name, plain, fetched in zip(("dx", "dw", "db"), results[False], results[True]):
         assert (plain is None) == (fetched is None)
         if plain is not None:
-            apart = plain != fetched
-            assert not bool(apart.any()), (f"{name}: {int(apart.sum())} of {plain.numel()} elements differ, "
-                                           f"by up to {(plain.double() - fetched.double()).abs().max().item():.3g}")
+            eps = torch.finfo(plain.dtype).eps
+            a, b = plain.double(), fetched.double()
+            bound = 4 * eps * (a.abs() + a.pow(2).mean().sqrt())
+            apart = (a - b).abs() > bound
+            assert not bool(apart.any()), (f"{name}: {int(apart.sum())} of {plain.numel()} elements differ by more "
+                                           f"than 4 ulp, up to {(a - b).abs().max().item():.3g}")
 
 
 @pytest.mark.parametrize("kind, rows, width, dtype, wdt, bias, residual, row_pad, offset, out_dtype", CASES)

@@ -1,7 +1,7 @@
 """GPU: the linear-layer training fuzz (`cute_kernels.bench.linear_fuzz`): random problems
 through `cute_kernels.nn.Linear`, forward and backward, the checked call and two warm ones
 (the replayed forward and `linear_backward` plans), and the `linear_backward` op as a compiled
-graph calls it (the unverified path "backward_op_replay" on), against float64; zero wrong.
+graph calls it, against float64; zero wrong.
 
 CUTE_KERNELS_LINEAR_FUZZ_CASES sets the count (default 200), CUTE_KERNELS_FUZZ_SEED the seed
 (else a fresh one, printed and kept in the record). The kernels compile first in parallel
@@ -20,14 +20,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_random_linear_training_steps_are_all_right():
     from cute_kernels.bench import linear_fuzz
     from cute_kernels.bench.fuzz_record import seed_and_cases, write_to_results_dir
-    from cute_kernels.runtime import unverified
     from cute_kernels.runtime.precompile import precompile
 
     seed, n = seed_and_cases("CUTE_KERNELS_LINEAR_FUZZ_CASES", 200)
     print(f"linear fuzz: seed {seed}, {n} cases")
     print(f"precompiled: {precompile('cute_kernels.bench.linear_fuzz:trace', seed, n)}")
-    with unverified.allowing("backward_op_replay"):  # the op calls replay their plans too
-        report = linear_fuzz.run(seed, n)
+    report = linear_fuzz.run(seed, n)
     print(report.summary("linear fuzz"))
     write_to_results_dir(linear_fuzz.result(report))
     assert report.cases == n

@@ -98,19 +98,9 @@ def _qkv(hq=4, hkv=4, s=6, sk=None, grad=True):
             requires_grad=grad), torch.randn(2, hkv, sk, 8, dtype=F64, requires_grad=grad))
 
 
-@pytest.fixture(params=[False, True], ids=["checked_op_body", "backward_op_replay"])
-def replay(request):
-    """Whether sdpa_backward's op body replays recorded plans (`runtime.unverified`,
-    "backward_op_replay"); the eager entry's backward replays them either way."""
-    from cute_kernels.runtime import unverified
-
-    with unverified.allowing("backward_op_replay", on=request.param):
-        yield request.param
-
-
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("gqa", [False, True])
-def test_warm_sdpa_skips_the_op_and_matches_torch(entries, replay, is_causal, gqa):
+def test_warm_sdpa_skips_the_op_and_matches_torch(entries, is_causal, gqa):
     q, k, v = _qkv(hkv=2 if gqa else 4)
     kw = dict(is_causal=is_causal, enable_gqa=gqa)
     ref = F.scaled_dot_product_attention(q, k, v, **kw)
@@ -124,10 +114,9 @@ def test_warm_sdpa_skips_the_op_and_matches_torch(entries, replay, is_causal, gq
     assert entries["op"] == 1 and entries["plan"] == ["sm90_flash"] * 2
     causal = "top_left" if is_causal else None
     # call 0's forward entered the op, whose backward called the sdpa_backward op: its body
-    # records the plan where it replays, else call 1's entry records it; then the plan
-    checked = 1 if replay else 2
-    assert entries["backward"] == [("sm90_flash", causal, None)] * checked
-    assert entries["replay"] == [("sm90_flash", causal, None)] * (3 - checked)
+    # records the plan, which the later calls replay
+    assert entries["backward"] == [("sm90_flash", causal, None)]
+    assert entries["replay"] == [("sm90_flash", causal, None)] * 2
     assert type(out.grad_fn).__name__ == "CuteKernelsSdpaBackward"
     with torch.no_grad():
         sdpa(q, k, v, **kw, kernel="sm90_flash")
@@ -137,7 +126,7 @@ def test_warm_sdpa_skips_the_op_and_matches_torch(entries, replay, is_causal, gq
     assert out.grad_fn is None and _rel(out, ref) < 1e-12 and entries["op"] == 1
 
 
-def test_masks_and_windows_take_the_entry_too(entries, replay):
+def test_masks_and_windows_take_the_entry_too(entries):
     from torch.nn.attention.bias import causal_lower_right
 
     q, k, v = _qkv(s=5, sk=9)
@@ -152,7 +141,7 @@ def test_masks_and_windows_take_the_entry_too(entries, replay):
     assert entries["backward"][-1] == ("auto", None, (2, 1))
     out = sdpa(q, k, v, window_size=(2, 1))
     out.sum().backward()
-    assert entries["replay"] == [("auto", None, (2, 1))] * (2 if replay else 1)  # as above
+    assert entries["replay"] == [("auto", None, (2, 1))] * 2  # as above
 
 
 def test_unknown_arguments_keep_the_op(entries):

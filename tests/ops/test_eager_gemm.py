@@ -108,21 +108,10 @@ def kernels(request, cpu_plans, monkeypatch):
     return s
 
 
-@pytest.fixture(params=[False, True], ids=["ops_per_gemm", "backward_op_replay"])
-def replay(request):
-    """Whether the op path's backward is one replaying `linear_backward` op (`runtime.unverified`,
-    "backward_op_replay"), or the differentiable formula's `matmul` ops (the default until its GPU
-    tests run); the eager entry's backward goes through `linear_backward`'s entry either way."""
-    from cute_kernels.runtime import unverified
-
-    with unverified.allowing("backward_op_replay", on=request.param):
-        yield request.param
-
-
 @pytest.mark.parametrize("activation", list(ACT))
 @pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("shape", [(6, 7), (2, 3, 7)])
-def test_warm_linear_skips_the_op_and_matches_torch(kernels, replay, activation, with_bias, shape):
+def test_warm_linear_skips_the_op_and_matches_torch(kernels, activation, with_bias, shape):
     layer = cnn.Linear(7, 4, bias=with_bias, dtype=F64, activation=activation, kernel="sm90_persistent")
     x = torch.randn(*shape, dtype=F64, requires_grad=True)
     ref = ACT[activation](F.linear(x, layer.weight, layer.bias))
@@ -137,10 +126,9 @@ def test_warm_linear_skips_the_op_and_matches_torch(kernels, replay, activation,
         for a, r in zip(got, want):
             assert _rel(a, r) < 1e-12
         recompute = activation in ("silu", "gelu", "gelu_tanh")
-        # call 0's forward entered the op, whose backward formula ran: one replaying
-        # linear_backward op (recording the plan) or matmul ops (then call 1's entry records it);
-        # without an activation, later backwards replay the GEMMs' plans
-        replayed = activation is None and call > (0 if replay else 1)
+        # call 0's forward entered the op, whose backward formula ran one linear_backward op
+        # (recording the plan); without an activation, later backwards replay the GEMMs' plans
+        replayed = activation is None and call > 0
         assert kernels.gemms == ([] if replayed else ["sm90_persistent"] * (2 + recompute))
         assert kernels.replayed == (["sm90_persistent"] * 2 if replayed else [])
     assert kernels.op_calls == 1  # only the first call entered the op
@@ -372,7 +360,7 @@ def test_warm_training_call_runs_under_one_autograd_node(sm90, grad):
 
 
 @pytest.mark.parametrize("shape", [(2, 128, 384), (256, 384)])
-def test_warm_backward_replays_the_checked_gemms_without_an_op(sm90, replay, shape):
+def test_warm_backward_replays_the_checked_gemms_without_an_op(sm90, shape):
     """On the real sm90 rungs: the first backward runs `linear_backward`'s checked body (dX and
     dW, two launches); a warm one launches the same two GEMMs on the same operands (the
     gradient, the weight, the input) without entering a torch.library op."""
@@ -388,7 +376,7 @@ def test_warm_backward_replays_the_checked_gemms_without_an_op(sm90, replay, sha
         launched = sm90.launches[n0:]
         assert len(launched) == 2, launched
         ptrs.append([[t.data_ptr() for t in launch[:2]] for launch in launched])
-        if call > (0 if replay else 1):  # (call 1's backward enters the op where call 0's recorded nothing)
+        if call > 0:
             assert not [f for f in py if f.startswith(("torch._ops", "torch._library"))], py
     wx, wg = layer.weight.data_ptr(), g.data_ptr()
     assert ptrs[0] == ptrs[1] == ptrs[2] == [[wg, wx], [wg, x.data_ptr()]]
@@ -423,7 +411,7 @@ def test_nn_entries_compile_to_the_op_without_graph_breaks_or_recompiles(cpu_pla
     assert counter.frame_count == 1, f"recompiled: {counter.frame_count} frames"
 
 
-def test_compiled_backward_calls_one_op_per_linear_layer(kernels, replay):
+def test_compiled_backward_calls_one_op_per_linear_layer(kernels):
     """The backward graph torch.compile traces holds one `linear_backward` per layer (not a
     `matmul` per GEMM: each op call crosses the dispatcher), whose body replays the backward's
     plan once the first call recorded it; the gradients match F.linear's."""
@@ -453,11 +441,7 @@ def test_compiled_backward_calls_one_op_per_linear_layer(kernels, replay):
         got = torch.autograd.grad(compiled(x), params, g)
         assert all(_rel(a, r) < 1e-12 for a, r in zip(got, want))
         # l2 (relu: its derivative is not replayed) runs its checked body every call; l1 replays
-        # (with the matmul ops of the default, every call runs their checked bodies)
-        assert kernels.replayed == ([] if call == 0 or not replay else ["auto"] * 2)
+        assert kernels.replayed == ([] if call == 0 else ["auto"] * 2)
     targets = [str(n.target) for n in graphs[-1].graph.nodes if n.op == "call_function"]
-    if not replay:  # the default until the path's GPU tests run: the formula's matmul ops
-        assert targets.count("cute_kernels.matmul.default") == 4 and "linear_backward" not in str(targets), targets
-        return
     assert targets.count("cute_kernels.linear_backward.default") == 2, targets
     assert not [t for t in targets if "matmul" in t or t.startswith("aten.mm")], targets

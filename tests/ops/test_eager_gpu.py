@@ -219,7 +219,7 @@ def test_gpu_ops_called_as_a_compiled_graph_calls_them_replay_the_plans(monkeypa
     from cute_kernels.ops import attention as attention_ops
     from cute_kernels.ops import fused as fused_ops
     from cute_kernels.ops import gemm as gemm_ops
-    from cute_kernels.runtime import plan_cache, unverified
+    from cute_kernels.runtime import lean_dispatch, plan_cache
 
     bodies = {"linear": 0, "sdpa": 0, "norm": 0, "linear_backward": 0, "sdpa_backward": 0}
     for module, fn, name in ((gemm_ops, "_linear", "linear"), (attention_ops, "_sdpa", "sdpa"),
@@ -231,11 +231,7 @@ def test_gpu_ops_called_as_a_compiled_graph_calls_them_replay_the_plans(monkeypa
 
         monkeypatch.setattr(module, fn, counted)
     plan_cache.invalidate()  # keys recorded by earlier tests would skip the counted bodies
-    if lean:
-        import cute_kernels.ops
-
-        cute_kernels.ops.install_lean_dispatch()
-    with unverified.allowing("lean_dispatch", on=lean), unverified.allowing("backward_op_replay"):
+    with lean_dispatch.using(lean):
         _ops_replay_plans(bodies)
 
 
@@ -285,10 +281,8 @@ def test_gpu_backward_ops_compute_alike_through_either_dispatch():
     (`runtime.lean_dispatch`) enters the body: bit for bit, but for attention's dq, which sums
     in whatever order the tiles arrive."""
     _hopper()
-    import cute_kernels.ops
-    from cute_kernels.runtime import unverified
+    from cute_kernels.runtime import lean_dispatch
 
-    cute_kernels.ops.install_lean_dispatch()
     torch.manual_seed(5)
     ops = torch.ops.cute_kernels
     g2, x2 = torch.randn(2048, 768, device="cuda", dtype=BF16), torch.randn(2048, 3072, device="cuda", dtype=BF16)
@@ -309,7 +303,7 @@ def test_gpu_backward_ops_compute_alike_through_either_dispatch():
                                                             "none")}
         results = {}
         for lean in (False, True):
-            with unverified.allowing("lean_dispatch", on=lean):
+            with lean_dispatch.using(lean):
                 for name, call in calls.items():
                     for _ in range(2):  # the checked call, then the warm one
                         results[name, lean] = call()

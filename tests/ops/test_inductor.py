@@ -138,12 +138,8 @@ def _inputs(m, s):
 
 @pytest.mark.skipif(not _compiler_available(), reason="Inductor on CPU needs a C++ compiler")
 def test_inductor_compiles_every_op_forward_and_backward_without_recompiling(monkeypatch):
-    """(With linear's backward as its own op, `runtime.unverified` "backward_op_replay", so the
-    backward graph holds every op.)"""
-    from cute_kernels.runtime import unverified
-
-    with unverified.allowing("backward_op_replay"):
-        _every_op_compiles(monkeypatch)
+    """(Linear's backward is its own op, so the backward graph holds every op.)"""
+    _every_op_compiles(monkeypatch)
 
 
 def _every_op_compiles(monkeypatch):

@@ -1,4 +1,4 @@
-"""runtime.lean_dispatch: with the path on, a call of a custom op that records no autograd runs
+"""runtime.lean_dispatch: where it is used (the default), a call of a custom op that records no autograd runs
 the op's body from the Autograd kernel (no redispatch, no aliasing check); calls that record
 autograd, fake tensors, compiled graphs and opcheck behave as custom_op's own kernel makes them."""
 
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import cute_kernels.ops as ops
-from cute_kernels.runtime import lean_dispatch, unverified
+from cute_kernels.runtime import lean_dispatch
 
 F64 = torch.float64
 CALLS = {"body": 0}
@@ -81,10 +81,10 @@ def test_install_is_idempotent_and_leaves_mutating_ops_alone():
 
 
 @pytest.mark.parametrize("on", [True, False])
-def test_calls_without_autograd_skip_the_redispatch_only_when_on(counted, on):
+def test_calls_without_autograd_skip_the_redispatch_only_where_used(counted, on):
     lean_dispatch.install(lean_scale)
     x, w = _xw()
-    with unverified.allowing("lean_dispatch", on=on):
+    with lean_dispatch.using(on):
         got = lean_scale(x, w, 3.0)
         with torch.no_grad():
             xg, wg = _xw(grad=True)
@@ -97,7 +97,7 @@ def test_calls_recording_autograd_keep_the_formula(counted):
     lean_dispatch.install(lean_scale)
     x, w = _xw(grad=True)
     g = torch.randn(4, 5, dtype=F64)
-    with unverified.allowing("lean_dispatch"):
+    with lean_dispatch.using():
         out = lean_scale(x, w, 0.5)
         dx, dw = torch.autograd.grad(out, (x, w), g)
     ref = 0.5 * (x @ w)
@@ -111,7 +111,7 @@ def test_fake_tensors_and_compiled_graphs_redispatch(counted):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     lean_dispatch.install(lean_scale)
-    with unverified.allowing("lean_dispatch"):
+    with lean_dispatch.using():
         with FakeTensorMode():
             fake = lean_scale(torch.empty(7, 3), torch.empty(3, 2))
         assert fake.shape == (7, 2) and CALLS["body"] == 0  # the fake, not the body
@@ -144,7 +144,7 @@ def test_our_ops_through_the_lean_path_match_torch_and_pass_opcheck():
     ops.install_lean_dispatch()
     x = torch.randn(6, 8, dtype=F64)
     w, b = torch.randn(5, 8, dtype=F64), torch.randn(5, dtype=F64)
-    with unverified.allowing("lean_dispatch"), warnings.catch_warnings():
+    with lean_dispatch.using(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with torch.no_grad():
             assert torch.allclose(ops.linear(x, w, b, "gelu", fallback="torch"), F.gelu(F.linear(x, w, b)))
