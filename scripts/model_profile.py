@@ -9,8 +9,9 @@ infer and one train step of stock and of the full patch: the top CUDA kernels by
 that launched GPU time (with their input shapes), the step's summed kernel time against its wall
 time, and where the GPU idled within it (`bench.timeline`: each gap charged to the host op, and
 with --stack the Python frame, that launched the kernel ending it), the warm caches that still
-stored something during the profiled step (calls that took the checked path) and the eager
-entries' keys that call the op every time; and each variant's host time per step (the GPU kept
+stored something during the profiled step (calls that took the checked path), the eager
+entries' keys that call the op every time and how our op bodies' calls went (replayed or
+not, `runtime.eager.inside`); and each variant's host time per step (the GPU kept
 busy, so the step only queues: a host time near the GPU time is a host-bound step).
 Prints the tables; writes them as JSON with --out."""
 
@@ -54,6 +55,34 @@ def _use_op_keys() -> dict:
     return out
 
 
+def _count_inside():
+    """Wrap `runtime.eager.inside` (what our op bodies call) to count, per entry, how each call
+    went: "plan" (replayed), "record" (ran the body and recorded), "use_op" (ran the body: the
+    key's plan is the op), "no_key" (ran the body: a call that cannot have a key) or "grad" (ran
+    the body: autograd recorded); returns (counts, undo)."""
+    from collections import Counter
+
+    from cute_kernels.runtime import eager
+
+    counts, original = Counter(), eager.inside
+
+    def counted(name, body, args):
+        entry = eager._ENTRIES.get(name)
+        key = None if entry is None else eager.call_key(args)
+        if key is None:
+            how = "no_key"
+        elif key[-1]:
+            how = "grad"
+        else:
+            plan = entry.plans.get(key)
+            how = "record" if plan is None else "use_op" if plan is eager.USE_OP else "plan"
+        counts[name, how] += 1
+        return original(name, body, args)
+
+    eager.inside = counted
+    return counts, lambda: setattr(eager, "inside", original)
+
+
 def _profile(step, stack: bool = False) -> dict:
     import tempfile
 
@@ -65,11 +94,15 @@ def _profile(step, stack: bool = False) -> dict:
     step()
     torch.cuda.synchronize()
     before = cache_activity()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=stack) as prof:
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        wall_ms = (time.perf_counter() - t0) * 1e3
+    inside, undo = _count_inside()
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=stack) as prof:
+            t0 = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            wall_ms = (time.perf_counter() - t0) * 1e3
+    finally:
+        undo()
     kernels = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
@@ -90,6 +123,7 @@ def _profile(step, stack: bool = False) -> dict:
     # a warm step should store nothing: each cache listed took the checked path during it
     stored = cache_activity(before)
     return {"cold_caches": stored, "use_op_keys": _use_op_keys(),
+            "op_bodies": {f"{name}:{how}": n for (name, how), n in sorted(inside.items())},
             "wall_ms": round(wall_ms, 3), "kernel_ms": round(sum(v[0] for v in kernels.values()), 3),
             "gaps": format_gaps(gaps), "idle_ms": round(gaps.idle_us / 1e3, 3),
             "launches": sum(v[1] for v in kernels.values()),
@@ -148,6 +182,7 @@ def run(name: str, rounds: int, iters: int, stack: bool = False, compiled: bool 
             print(prof["gaps"])
             print(f"    caches that stored during this warm step (checked calls): {prof['cold_caches'] or 'none'}; "
                   f"eager keys that call the op every time: {prof['use_op_keys'] or 'none'}")
+            print(f"    op bodies (runtime.eager.inside) by outcome: {prof['op_bodies'] or 'none'}")
             for k in prof["top"]:
                 print(f"    {k['ms']:8.3f} ms {k['calls']:5d}x  {k['kernel']}")
             for o in prof["aten"]:

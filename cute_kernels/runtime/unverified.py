@@ -23,8 +23,8 @@ __all__ = ["PATHS", "ENABLED", "enabled", "allowing"]
 # name -> what it is. Paths built without a GPU leave this list (and become defaults) the day their
 # GPU tests pass and they measure faster: split-K summed in the GEMM kernel and the Hopper
 # attention backward at head dim 96 (2026-12-05), the op bodies' plan replay,
-# generate's decode steps from a CUDA graph, the lean Autograd kernel and the compiled backward's
-# one op a layer (2026-12-05).
+# generate's decode steps from a CUDA graph, the lean Autograd kernel, the compiled backward's
+# one op a layer and the norms' dense forward (2026-12-05).
 PATHS: dict[str, str] = {
     "compile_ahead": "kernels predicted to be needed next (a call's backward; a patched model's layers) compiled "
                      "in background worker processes while the program runs (`runtime.compile_ahead`)",
@@ -32,8 +32,6 @@ PATHS: dict[str, str] = {
                             "(`fused.linear_ce.default_chunk`) instead of Liger's x-sized chunks",
     "norm_backward_prefetch": "the RMSNorm / LayerNorm backward loads its next row block while it computes "
                               "the current one (`fused.norms`, `NormConfig.prefetch`)",
-    "norm_forward_dense": "the RMSNorm / LayerNorm forward compiled for half again as many CTAs an SM "
-                          "(`fused.tiling.dense_blocks_per_sm`, `NormConfig.dense`)",
 }
 
 

@@ -1,8 +1,8 @@
 """RMSNorm / LayerNorm kernels on the GPU against float64 references: rows of 1, odd widths
 (scalar access), non-contiguous rows, residual fused, mixed weight dtype, Gemma's offset, no
-weight, every gradient; NaN/Inf as torch's; the module and autograd path. The tests of the
-prefetching backward and the dense forward (`runtime.unverified`, "norm_backward_prefetch",
-"norm_forward_dense") were written without a GPU and have not run yet."""
+weight, every gradient; NaN/Inf as torch's; the module and autograd path; the prefetching
+backward (`runtime.unverified`, "norm_backward_prefetch") against the plain loop, and the dense
+forward (the default) against the plain build."""
 
 from __future__ import annotations
 
@@ -232,18 +232,20 @@ def test_prefetching_backward_matches_the_plain_loop_and_float64(kind, rows, wid
 
 
 @pytest.mark.parametrize("kind, rows, width, dtype, wdt, bias, residual, row_pad, offset, out_dtype", CASES)
-def test_dense_forward_computes_what_the_plain_one_does(kind, rows, width, dtype, wdt, bias, residual, row_pad,
-                                                          offset, out_dtype):
+def test_dense_forward_computes_what_the_plain_one_does(monkeypatch, kind, rows, width, dtype, wdt, bias, residual,
+                                                          row_pad, offset, out_dtype):
     """`NormConfig.dense` (compiled for more CTAs an SM: another register cap, the same code)
     gives the same bits as the plain forward."""
-    from cute_kernels.runtime import unverified
+    from cute_kernels.fused import norm_api
+    from cute_kernels.runtime import plan_cache
 
     x, w, b, r = _inputs(kind, rows, width, dtype, wdt, bias, residual, row_pad, seed=rows * 7 + width)
     results = {}
     for on in (False, True):
-        with unverified.allowing("norm_forward_dense", on=on):
-            poison(((rows, width), out_dtype or dtype), ((rows, width), dtype))
-            results[on] = norm_forward(x, w, b, r, kind=kind, eps=1e-5, offset=offset, out_dtype=out_dtype)
+        monkeypatch.setattr(norm_api, "DENSE_FORWARD", on)
+        plan_cache.invalidate()  # a stored plan holds the other build
+        poison(((rows, width), out_dtype or dtype), ((rows, width), dtype))
+        results[on] = norm_forward(x, w, b, r, kind=kind, eps=1e-5, offset=offset, out_dtype=out_dtype)
     torch.cuda.synchronize()
     for plain, dense in zip(results[False], results[True]):
         assert (plain is None) == (dense is None)
