@@ -444,4 +444,7 @@ def test_compiled_backward_calls_one_op_per_linear_layer(kernels):
         assert kernels.replayed == ([] if call == 0 else ["auto"] * 2)
     targets = [str(n.target) for n in graphs[-1].graph.nodes if n.op == "call_function"]
     assert targets.count("cute_kernels.linear_backward.default") == 2, targets
+    # l1's bias gradient is a sum in the graph (a compiler fuses it into grad's producer), not the op's
+    calls = [n for n in graphs[-1].graph.nodes if str(n.target) == "cute_kernels.linear_backward.default"]
+    assert [n.args[8] for n in calls] == [False, False] and "aten.sum.dim_IntList" in targets, targets
     assert not [t for t in targets if "matmul" in t or t.startswith("aten.mm")], targets
