@@ -7,6 +7,10 @@ For each model: the stock model (random weights from its config, bf16) and a cop
   under torch.compile (each side compiled on its own). Checked: loss, logits and every
   gradient, by relative error against the stock side; `rel_err` is the worst of them.
 - `infer_eager`, `infer_compiled`: the forward under no_grad; checked on the logits.
+- `train_graphs`, `infer_graphs`: as the compiled modes, under
+  `torch.compile(mode="reduce-overhead")`: the steps replay CUDA graphs, so the host's cost per
+  step leaves the timing and the kernels alone compare (each call begins a new step of
+  cudagraph trees; the checks read clones of its outputs).
 - `generate`: greedy prefill + decode of `prompts` x `prompt_len` tokens, `new_tokens` new ones
   (KV cache). Checked by teacher forcing: ours generates with the stock tokens forced, and its
   logits at every step (prefill and decode kernels alike) are compared with stock's; the
@@ -49,7 +53,8 @@ from cute_kernels.bench.records import BenchResult, Record
 
 __all__ = ["MODES", "DEFAULT_MODES", "ModelsSettings", "run_models", "precompile"]
 
-MODES = ("train_eager", "infer_eager", "train_compiled", "infer_compiled", "generate", "cold")
+MODES = ("train_eager", "infer_eager", "train_compiled", "infer_compiled", "train_graphs", "infer_graphs", "generate",
+         "cold")
 _EAGER = ("train_eager", "infer_eager")
 # What a plain `cute-kernels bench models` runs per model: ~5 minutes on an H200. torch.compile
 # (tens of seconds per model and side) and cold starts (fresh processes) are spent where they
@@ -264,12 +269,18 @@ def _step_mode(m: _Model, mode: str, settings: ModelsSettings, log) -> list[Reco
     train = mode.startswith("train")
     step = _train_step if train else _infer_step
     stock, ours = m.stock, m.ours
-    if mode.endswith("compiled"):
+    graphs = mode.endswith("graphs")
+    if graphs or mode.endswith("compiled"):
         torch._dynamo.reset()
-        stock, ours = torch.compile(m.stock), torch.compile(m.ours)
+        kw = {"mode": "reduce-overhead"} if graphs else {}
+        stock, ours = torch.compile(m.stock, **kw), torch.compile(m.ours, **kw)
     fns = {"stock": lambda: step(m.spec, stock, m.batch), "cute_kernels": lambda: step(m.spec, ours, m.batch)}
+    checks = fns
+    if graphs:
+        fns = {impl: _graph_step(fn) for impl, fn in fns.items()}
+        checks = {impl: _cloned(fn) for impl, fn in fns.items()}
     try:
-        errs = _errors(m.spec, m.ours, m.stock, m.batch, train, fns["cute_kernels"], fns["stock"])
+        errs = _errors(m.spec, m.ours, m.stock, m.batch, train, checks["cute_kernels"], checks["stock"])
     except Exception as exc:  # noqa: BLE001 - a failure of ours is a record, not a crash
         log(f"  {case}: cute_kernels FAILED: {type(exc).__name__}: {exc}")
         return [_record(case, "cute_kernels", None, None, False, f"{type(exc).__name__}: {exc}")]
@@ -280,6 +291,24 @@ def _step_mode(m: _Model, mode: str, settings: ModelsSettings, log) -> list[Reco
     details = {f"rel_err_{k}": v for k, v in errs.items()}
     return _pair_records(case, timings, err, ok, m.tolerance,
                          error=None if ok else f"rel_err {err:.3g} above tolerance {m.tolerance:.3g}", **details)
+
+
+def _graph_step(fn):
+    """`fn` as one step of CUDA-graph replays: it begins a new step of cudagraph trees (the
+    previous step's outputs, which the next replay overwrites, are not read again)."""
+    import torch
+
+    def step():
+        torch.compiler.cudagraph_mark_step_begin()
+        return fn()
+    return step
+
+
+def _cloned(fn):
+    """`fn` with its outputs cloned, for the checks: another graph's replay may overwrite them."""
+    def step():
+        return tuple(t.detach().clone() for t in fn())
+    return step
 
 
 class _Forced:

@@ -3,6 +3,8 @@ the page and plot drawn from the JSON, the CLI's routing and argument errors."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -138,3 +140,18 @@ def test_a_cold_child_reports_what_each_phase_compiled(monkeypatch):
                       "generate_compiled_keys": ["('b',)", "('c',)"], "generate_ahead": {}}
     assert since == {"compiled": 3, "disk_loaded": 5, "waited": 2, "log": 3}
     assert "compile_ahead" in models._with_compile_ahead()["CUTE_KERNELS_UNVERIFIED"].split(",")
+
+
+@pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+                    reason="Inductor on CPU needs a C++ compiler")
+def test_graph_modes_compile_both_sides_for_cuda_graphs_and_check_them():
+    """`train_graphs` compiles each side with mode="reduce-overhead" (on CPU Inductor skips the
+    graphs and runs the code) and checks loss, logits and gradients like the compiled mode."""
+    settings = ModelsSettings(models=("llama_gqa",), modes=("train_graphs", "infer_graphs"), rounds=1, iters=1,
+                              warmup=0, device="cpu", size="tiny", fallback="torch")
+    result = run_models(settings, log=lambda line: None)
+    by = {(r.case, r.impl): r for r in result.records}
+    for mode in ("train_graphs", "infer_graphs"):
+        ours = by[(f"llama_gqa/{mode}", "cute_kernels")]
+        assert ours.ok and ours.rel_err < 1e-5 and ours.ms > 0, ours
+    assert "rel_err_grad" in by[("llama_gqa/train_graphs", "cute_kernels")].extra
