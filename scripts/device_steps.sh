@@ -66,8 +66,9 @@ run_step() {  # NAME CAP COMMAND...
 
 RESULTS="$OUTDIR/results"
 for spec in "$@"; do
-  step=${spec%%:*}; cap=300
-  [[ "$spec" == *:* ]] && cap=${spec##*:}
+  # the cap is a trailing :SECONDS (a test node id keeps its own ::)
+  step=$spec; cap=300
+  if [[ "$spec" =~ ^(.*[^:]):([0-9]+)$ ]]; then step=${BASH_REMATCH[1]}; cap=${BASH_REMATCH[2]}; fi
   case "$step" in
     on=*) export CUTE_KERNELS_UNVERIFIED="${step#on=}"
           RESULTS="$OUTDIR/results/on-$(printf %s "${step#on=}" | tr -c 'A-Za-z0-9_.,-' '_' | cut -c1-80)"
