@@ -149,7 +149,7 @@ def test_patched_block_compiles_to_one_graph_of_our_ops():
         out, gx, *gparams = tb.forward_backward(compiled, x, grad_out, list(block.parameters()))
         want = tb.forward_backward(block, x, grad_out, list(block.parameters()))
     assert torch.ops.cute_kernels.sdpa_backward.default in graphs["bw"]
-    # one op per linear layer (dX, dW and db in one call), none per GEMM
+    # one op per linear layer (dX and dW in one call; db a sum beside it), none per GEMM
     assert graphs["bw"].count(torch.ops.cute_kernels.linear_backward.default) == 4
     assert torch.ops.cute_kernels.matmul.default not in graphs["bw"]
     for got, ref in zip((out, gx, *gparams), want):
