@@ -21,9 +21,8 @@ __all__ = ["norm_forward", "norm_backward", "forward_plan_for"]
 
 KINDS = ("rms", "layer")
 _FWD_PLANS = PlanCache("fused.norm_forward")
-# The forward compiled for more CTAs an SM (`NormConfig.dense`): the default since 2026-12-05, when
-# on an H100 it gave the plain build's bits and ran a 16384 x 4096 bf16 LayerNorm 5% faster (0.0947
-# against 0.0999 ms; RMSNorm level). The GPU tests set it False (and invalidate the plans) to compare.
+# The forward compiled for more CTAs an SM (`NormConfig.dense`; docs/fusion.md has the measurement).
+# The GPU tests set it False (and invalidate the plans) to compare.
 DENSE_FORWARD = True
 _BWD_PLANS = PlanCache("fused.norm_backward")
 

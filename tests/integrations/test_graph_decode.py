@@ -12,6 +12,7 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
+import cute_kernels.nn as cnn  # noqa: E402
 from cute_kernels import ops  # noqa: E402
 from cute_kernels.integrations import graph_decode  # noqa: E402
 
@@ -106,9 +107,13 @@ def test_calls_it_does_not_take_run_transformers_generate():
     assert graph_decode.admitted(ours, (with_pad,), kw) is None  # transformers would infer a mask
     assert graph_decode.admitted(ours, (ids,), {**kw, "num_beams": 2}) is None
     assert graph_decode.admitted(ours, (ids.float(),), kw) is None
-    graph_decode.arm(ours, on=False)  # nn.patch(..., decode_graph=False)
+    cnn.patch(ours, fallback="torch", decode_graph=False)  # a later patch's option applies
     assert graph_decode.admitted(ours, (ids,), kw) is None
-    graph_decode.arm(ours)
+    ops.FALLBACK_COUNTS.clear()
+    plain = ours.generate(ids, **kw)  # transformers' own generate: its cache, no paged decode
+    assert torch.equal(plain, stock.generate(ids, **kw)) and _calls("paged_decode") == 0
+    cnn.patch(ours, fallback="torch")
+    assert graph_decode.admitted(ours, (ids,), kw) is not None
     _, window = _models("mistral_swa")
     assert graph_decode.admitted(window, (ids,), {**kw, "max_new_tokens": 4096}) is None
     ops.FALLBACK_COUNTS.clear()
