@@ -609,7 +609,7 @@ class DecodeRung:
                 cutlass.Float32(scale), cutlass.Int32(group), cutlass.Int32(pages_per_split),
                 cutlass.Int32(num_splits), stream)
         if mma is not None:
-            args = (*args, cutlass.Float32(score_scale) if getattr(p, "softcap", None) is not None else None)
+            args = (*args, cutlass.Float32(score_scale) if p.softcap is not None else None)
         if errors is not None:
             args = (*args, from_torch(errors, assumed_align=4, leading_dim=0))
         compile_kernel(split, *args, key=(split.key, config))(*args)

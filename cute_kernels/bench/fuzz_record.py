@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["FuzzReport", "seed_and_cases", "poison", "fuzz_result", "write_to_results_dir"]
+__all__ = ["FuzzReport", "seed_and_cases", "run_recorded", "poison", "fuzz_result", "write_to_results_dir"]
 
 
 @dataclass
@@ -60,6 +60,22 @@ def seed_and_cases(cases_variable: str, default: int) -> tuple[int, int]:
     cases = int(os.environ.get(cases_variable, str(default)))
     seed = int(os.environ.get("CUTE_KERNELS_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
     return seed, cases
+
+
+def run_recorded(module, cases_variable: str, default: int, label: str) -> tuple[FuzzReport, int]:
+    """A GPU fuzz test's run of fuzz module `module` (its `trace`, `run` and `result`): the seed
+    and count (`seed_and_cases`), the kernels compiled first in parallel processes
+    (`runtime.precompile` of `module:trace`), the run, its record written
+    (`write_to_results_dir`), each step printed; returns (report, cases asked)."""
+    from cute_kernels.runtime.precompile import precompile
+
+    seed, n = seed_and_cases(cases_variable, default)
+    print(f"{label}: seed {seed}, {n} cases")
+    print(f"precompiled: {precompile(f'{module.__name__}:trace', seed, n)}")
+    report = module.run(seed, n)
+    print(report.summary(label))
+    write_to_results_dir(module.result(report))
+    return report, n
 
 
 def poison(device, numel: int) -> None:

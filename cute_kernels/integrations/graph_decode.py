@@ -46,6 +46,8 @@ import warnings
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from cute_kernels.runtime.cache import dry_run
+
 __all__ = ["GraphDecodeCache", "arm", "admitted", "decode_path", "PAGE"]
 
 PAGE = 64  # keys per page of the block table (a multiple of 16: the decode kernel's MMA path)
@@ -145,6 +147,7 @@ class GraphDecodeLayer(CacheLayerMixin):
     def reorder_cache(self, beam_idx) -> None:
         raise NotImplementedError("graph_decode: beam search is not admitted (num_beams=1 only)")
 
+
 class GraphDecodeCache(Cache):
     """A `transformers.Cache` for one generate call (module docstring): `num_layers` layers of
     fixed buffers for up to `max_len` tokens a sequence (rounded up to whole pages)."""
@@ -238,7 +241,7 @@ def _decode(cache, forward, input_ids, kwargs: dict):
     s.ids.copy_(input_ids)
     # a dry run (precompile's trace) launches nothing a graph could hold: its steps stay eager,
     # which is where they meet (and compile) the decode kernel
-    use_graph = input_ids.is_cuda and s.failure is None and not _dry_run()
+    use_graph = input_ids.is_cuda and s.failure is None and not dry_run()
     if use_graph and s.graph is None and s.eager_steps >= 1:
         _capture(cache, forward, kwargs)
     if s.graph is not None:
@@ -249,12 +252,6 @@ def _decode(cache, forward, input_ids, kwargs: dict):
     s.eager_steps += 1
     cache.advance()
     return out
-
-
-def _dry_run() -> bool:
-    from cute_kernels.runtime import cache
-
-    return cache.dry_run()
 
 
 def _capture(cache, forward, kwargs: dict) -> None:

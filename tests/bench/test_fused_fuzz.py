@@ -103,3 +103,22 @@ def test_the_report_says_itself_and_runs_draw_their_seed_and_count(monkeypatch):
     monkeypatch.delenv("CUTE_KERNELS_FUZZ_SEED")
     seed, n = seed_and_cases("SOME_FUZZ_CASES", 40)
     assert n == 9 and 0 <= seed < 1 << 30
+
+
+def test_run_recorded_precompiles_runs_and_writes_the_record(monkeypatch):
+    import types
+
+    from cute_kernels.bench import fuzz_record
+    from cute_kernels.runtime import precompile
+
+    calls = []
+    fuzz = types.ModuleType("a_fuzz")
+    fuzz.run = lambda seed, n: calls.append(("run", seed, n)) or fuzz_record.FuzzReport(cases=n)
+    fuzz.result = lambda report: ("record", report.cases)
+    monkeypatch.setattr(precompile, "precompile", lambda target, seed, n: calls.append((target, seed, n)) or {})
+    monkeypatch.setattr(fuzz_record, "write_to_results_dir", calls.append)
+    monkeypatch.setenv("CUTE_KERNELS_FUZZ_SEED", "5")
+    monkeypatch.setenv("A_FUZZ_CASES", "3")
+    report, n = fuzz_record.run_recorded(fuzz, "A_FUZZ_CASES", 9, "a fuzz")
+    assert (report.cases, n) == (3, 3)
+    assert calls == [("a_fuzz:trace", 5, 3), ("run", 5, 3), ("record", 3)]

@@ -10,7 +10,6 @@ first in parallel processes (`runtime.precompile`). With CUTE_KERNELS_RESULTS_DI
 
 from __future__ import annotations
 
-
 import pytest
 
 from cute_kernels.bench import fused_fuzz
@@ -21,16 +20,10 @@ pytestmark = pytest.mark.gpu
 def test_random_fused_problems_are_all_right():
     import torch
 
-    from cute_kernels.bench.fuzz_record import seed_and_cases, write_to_results_dir
-    from cute_kernels.runtime.precompile import precompile
+    from cute_kernels.bench.fuzz_record import run_recorded
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    seed, n = seed_and_cases("CUTE_KERNELS_FUSED_FUZZ_CASES", 1200)
-    print(f"fused fuzz: seed {seed}, {n} cases")
-    print(f"precompiled: {precompile('cute_kernels.bench.fused_fuzz:trace', seed, n)}")
-    report = fused_fuzz.run(seed, n)
-    print(report.summary("fused fuzz"))
-    write_to_results_dir(fused_fuzz.result(report))
+    report, n = run_recorded(fused_fuzz, "CUTE_KERNELS_FUSED_FUZZ_CASES", 1200, "fused fuzz")
     assert report.cases == n
     assert report.wrong == 0, report.failure_lines()

@@ -10,7 +10,6 @@ CUTE_KERNELS_RESULTS_DIR set, the `gemm_fuzz` record (cases, wrong) is written t
 
 from __future__ import annotations
 
-
 import pytest
 
 from cute_kernels.bench import gemm_fuzz
@@ -19,16 +18,9 @@ pytestmark = pytest.mark.gpu
 
 
 def test_random_gemm_problems_are_all_right():
-    from cute_kernels.bench.fuzz_record import seed_and_cases, write_to_results_dir
-    from cute_kernels.runtime.precompile import precompile
+    from cute_kernels.bench.fuzz_record import run_recorded
 
-    seed, n = seed_and_cases("CUTE_KERNELS_GEMM_FUZZ_CASES", 2000)
-    print(f"gemm fuzz: seed {seed}, {n} cases")
-    warm = precompile("cute_kernels.bench.gemm_fuzz:trace", seed, n)
-    print(f"precompiled: {warm}")
-    report = gemm_fuzz.run(seed, n)
-    print(report.summary("gemm fuzz"))
-    write_to_results_dir(gemm_fuzz.result(report))
+    report, n = run_recorded(gemm_fuzz, "CUTE_KERNELS_GEMM_FUZZ_CASES", 2000, "gemm fuzz")
     assert report.cases == n
     assert report.wrong == 0, report.failure_lines()
 

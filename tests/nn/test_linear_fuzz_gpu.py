@@ -19,14 +19,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def test_random_linear_training_steps_are_all_right():
     from cute_kernels.bench import linear_fuzz
-    from cute_kernels.bench.fuzz_record import seed_and_cases, write_to_results_dir
-    from cute_kernels.runtime.precompile import precompile
+    from cute_kernels.bench.fuzz_record import run_recorded
 
-    seed, n = seed_and_cases("CUTE_KERNELS_LINEAR_FUZZ_CASES", 200)
-    print(f"linear fuzz: seed {seed}, {n} cases")
-    print(f"precompiled: {precompile('cute_kernels.bench.linear_fuzz:trace', seed, n)}")
-    report = linear_fuzz.run(seed, n)
-    print(report.summary("linear fuzz"))
-    write_to_results_dir(linear_fuzz.result(report))
+    report, n = run_recorded(linear_fuzz, "CUTE_KERNELS_LINEAR_FUZZ_CASES", 200, "linear fuzz")
     assert report.cases == n
     assert report.wrong == 0, report.failure_lines()

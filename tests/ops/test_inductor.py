@@ -139,10 +139,6 @@ def _inputs(m, s):
 @pytest.mark.skipif(not _compiler_available(), reason="Inductor on CPU needs a C++ compiler")
 def test_inductor_compiles_every_op_forward_and_backward_without_recompiling(monkeypatch):
     """(Linear's backward is its own op, so the backward graph holds every op.)"""
-    _every_op_compiles(monkeypatch)
-
-
-def _every_op_compiles(monkeypatch):
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._inductor import config as inductor_config
     from torch._inductor.ir import FallbackKernel
