@@ -102,20 +102,40 @@ def _tables(k, batch: int, seqlen_q: int, seqlen_k: int, causal):
     """(block_table (B Sq, pages) int32, seqlens (B Sq,) int32, page stride g, pages declared)
     for this signature (module docstring), built on the device by a few small kernels: no copy
     from the host, so no wait on the stream, and nothing a CUDA graph capture refuses. Kept
-    per signature (a decode step's new key count makes a new one)."""
+    per signature (a decode step's new key count makes a new one), made outside any CUDA graph
+    pool (`runtime.lasting`). While a graph is being captured they are built afresh and not
+    kept: the graph then owns them, and never reads a table the cache may free later."""
+    import torch
+
     b_stride, h_stride, t_stride = k.stride(0), k.stride(1), k.stride(2)
+    if k.is_cuda and torch.cuda.is_current_stream_capturing():
+        return _build_tables(k, batch, seqlen_q, seqlen_k, causal)
     key = (k.device, batch, seqlen_q, seqlen_k, causal, b_stride, h_stride, t_stride, k.shape[1], k.shape[-1])
     found = _TABLES.get(key)
     if found is not None:
         return found
+    from cute_kernels.runtime.lasting import lasting
+
+    found = lasting(k.device, _build_tables, k, batch, seqlen_q, seqlen_k, causal)
+    if len(_TABLES) >= _MAX_TABLES:
+        _TABLES.clear()
+    _TABLES[key] = found
+    return found
+
+
+def _build_tables(k, batch: int, seqlen_q: int, seqlen_k: int, causal):
     import torch
 
+    def arange(n: int):
+        return torch.arange(n, dtype=torch.int32, device=k.device)
+
+    b_stride, h_stride, t_stride = k.stride(0), k.stride(1), k.stride(2)
     g = math.gcd(b_stride if batch > 1 else PAGE * t_stride, PAGE * t_stride)
     pages = -(-seqlen_k // PAGE)
     # Every row is below `declared` (< MAX_CACHE_ELEMENTS, `supports_dense`), so int32 holds it.
-    table = _arange(k.device, pages) * (PAGE * t_stride // g)
+    table = arange(pages) * (PAGE * t_stride // g)
     if batch > 1:
-        table = table + (_arange(k.device, batch) * (b_stride // g))[:, None]
+        table = table + (arange(batch) * (b_stride // g))[:, None]
     else:
         table = table[None, :]
     if seqlen_q > 1:
@@ -123,7 +143,7 @@ def _tables(k, batch: int, seqlen_q: int, seqlen_k: int, causal):
     if seqlen_q == 1 and causal != "top_left":
         lens = torch.full((batch,), seqlen_k, dtype=torch.int32, device=k.device)
     else:
-        i = _arange(k.device, seqlen_q)
+        i = arange(seqlen_q)
         if causal == "bottom_right":
             lens = i + (seqlen_k - seqlen_q + 1)
         elif causal == "top_left":
@@ -135,25 +155,7 @@ def _tables(k, batch: int, seqlen_q: int, seqlen_k: int, causal):
     extent = (batch - 1) * b_stride + (k.shape[1] - 1) * h_stride + (seqlen_k - 1) * t_stride + k.shape[-1]
     box = (PAGE - 1) * t_stride + (k.shape[1] - 1) * h_stride + k.shape[-1]
     declared = (extent - box) // g + 1  # >= 1: Sk >= DENSE_MIN_KEYS > PAGE
-    found = (table, lens, g, declared)
-    if len(_TABLES) >= _MAX_TABLES:
-        _TABLES.clear()
-    _TABLES[key] = found
-    return found
-
-
-def _arange(device, n: int):
-    """0 .. n-1 as int32 on `device`: a view of one cached range, grown by doubling."""
-    have = _RANGES.get(device)
-    if have is None or have.numel() < n:
-        import torch
-
-        have = torch.arange(max(n, 2 * (0 if have is None else have.numel()), 1024), dtype=torch.int32, device=device)
-        _RANGES[device] = have
-    return have[:n]
-
-
-_RANGES: dict = {}
+    return table, lens, g, declared
 
 
 def _paged_view(t, g: int, declared: int):

@@ -104,14 +104,17 @@ _ERRORS: dict = {}
 
 
 def error_buffer(device):
-    """The device's error buffer (zeroed once, when first asked for)."""
+    """The device's error buffer (zeroed once, when first asked for, outside any CUDA graph
+    pool: `runtime.lasting`)."""
     buf = _ERRORS.get(device)
     if buf is None:
         import torch
 
+        from cute_kernels.runtime.lasting import lasting
+
         from .decode_checks import ERROR_SLOTS
 
-        buf = _ERRORS[device] = torch.zeros(ERROR_SLOTS, dtype=torch.int32, device=device)
+        buf = _ERRORS[device] = lasting(device, torch.zeros, ERROR_SLOTS, dtype=torch.int32, device=device)
     return buf
 
 

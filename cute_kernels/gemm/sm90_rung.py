@@ -32,6 +32,7 @@ from cute_kernels.gemm.sm90_config import Sm90GemmConfig, pick_config
 from cute_kernels.gemm import activations
 from cute_kernels.hopper.epilogue import ACTIVATIONS, EpilogueSpec
 from cute_kernels.runtime import compile_kernel, tvm_ffi_available
+from cute_kernels.runtime.lasting import lasting
 from cute_kernels.runtime.plan_cache import PlanCache, WarmCache, plain_tensors, tensor_signature
 from cute_kernels.runtime.tensors import tma_view
 
@@ -92,11 +93,12 @@ def _dummy_bias(device) -> torch.Tensor:
     """A 1-element fp32 stand-in for the bias / scale arguments of builds that do not read them.
 
     One per device for the life of the process: made on a call that needs it first, never again,
-    so a warm call allocates and initializes nothing for absent operands.
+    so a warm call allocates and initializes nothing for absent operands; made outside any CUDA
+    graph pool (`runtime.lasting`), which may not hold a tensor its graph did not return.
     """
     t = _dummies.get(device)
     if t is None:
-        t = _dummies[device] = torch.zeros(1, dtype=torch.float32, device=device)
+        t = _dummies[device] = lasting(device, torch.zeros, 1, dtype=torch.float32, device=device)
     return t
 
 
@@ -110,15 +112,16 @@ def split_counters(device) -> torch.Tensor:
     """The int32 tile counters of in-kernel split-K launches (`sm90_persistent.SplitKLaunch`)
     on torch's current stream of `device`: zeroed once, left zero by every completed launch.
     One buffer per stream, so launches that may run concurrently never share counters; kept
-    for the life of the process. While a CUDA graph is being captured, a fresh zeroed buffer
-    per launch instead: the capture records its zeroing, so each replay starts from zero and
-    no two graphs (replayed on any streams) share counters."""
+    for the life of the process, made outside any CUDA graph pool (`runtime.lasting`). While a
+    CUDA graph is being captured, a fresh zeroed buffer per launch instead: the capture records
+    its zeroing, so each replay starts from zero and no two graphs (replayed on any streams)
+    share counters."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
     key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
     t = _split_counters.get(key)
     if t is None:
-        t = _split_counters[key] = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
+        t = _split_counters[key] = lasting(device, torch.zeros, SPLIT_COUNTERS, dtype=torch.int32, device=device)
     return t
 
 
