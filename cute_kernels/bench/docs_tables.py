@@ -22,21 +22,21 @@ import re
 import sys
 from pathlib import Path
 
-from cute_kernels.bench.records import BenchResult, load_result
+from cute_kernels.bench.records import BenchResult, load_result, plot_path
 from cute_kernels.bench.table import format_table, is_fuzz
 
 _BLOCK = re.compile(
-    r"(?P<begin><!-- BEGIN GENERATED: (?P<kind>results|summary) (?P<suite>[\w-]+)(?: (?P<impls>[\w,]+))? -->\n)"
+    r"(?P<begin><!-- BEGIN GENERATED: (?P<kind>results|summary|classes) (?P<suite>[\w-]+)(?: (?P<impls>[\w,]+))? -->\n)"
     r"(?P<body>.*?)"
     r"(?P<end><!-- END GENERATED -->)",
     re.DOTALL,
 )
-_RESULT_NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})-(?P<suite>[\w]+)-(?P<device>[\w-]+)\.json$")
+_RESULT_NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})-(?P<suite>[\w]+)-(?P<device>[\w-]+)\.json(\.gz)?$")
 
 
 def newest_result(results_dir: Path, suite: str) -> Path | None:
     """The newest results file of `suite` (by the date in its name, then its name)."""
-    found = [p for p in results_dir.glob(f"*-{suite}-*.json")
+    found = [p for p in results_dir.glob(f"*-{suite}-*.json*")
              if (m := _RESULT_NAME.match(p.name)) and m["suite"] == suite]
     return max(found, key=lambda p: p.name) if found else None
 
@@ -57,7 +57,7 @@ def render_block(result: BenchResult, json_path: Path, page: Path, impls: list[s
         "",
         format_table(records),
     ]
-    png = json_path.with_suffix(".png")
+    png = plot_path(json_path)
     if png.exists():
         lines += ["", f"![{result.suite} on {result.device}]({Path(_relpath(png, page.parent)).as_posix()})"]
     return "\n".join(lines) + "\n"
@@ -86,10 +86,33 @@ def render_summary(result: BenchResult, json_path: Path, page: Path) -> str:
             worst = min(ratios)
             lines.append(f"- `{impl}`: {geo:.2f}x the fastest peer (geomean of {len(ratios)}), "
                          f"worst {worst[0]:.2f}x ({worst[1]}), best {max(ratios)[0]:.2f}x")
-    png = json_path.with_suffix(".png")
+    png = plot_path(json_path)
     if png.exists():
         lines += ["", f"![{result.suite} on {result.device}]({Path(_relpath(png, page.parent)).as_posix()})"]
     return "\n".join(lines) + "\n"
+
+
+def render_classes(result: BenchResult, json_path: Path, page: Path) -> str:
+    """A `gemm_shapes` result by shape class (`model_shapes.shape_class`): per class and
+    implementation of ours, the cases, the geomean and worst ratio to the fastest peer, and how
+    many cases fall below 0.95x and 1.0x."""
+    from cute_kernels.bench.model_shapes import shape_class
+
+    groups: dict = {}
+    for r in result.records:
+        if r.kind == "ours" and r.ok and r.ratio_to_best_peer:
+            groups.setdefault((shape_class(r.case), r.impl), []).append((r.ratio_to_best_peer, r.case))
+    rows = []
+    for (cls, impl), ratios in sorted(groups.items(), key=lambda kv: min(kv[1])):
+        geo = math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios))
+        worst = min(ratios)
+        rows.append(f"| {cls} | `{impl}` | {len(ratios)} | {geo:.2f}x | {worst[0]:.2f}x ({worst[1]}) | "
+                    f"{sum(x < 0.95 for x, _ in ratios)} | {sum(x < 1.0 for x, _ in ratios)} |")
+    rel = Path(_relpath(json_path, page.parent))
+    return "\n".join([f"By shape class, from [{rel.name}]({rel.as_posix()}) ({result.device}, {result.date}); "
+                      "ratios to the fastest peer, worst class first.", "",
+                      "| class | impl | cases | geomean | worst | below 0.95x | below 1.0x |",
+                      "| --- | --- | ---: | ---: | --- | ---: | ---: |", *rows]) + "\n"
 
 
 def _relpath(target: Path, start: Path) -> str:
@@ -110,8 +133,8 @@ def fill_page(page: Path, results_dir: Path) -> tuple[str, list[str]]:
             return m.group(0)
         impls = m["impls"].split(",") if m["impls"] else None
         result = load_result(path)
-        body = render_summary(result, path, page) if m["kind"] == "summary" else \
-            render_block(result, path, page, impls)
+        render = {"summary": render_summary, "classes": render_classes}.get(m["kind"])
+        body = render(result, path, page) if render else render_block(result, path, page, impls)
         return m["begin"] + "\n" + body + "\n" + m["end"]
 
     return _BLOCK.sub(replace, text), missing

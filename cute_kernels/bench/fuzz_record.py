@@ -117,11 +117,9 @@ def fuzz_result(report: FuzzReport, suite: str, impl: str, settings: dict, devic
 def write_to_results_dir(result) -> Path | None:
     """Write `result` as <date>-<suite>-<device>.json into $CUTE_KERNELS_RESULTS_DIR (what the GPU
     check brings back into docs/results/); None when the variable is unset."""
-    from .records import result_stem
+    from .records import result_path
 
     out_dir = os.environ.get("CUTE_KERNELS_RESULTS_DIR")
     if not out_dir:
         return None
-    path = Path(out_dir) / (result_stem(result.date, result.suite, result.device) + ".json")
-    result.write(path)
-    return path
+    return result.write(result_path(out_dir, result))

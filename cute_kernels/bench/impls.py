@@ -184,6 +184,8 @@ def _prepare_quack(case, inputs) -> Prepared:
         raise Unsupported("quack's GEMM takes 16-bit or fp8 inputs")
     if "bias" in inputs:
         raise Unsupported("bias cases: quack's gemm takes no bias here")
+    if "scale_a" in inputs:  # called without them its product is unscaled: a wrong answer, not a time
+        raise Unsupported("scaled fp8 cases: quack's gemm takes no scales here")
     from quack.gemm_interface import gemm as quack_gemm
 
     a, b_kn = inputs["a"], inputs["b"].mT  # quack takes B as (K, N); this view is K-major

@@ -16,6 +16,8 @@ which models produce a case.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 __all__ = ["ModelShape", "MODELS", "linear_layers", "gemm_shape_cases", "uses", "PREFILL_M", "DECODE_M", "TRAIN_M"]
@@ -114,3 +116,25 @@ def uses(case) -> list[str]:
     """The layers (model.layer pass M=...) and classes that run `case`'s GEMM."""
     key = (case.m, case.n, case.k, case.layout)
     return [use for m, n, k, layout, use in _all_uses() if (m, n, k, layout) == key]
+
+
+def shape_class(case_name: str) -> str:
+    """The shape class a `gemm_shapes` case ("MxNxK" with an optional _layout) belongs to, as
+    issue 13's bars group them: the two backward GEMMs, unaligned sizes, small M (decode), small
+    N, and the prefill forwards with and without a bias."""
+    m, n, k, *layout = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:_(\w+))?", case_name).groups()
+    m, n, k, layout = int(m), int(n), int(k), layout[0] or ""
+    if layout == "am_bn":
+        return "training dW = Xᵀ·dY"
+    if layout == "bn":
+        return "training dX = dY·W"
+    if k % 8 or n % 8:
+        return "K or N not a multiple of 8"
+    if m <= 16:
+        return "M ≤ 16 (GEMV, decode)"
+    if m <= 128:
+        return "M 17-128 (decode batches)"
+    if n <= 16:
+        return "N ≤ 16 (classifier head, router)"
+    return "forward with bias" if layout == "bias" else "forward (prefill, M ≥ 256)"
+

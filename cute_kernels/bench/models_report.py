@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from cute_kernels.bench.records import BenchResult, load_result, merge_results
+from cute_kernels.bench.records import BenchResult, load_result, merge_results, plot_path
 
 __all__ = ["plot_models", "models_page", "main"]
 
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = Path(a.doc)
     plot_name = None
     if result is not None and not a.no_plot:
-        png = plot_models(result, path.with_suffix(".png"))
+        png = plot_models(result, plot_path(path))
         plot_name = _relative(png, doc.parent)
     doc.write_text(models_page(result, _relative(path, doc.parent) if path else None, plot_name))
     print(f"wrote {doc}")

@@ -2,7 +2,8 @@
 
 - left: per case, one bar per implementation (TFLOP/s; GB/s for a suite without FLOPs, e.g.
   `copy`, or a memory-bound one in `BANDWIDTH_SUITES`, e.g. `decode`), the dashed line at the
-  measured ceiling when it is known;
+  measured ceiling when it is known; above `MANY_CASES` cases, our ratio to the fastest peer
+  per case, sorted, instead;
 - right: the roofline, log-log: arithmetic intensity (FLOP/byte of compulsory traffic) against
   TFLOP/s, one marker per timed record, with the measured math ceiling(s) and the HBM slope.
   For a suite without FLOPs: GB/s against transfer size, with the bandwidth ceiling.
@@ -24,6 +25,8 @@ MAX_PNG_BYTES = 200_000
 # fused suite's records have no FLOPs but one (the linear + cross-entropy), so it is listed too,
 # and its right pane is GB/s against traffic, as a suite without FLOPs draws it.
 BANDWIDTH_SUITES = frozenset({"decode", "fused"})
+# Above this many cases the left pane draws ratios to the fastest peer, sorted, instead of bars.
+MANY_CASES = 40
 
 
 def _figure(result: BenchResult):
@@ -44,31 +47,10 @@ def _figure(result: BenchResult):
     if result.suite == "overhead":
         return _host_figure(result, plt)
     fig, (bars, roof) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
-    width = 0.8 / max(1, len(impls))
-    for j, impl in enumerate(impls):
-        xs, ys = [], []
-        for r in timed:
-            if r.impl == impl:
-                xs.append(cases.index(f"{r.case}\n{r.dtype}") - 0.4 + width * (j + 0.5))
-                ys.append(r.gbps if gbps_bars else r.tflops)
-        if xs:
-            bars.bar(xs, ys, width=width, label=impl, color=colors(j % 10))
-    for r in result.records:
-        if not r.ok:
-            x = cases.index(f"{r.case}\n{r.dtype}") - 0.4 + width * (impls.index(r.impl) + 0.5)
-            bars.text(x, 0, "✗", ha="center", va="bottom", color="red", fontsize=9)
-    ref_key = HBM_KEY if gbps_bars else (result.records[0].dtype if result.records else None)
-    if ref_key and isinstance(ceil.get(ref_key), (int, float)):
-        bars.axhline(ceil[ref_key], ls="--", color="gray", lw=1)
-        bars.text(len(cases) - 0.5, ceil[ref_key], f" ceiling {ceil[ref_key]:.0f}", va="bottom", ha="right",
-                  fontsize=7, color="gray")
-    bars.set_xlim(-0.5, len(cases) - 0.5)
-    bars.set_xticks(range(len(cases)))
-    bars.set_xticklabels(cases, fontsize=7, rotation=30, ha="right")
-    bars.set_ylabel("GB/s" if gbps_bars else "TFLOP/s")
-    bars.set_title(f"{result.suite} on {result.device} ({result.date})", fontsize=10)
-    bars.legend(fontsize=7, ncol=2)
-    bars.grid(axis="y", alpha=0.3)
+    if len(cases) > MANY_CASES:
+        _ratio_pane(bars, result, colors)
+    else:
+        _bar_pane(bars, result, cases, impls, timed, gbps_bars, colors)
 
     if memory_suite:
         copy = result.suite == "copy"
@@ -128,6 +110,54 @@ def _figure(result: BenchResult):
     fig.tight_layout()
     return fig
 
+
+
+def _bar_pane(bars, result: BenchResult, cases: list, impls: list, timed: list, gbps_bars: bool, colors) -> None:
+    """Per case, one bar per implementation, the measured ceiling dashed."""
+    ceil = result.ceilings
+    width = 0.8 / max(1, len(impls))
+    for j, impl in enumerate(impls):
+        xs, ys = [], []
+        for r in timed:
+            if r.impl == impl:
+                xs.append(cases.index(f"{r.case}\n{r.dtype}") - 0.4 + width * (j + 0.5))
+                ys.append(r.gbps if gbps_bars else r.tflops)
+        if xs:
+            bars.bar(xs, ys, width=width, label=impl, color=colors(j % 10))
+    for r in result.records:
+        if not r.ok:
+            x = cases.index(f"{r.case}\n{r.dtype}") - 0.4 + width * (impls.index(r.impl) + 0.5)
+            bars.text(x, 0, "✗", ha="center", va="bottom", color="red", fontsize=9)
+    ref_key = HBM_KEY if gbps_bars else (result.records[0].dtype if result.records else None)
+    if ref_key and isinstance(ceil.get(ref_key), (int, float)):
+        bars.axhline(ceil[ref_key], ls="--", color="gray", lw=1)
+        bars.text(len(cases) - 0.5, ceil[ref_key], f" ceiling {ceil[ref_key]:.0f}", va="bottom", ha="right",
+                  fontsize=7, color="gray")
+    bars.set_xlim(-0.5, len(cases) - 0.5)
+    bars.set_xticks(range(len(cases)))
+    bars.set_xticklabels(cases, fontsize=7, rotation=30, ha="right")
+    bars.set_ylabel("GB/s" if gbps_bars else "TFLOP/s")
+    bars.set_title(f"{result.suite} on {result.device} ({result.date})", fontsize=10)
+    bars.legend(fontsize=7, ncol=2)
+    bars.grid(axis="y", alpha=0.3)
+
+
+def _ratio_pane(ax, result: BenchResult, colors) -> None:
+    """Too many cases for bars: each of our implementations' ratio to the fastest peer, one
+    point per case, sorted, so the share of cases below 1.0x (and 0.95x) reads off the curve."""
+    ours = list(dict.fromkeys(r.impl for r in result.records if r.kind == "ours"))
+    for j, impl in enumerate(ours):
+        ratios = sorted(r.ratio_to_best_peer for r in result.records
+                        if r.impl == impl and r.timed and r.ratio_to_best_peer is not None)
+        if ratios:
+            ax.plot(range(len(ratios)), ratios, ".", ms=3, color=colors(j % 10), label=f"{impl} ({len(ratios)} cases)")
+    for y, style in ((1.0, "-"), (0.95, ":")):
+        ax.axhline(y, ls=style, color="gray", lw=1)
+    ax.set_xlabel("cases, sorted by ratio")
+    ax.set_ylabel("ours / fastest peer (speed)")
+    ax.set_title(f"{result.suite} on {result.device} ({result.date})", fontsize=10)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
 
 def _host_figure(result: BenchResult, plt):
     """The overhead suite: host microseconds per call, one bar per (case, impl)."""

@@ -17,6 +17,7 @@ on any machine.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 import re
@@ -133,13 +134,41 @@ class BenchResult:
         )
 
     def write(self, path: str | Path) -> Path:
-        """Write strict JSON (validated first); returns the path."""
+        """Write strict JSON (validated first), gzip-compressed when `path` ends in .gz;
+        returns the path."""
         path = Path(path)
         data = self.to_dict()
         validate_result(data)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(dumps_result(data))
+        text = dumps_result(data)
+        if path.suffix == ".gz":
+            path.write_bytes(gzip.compress(text.encode(), mtime=0))  # mtime 0: same result, same bytes
+        else:
+            path.write_text(text)
         return path
+
+
+# A result whose JSON is larger than this is stored compressed under docs/results/ (the tracked
+# tree has a size cap; a few hundred records compress about fivefold).
+GZIP_ABOVE = 16_000
+RESULT_SUFFIXES = (".json", ".json.gz")
+
+
+def result_path(out_dir: str | Path, result: BenchResult) -> Path:
+    """Where `result` goes in a results directory: <date>-<suite>-<device>.json, or .json.gz
+    when its JSON is larger than `GZIP_ABOVE` bytes."""
+    big = len(dumps_result(result.to_dict())) > GZIP_ABOVE
+    return Path(out_dir) / (result_stem(result.date, result.suite, result.device) + RESULT_SUFFIXES[big])
+
+
+def plot_path(json_path: str | Path) -> Path:
+    """The plot beside a result file: the same stem (without .json or .json.gz), .png."""
+    path = Path(json_path)
+    name = path.name
+    for suffix in sorted(RESULT_SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return path.with_name(name[: -len(suffix)] + ".png")
+    return path.with_suffix(".png")
 
 
 def dumps_result(data: dict) -> str:
@@ -154,7 +183,7 @@ def load_result(path: str | Path) -> BenchResult:
     """Read and validate a result file; raises ValueError naming the file and the problem."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from err
     try:

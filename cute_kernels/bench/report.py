@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from cute_kernels.bench.compare import compare_results
-from cute_kernels.bench.records import load_result
+from cute_kernels.bench.records import load_result, plot_path
 from cute_kernels.bench.table import format_table
 
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_plot:
             from cute_kernels.bench.plot import plot_result
 
-            print(f"wrote {plot_result(result, Path(name).with_suffix('.png'))}")
+            print(f"wrote {plot_result(result, plot_path(name))}")
         for old, path in zip(olds, args.compare):
             if old.suite == result.suite:
                 comparison = compare_results(old, result, floor=args.compare_floor)

@@ -193,14 +193,12 @@ def _run_one(name: str, args, timer, ceilings: dict):
 
 def _json_path(suite: str, args):
     """result -> the JSON path it goes to (None when neither --json nor --out-dir is given)."""
-    from pathlib import Path
-
-    from cute_kernels.bench.records import result_stem
+    from cute_kernels.bench.records import result_path
 
     if args.json:
         return lambda result: args.json
     if args.out_dir:
-        return lambda result: str(Path(args.out_dir) / result_stem(result.date, suite, result.device)) + ".json"
+        return lambda result: str(result_path(args.out_dir, result))
     return None
 
 
@@ -213,16 +211,17 @@ def _check_names(spec: str, known: list[str], where: str) -> None:
 
 def _outputs(result, args) -> list[str]:
     from cute_kernels.bench.plot import plot_result
+    from cute_kernels.bench.records import plot_path
 
     written = []
     json_of = _json_path(result.suite, args)
     json_path = json_of(result) if json_of else None
-    plot_path = args.plot or (json_path[: -len(".json")] + ".png" if args.out_dir and json_path else None)
+    png = args.plot or (str(plot_path(json_path)) if args.out_dir and json_path else None)
     if json_path:
         written.append(str(result.write(json_path)))
-    if plot_path:
+    if png:
         try:
-            written.append(str(plot_result(result, plot_path)))
+            written.append(str(plot_result(result, png)))
         except ImportError as err:  # a device without matplotlib: plot later from the JSON
             _log(f"plot skipped ({err}); draw it later with: python -m cute_kernels.bench.report {json_path or 'RESULT.json'}")
     return written

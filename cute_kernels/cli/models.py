@@ -76,7 +76,7 @@ def _names(text: str | None, known, what: str):
 def run_bench(args) -> int:
     from cute_kernels.bench import model_specs
     from cute_kernels.bench.models import DEFAULT_MODES, MODES, ModelsSettings, run_models
-    from cute_kernels.bench.records import merge_results
+    from cute_kernels.bench.records import merge_results, plot_path
 
     if args.list:
         for name, spec in model_specs.SPECS.items():
@@ -114,7 +114,7 @@ def run_bench(args) -> int:
             import os
 
             try:
-                png = plot_models(result, path.with_suffix(".png"))
+                png = plot_models(result, plot_path(path))
                 print(f"wrote {png}")
                 plot = os.path.relpath(png, Path(args.doc).parent)
             except ImportError as err:
@@ -144,14 +144,12 @@ def _older(path):
 
 
 def _json_path(args):
-    from pathlib import Path
-
-    from cute_kernels.bench.records import result_stem
+    from cute_kernels.bench.records import result_path
 
     if args.json:
         return lambda result: args.json
     if args.out_dir:
-        return lambda result: str(Path(args.out_dir) / result_stem(result.date, "models", result.device)) + ".json"
+        return lambda result: str(result_path(args.out_dir, result))
     return None
 
 

@@ -95,7 +95,7 @@ class Context:
         """Every committed result file's BenchResult, in file-name order (date, then suite)."""
         from cute_kernels.bench.records import load_result
 
-        return [load_result(path) for path in sorted((self.docs / "results").glob("*.json"))]
+        return [load_result(path) for path in sorted((self.docs / "results").glob("*.json*"))]
 
     def result_link(self, suite: str) -> str:
         from cute_kernels.bench.docs_tables import newest_result

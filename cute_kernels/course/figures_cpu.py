@@ -44,11 +44,14 @@ def _plot(ctx, name, draw, size=(6.4, 3.2)):
 # ---- page 1: GPUs for AI ------------------------------------------------------------------
 
 def _ceilings(ctx) -> dict:
-    """The newest measured ceilings per key over the committed results."""
+    """The measured ceilings per key over the committed results of one device (the first
+    suite's: a ridge point divides one machine's rates), and that device as "device"."""
     best: dict = {}
     for suite in ("ladder", "gemm", "fp8", "copy"):
         r = ctx.results(suite)
-        for k, v in ((r.ceilings if r else None) or {}).items():
+        if r is None or best.setdefault("device", r.device) != r.device:
+            continue
+        for k, v in (r.ceilings or {}).items():
             if isinstance(v, (int, float)):
                 best.setdefault(k, (v, suite))
     return best
@@ -66,7 +69,7 @@ def ceilings(ctx):
             v, suite = c[key]
             rows.append([names[key], f"{v:,.0f} TFLOP/s", f"{v * 1e12 / (hbm * 1e9):,.0f}", suite])
     rows.append(["HBM3e (1 GiB device-to-device copy)", f"{hbm:,.0f} GB/s", "-", c["hbm_gbps"][1]])
-    return ("Measured ceilings of the H200 in the committed benchmark runs (each run measures them again); "
+    return (f"Measured ceilings of the {c['device']} in the committed benchmark runs (each run measures them again); "
             "the ridge point is the arithmetic intensity where the two roofs meet.\n\n"
             + md_table(["ceiling", "measured", "ridge point (FLOP/byte)", "result"], rows, align="lrrl"))
 
@@ -82,7 +85,7 @@ def roofline(ctx):
                                 ("decode", {"decode"}, "paged decode"),
                                 ("skinny", {"sm90_persistent"}, "skinny GEMM (M ≤ 128)")):
         r = ctx.results(suite)
-        for rec in (r.records if r else []):
+        for rec in (r.records if r and r.device == c["device"] else []):  # points under their own roofs
             if rec.impl in impls and rec.timed and rec.flops and rec.bytes:
                 points.append((label, rec.flops / rec.bytes, rec.tflops))
 

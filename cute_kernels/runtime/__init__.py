@@ -14,6 +14,7 @@
 - `EagerOp`, `Plan`: an operator's eager direct path beside its torch.library op (`eager`).
 - `lean_dispatch.install(op)`: a cheaper Autograd kernel for a custom op's calls without autograd.
 - `unverified`: paths built without a GPU, off until their GPU tests have run.
+- `lasting(device, build, ...)`: tensors a cache keeps, made outside any CUDA graph pool.
 
 Names are imported lazily, so `import cute_kernels.runtime` costs nothing until used.
 """
@@ -41,6 +42,7 @@ _EXPORTS = {
     "fake_tensor": "tensors",
     "fake_stream": "tensors",
     "current_stream": "tensors",
+    "lasting": "lasting",
     "tma_view": "tensors",
     "cutlass_dtype": "dtypes",
     "torch_dtype": "dtypes",

@@ -68,3 +68,30 @@ def test_a_summary_block_gives_the_ratios_not_the_table(tmp_path):
     assert "`cute-kernels bench gemm` on NVIDIA H200, 2026-11-30" in text and "1 case, 2 records" in text
     assert "`sm90_persistent`: 0.90x the fastest peer (geomean of 1), worst 0.90x (4096x4096x4096)" in text
     assert "(results/2026-11-30-gemm-h200.json)" in text
+
+
+def test_a_classes_block_groups_gemm_shapes_by_class(tmp_path):
+    from cute_kernels.bench.model_shapes import shape_class
+
+    assert shape_class("1x128256x2048") == "M ≤ 16 (GEMV, decode)"
+    assert shape_class("768x768x12608_am_bn") == "training dW = Xᵀ·dY"
+    assert shape_class("12608x768x3072_bn") == "training dX = dY·W"
+    assert shape_class("2048x2048x4100") == "K or N not a multiple of 8"
+    assert shape_class("128x2048x8192") == "M 17-128 (decode batches)"
+    assert shape_class("12608x2304x768_bias") == "forward with bias"
+    assert shape_class("8192x3072x2048") == "forward (prefill, M ≥ 256)"
+    ours = [("1x4096x4096", 0.5), ("8x4096x4096", 0.8), ("8192x3072x2048", 1.1)]
+    recs = [Record(case, "auto", "bf16", tflops=1.0, ms=0.1, rel_err=1e-3, kind="ours", ratio_to_best_peer=ratio)
+            for case, ratio in ours]
+    recs += [Record(case, "cublas", "bf16", tflops=1.0, ms=0.1, rel_err=1e-3) for case, _ in ours]
+    results = tmp_path / "results"
+    BenchResult("2026-12-05", "NVIDIA H100", {}, "gemm_shapes", recs).write(results / "2026-12-05-gemm_shapes-h100.json.gz")
+    page = tmp_path / "page.md"
+    page.write_text("<!-- BEGIN GENERATED: classes gemm_shapes -->\n<!-- END GENERATED -->\n")
+    text, missing = fill_page(page, results)
+    assert missing == []
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "`auto`" in line]
+    # worst class first; the GEMV class holds two cases: geomean sqrt(0.5 * 0.8) = 0.63
+    assert rows[0] == "| M ≤ 16 (GEMV, decode) | `auto` | 2 | 0.63x | 0.50x (1x4096x4096) | 2 | 2 |"
+    assert rows[1] == "| forward (prefill, M ≥ 256) | `auto` | 1 | 1.10x | 1.10x (8192x3072x2048) | 0 | 0 |"
+    assert "(results/2026-12-05-gemm_shapes-h100.json.gz)" in text

@@ -130,3 +130,26 @@ def test_merge_refuses_another_suite_or_device():
         merge_results(newer, _models_run("2026-11-01", {"b": (1.0, 1.0)}, suite="gemm"))
     with pytest.raises(ValueError, match="H100"):
         merge_results(newer, _models_run("2026-11-01", {"b": (1.0, 1.0)}, device="NVIDIA H100 80GB HBM3"))
+
+
+def test_a_large_result_is_stored_compressed_and_read_back(tmp_path):
+    from cute_kernels.bench.docs_tables import newest_result
+    from cute_kernels.bench.records import GZIP_ABOVE, plot_path, result_path
+
+    small = _result()
+    assert result_path(tmp_path, small).name == "2026-11-30-gemm-h200.json"
+    many = [Record(f"{m}x4096x4096", impl, "bf16", tflops=600.0 + m, ms=0.2, rel_err=1e-3, ratio_to_best_peer=1.0)
+            for m in range(1, 200) for impl in ("auto", "cublas")]
+    big = _result(many)
+    path = result_path(tmp_path, big)
+    assert path.name == "2026-11-30-gemm-h200.json.gz"
+    big.write(path)
+    raw = path.read_bytes()
+    assert raw[:2] == b"\x1f\x8b" and len(raw) < GZIP_ABOVE  # gzip, and smaller than the threshold
+    assert big.write(tmp_path / "again.json.gz").read_bytes() == raw  # the same result, the same bytes
+    back = load_result(path)
+    assert [(r.case, r.impl, r.tflops) for r in back.records] == [(r.case, r.impl, r.tflops) for r in many]
+    assert plot_path(path).name == "2026-11-30-gemm-h200.png"
+    assert plot_path(tmp_path / "x.json").name == "x.png"
+    small.write(tmp_path / "2026-11-29-gemm-h200.json")
+    assert newest_result(tmp_path, "gemm") == path  # the compressed file counts as the suite's newest
