@@ -16,6 +16,7 @@ Case names are the strings records carry and `--cases` parses:
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -181,7 +182,8 @@ class GemmCase:
 
 @dataclass(frozen=True)
 class AttentionCase:
-    """Forward attention, SDPA layout (B, H, S, D) for q, k, v and the output; S_q = S_k."""
+    """Forward attention, SDPA layout (B, H, S, D) for q and the output, (B, Hkv, S, D) for k
+    and v (`hkv` key/value heads, each shared by H / Hkv query heads: GQA; 0 means H); S_q = S_k."""
 
     b: int
     h: int
@@ -189,18 +191,30 @@ class AttentionCase:
     d: int
     causal: bool = False
     dtype: str = "bf16"
+    hkv: int = 0
 
     family = "attention"
 
     def validate(self) -> None:
-        if min(self.b, self.h, self.s, self.d) < 1:
+        if min(self.b, self.h, self.s, self.d) < 1 or self.hkv < 0:
             raise ValueError(f"attention sizes must be positive, got {self.name}")
+        if self.h % self.kv_heads:
+            raise ValueError(f"{self.name}: the query heads ({self.h}) are not a multiple of the key/value heads")
         if self.dtype not in ("bf16", "fp16"):
             raise ValueError(f"attention benchmarks take bf16 or fp16 inputs, got {self.dtype!r}")
 
     @property
+    def kv_heads(self) -> int:
+        return self.hkv or self.h
+
+    @property
+    def gqa(self) -> bool:
+        return self.kv_heads != self.h
+
+    @property
     def name(self) -> str:
-        return f"B{self.b}_H{self.h}_S{self.s}_D{self.d}" + ("_causal" if self.causal else "")
+        kv = f"_KV{self.hkv}" if self.gqa else ""
+        return f"B{self.b}_H{self.h}{kv}_S{self.s}_D{self.d}" + ("_causal" if self.causal else "")
 
     @property
     def result_dtype(self) -> str:
@@ -215,7 +229,7 @@ class AttentionCase:
     @property
     def bytes(self) -> float:
         """Compulsory traffic: read q, k, v once and write the output once."""
-        return 4.0 * self.b * self.h * self.s * self.d * ELEMENT_BYTES[self.dtype]
+        return 2.0 * self.b * (self.h + self.kv_heads) * self.s * self.d * ELEMENT_BYTES[self.dtype]
 
     @property
     def tolerance(self) -> float:
@@ -223,17 +237,17 @@ class AttentionCase:
 
     @classmethod
     def parse(cls, text: str, dtype: str = "bf16") -> AttentionCase:
-        m = re.fullmatch(r"B(\d+)_H(\d+)_S(\d+)_D(\d+)(_causal)?", text.strip())
+        m = re.fullmatch(r"B(\d+)_H(\d+)(?:_KV(\d+))?_S(\d+)_D(\d+)(_causal)?", text.strip())
         if not m:
-            raise ValueError(f"attention case must look like B4_H32_S2048_D128[_causal], got {text!r}")
-        case = cls(int(m[1]), int(m[2]), int(m[3]), int(m[4]), bool(m[5]), dtype)
+            raise ValueError(f"attention case must look like B4_H32[_KV8]_S2048_D128[_causal], got {text!r}")
+        case = cls(int(m[1]), int(m[2]), int(m[4]), int(m[5]), bool(m[6]), dtype, int(m[3] or 0))
         case.validate()
         return case
 
     def make_inputs(self, device: str, seed: int = 0) -> dict[str, Any]:
         gen = _generator(device, seed)
-        shape = (self.b, self.h, self.s, self.d)
-        return {n: _randn(shape, self.dtype, device, gen) for n in ("q", "k", "v")}
+        return {n: _randn((self.b, self.h if n == "q" else self.kv_heads, self.s, self.d), self.dtype, device, gen)
+                for n in ("q", "k", "v")}
 
     def empty_out(self, inputs: dict[str, Any]):
         import torch
@@ -254,13 +268,24 @@ class AttentionCase:
             mask = torch.ones(self.s, self.s, dtype=torch.bool, device=q.device).tril()
         with _fp32_highest():
             for bi in range(self.b):
-                for h0 in range(0, self.h, heads):
-                    hs = slice(h0, min(self.h, h0 + heads))
-                    scores = torch.matmul(q[bi, hs].float(), k[bi, hs].float().transpose(-1, -2)) * scale
+                for hs, kvs in self._head_chunks(heads):
+                    scores = torch.matmul(q[bi, hs].float(), k[bi, kvs].float().transpose(-1, -2)) * scale
                     if mask is not None:
                         scores.masked_fill_(~mask, float("-inf"))
-                    out[bi, hs] = torch.matmul(torch.softmax(scores, dim=-1), v[bi, hs].float())
+                    out[bi, hs] = torch.matmul(torch.softmax(scores, dim=-1), v[bi, kvs].float())
         return out
+
+    def _head_chunks(self, heads: int):
+        """(query heads, their key/value heads) slices of at most about `heads` query heads, whole
+        groups of one key/value head (the key/value slice broadcasts over its group: (g, S, D)
+        query rows against (1, S, D) keys) when the heads are grouped."""
+        g = self.h // self.kv_heads
+        if g == 1:
+            for h0 in range(0, self.h, heads):
+                yield slice(h0, min(self.h, h0 + heads)), slice(h0, min(self.h, h0 + heads))
+            return
+        for j in range(self.kv_heads):
+            yield slice(j * g, (j + 1) * g), slice(j, j + 1)
 
 
 @dataclass(frozen=True)
@@ -282,7 +307,7 @@ class AttentionBwdCase(AttentionCase):
     @property
     def bytes(self) -> float:
         """Compulsory traffic: read q, k, v, out, dout once and write dq, dk, dv once."""
-        return 8.0 * self.b * self.h * self.s * self.d * ELEMENT_BYTES[self.dtype]
+        return 4.0 * self.b * (self.h + self.kv_heads) * self.s * self.d * ELEMENT_BYTES[self.dtype]
 
     @property
     def tolerance(self) -> float:
@@ -303,20 +328,20 @@ class AttentionBwdCase(AttentionCase):
 
         q, k, v, dout = (inputs[n] for n in ("q", "k", "v", "dout"))
         scale = 1.0 / math.sqrt(self.d)
-        grads = [torch.empty(q.shape, dtype=torch.float32, device=q.device) for _ in range(3)]
+        grads = [torch.empty(t.shape, dtype=torch.float32, device=q.device) for t in (q, k, v)]
         heads = max(1, (1 << 27) // (self.s * self.s))
         mask = torch.ones(self.s, self.s, dtype=torch.bool, device=q.device).tril() if self.causal else None
         with _fp32_highest(), torch.enable_grad():
             for bi in range(self.b):
-                for h0 in range(0, self.h, heads):
-                    hs = slice(h0, min(self.h, h0 + heads))
-                    qf, kf, vf = (t[bi, hs].float().requires_grad_() for t in (q, k, v))
+                for hs, kvs in self._head_chunks(heads):
+                    qf = q[bi, hs].float().requires_grad_()
+                    kf, vf = (t[bi, kvs].float().requires_grad_() for t in (k, v))
                     scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
                     if mask is not None:
                         scores = scores.masked_fill(~mask, float("-inf"))
                     out = torch.matmul(torch.softmax(scores, dim=-1), vf)
-                    for g, d in zip(grads, torch.autograd.grad(out, (qf, kf, vf), dout[bi, hs].float())):
-                        g[bi, hs] = d
+                    dq, dk, dv = torch.autograd.grad(out, (qf, kf, vf), dout[bi, hs].float())
+                    grads[0][bi, hs], grads[1][bi, kvs], grads[2][bi, kvs] = dq, dk, dv
         return torch.cat([g.flatten() for g in grads])
 
 
@@ -483,6 +508,109 @@ class DecodeCase:
                                       inputs["block_table"], inputs["seqlens_k"])
 
 
+@dataclass(frozen=True)
+class VarlenCase:
+    """A ragged batch packed without padding, FlashAttention's varlen layout: q (T, Hq, D), k and
+    v (T, Hkv, D), T the sum of `lengths`, sequence b's rows cu_seqlens[b] .. cu_seqlens[b + 1]
+    (int32, on the device) for queries and keys alike; each sequence attends to its own keys
+    only, causal or not, query head h reading key/value head h // (Hq / Hkv)."""
+
+    lengths: tuple[int, ...]
+    hq: int
+    hkv: int
+    d: int
+    causal: bool = True
+    dtype: str = "bf16"
+
+    family = "attention_varlen"
+
+    def validate(self) -> None:
+        if not self.lengths or min(self.lengths) < 1 or min(self.hq, self.hkv, self.d) < 1:
+            raise ValueError(f"varlen sizes must be positive, got {self.name}")
+        if self.hq % self.hkv:
+            raise ValueError(f"varlen case {self.name}: query heads ({self.hq}) must be a multiple of "
+                             f"key/value heads ({self.hkv})")
+        if self.dtype not in ("bf16", "fp16"):
+            raise ValueError(f"varlen benchmarks take bf16 or fp16 inputs, got {self.dtype!r}")
+
+    @property
+    def name(self) -> str:
+        """L<lengths>_Hq<H>_Hkv<H>_D<D>[_causal]; lengths joined by "-", a run of n equal ones as SxN."""
+        runs = [(s, len(list(group))) for s, group in itertools.groupby(self.lengths)]
+        lengths = "-".join(f"{s}x{n}" if n > 1 else str(s) for s, n in runs)
+        return f"L{lengths}_Hq{self.hq}_Hkv{self.hkv}_D{self.d}" + ("_causal" if self.causal else "")
+
+    @property
+    def result_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def flops(self) -> float:
+        """4·Hq·D·S² per sequence (two GEMMs), halved when causal."""
+        f = sum(4.0 * self.hq * self.d * s * s for s in self.lengths)
+        return f / 2 if self.causal else f
+
+    @property
+    def bytes(self) -> float:
+        """Compulsory traffic: q, k, v read and the output written once."""
+        return float(ELEMENT_BYTES[self.dtype] * sum(self.lengths) * self.d * 2 * (self.hq + self.hkv))
+
+    @property
+    def tolerance(self) -> float:
+        return TOLERANCE[self.dtype]
+
+    @classmethod
+    def parse(cls, text: str, dtype: str = "bf16") -> VarlenCase:
+        m = re.fullmatch(r"L(\d+(?:x\d+)?(?:-\d+(?:x\d+)?)*)_Hq(\d+)_Hkv(\d+)_D(\d+)(_causal)?", text.strip())
+        if not m:
+            raise ValueError(f"varlen case must look like L1-17-1000-4096_Hq16_Hkv16_D128[_causal] (a run of n "
+                             f"equal lengths as SxN), got {text!r}")
+        lengths = []
+        for token in m[1].split("-"):
+            s, _, n = token.partition("x")
+            lengths += [int(s)] * int(n or 1)
+        case = cls(tuple(lengths), int(m[2]), int(m[3]), int(m[4]), bool(m[5]), dtype)
+        case.validate()
+        return case
+
+    def make_inputs(self, device: str, seed: int = 0) -> dict[str, Any]:
+        import torch
+
+        gen = _generator(device, seed)
+        total = sum(self.lengths)
+        q = _randn((total, self.hq, self.d), self.dtype, device, gen)
+        k, v = (_randn((total, self.hkv, self.d), self.dtype, device, gen) for _ in range(2))
+        cu = torch.tensor([0, *itertools.accumulate(self.lengths)], dtype=torch.int32, device=device)
+        return {"q": q, "k": k, "v": v, "cu_seqlens": cu, "max_seqlen": max(self.lengths)}
+
+    def empty_out(self, inputs: dict[str, Any]):
+        import torch
+
+        return torch.empty_like(inputs["q"])
+
+    def reference(self, inputs: dict[str, Any]):
+        """Per sequence, softmax(q·kᵀ/√D [+ causal mask])·v in float32, (T, Hq, D)."""
+        import torch
+
+        q, k, v = (inputs[n] for n in ("q", "k", "v"))
+        g, scale = self.hq // self.hkv, 1.0 / math.sqrt(self.d)
+        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        start = 0
+        with _fp32_highest():
+            for s in self.lengths:
+                rows = slice(start, start + s)
+                qs = q[rows].float().transpose(0, 1).reshape(self.hkv, g, s, self.d)
+                ks, vs = (t[rows].float().transpose(0, 1)[:, None] for t in (k, v))  # (Hkv, 1, S, D)
+                scores = torch.matmul(qs, ks.transpose(-1, -2)) * scale
+                if self.causal:
+                    keep = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+                    scores = scores.masked_fill(~keep, float("-inf"))
+                o = torch.matmul(torch.softmax(scores, dim=-1), vs)  # (Hkv, g, S, D)
+                out[rows] = o.reshape(self.hq, s, self.d).transpose(0, 1)
+                start += s
+        return out
+
+
 def gather_pages(cache, block_table, rows=slice(None)):
     """The contiguous (n, max_pages·page, H, D) keys (or values) of sequences `rows`:
     cache[block_table[b, t // page], t % page] at [b, t]."""
@@ -523,7 +651,7 @@ def paged_decode_reference(q, k_cache, v_cache, block_table, seqlens_k, scale: f
     return out
 
 
-Case = GemmCase | AttentionCase | CopyCase | DecodeCase
+Case = GemmCase | AttentionCase | CopyCase | DecodeCase | VarlenCase
 
 
 class _fp32_highest:

@@ -27,7 +27,7 @@ import importlib.util
 from functools import partial
 
 from cute_kernels.bench.fused_cases import EPS, GEMM_OPS, flat
-from cute_kernels.bench.impls import Impl, Prepared, Unsupported
+from cute_kernels.bench.impls import Impl, Prepared, Unsupported, _peak_mib
 
 __all__ = ["fused_impls", "FUSED_IMPL_NAMES"]
 
@@ -59,21 +59,6 @@ def _grads_call(out, leaves, seed):
 
 def _leaf(t):
     return t.detach().clone().requires_grad_()
-
-
-def _peak_mib(fn) -> float:
-    """Peak memory of one call of fn above what is allocated before it, MiB (CUDA only)."""
-    import torch
-
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    result = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del result
-    return peak / 2**20
 
 
 # ---- the ops, per implementation: each returns (fn, canonical) for the case -----------------------

@@ -239,8 +239,14 @@ def _prepare_attention_kernel(name: str, case, inputs) -> Prepared:
     from cute_kernels.attention import scaled_dot_product_attention
 
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    causal = case.causal
-    return Prepared(lambda: scaled_dot_product_attention(q, k, v, is_causal=causal, kernel=name))
+    causal, gqa = case.causal, case.gqa
+    return Prepared(lambda: scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa, kernel=name))
+
+
+def _expanded(case, t):
+    """k or v with each key/value head repeated over its group of query heads (what
+    transformers' repeat_kv does), made at prepare: the SDPA peers run grouped cases as MHA."""
+    return t.repeat_interleave(case.h // case.kv_heads, dim=1) if case.gqa else t
 
 
 def _prepare_sdpa(backend_name: str, case, inputs) -> Prepared:
@@ -248,7 +254,7 @@ def _prepare_sdpa(backend_name: str, case, inputs) -> Prepared:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = getattr(SDPBackend, backend_name)
-    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    q, k, v = inputs["q"], _expanded(case, inputs["k"]), _expanded(case, inputs["v"])
     causal = case.causal
 
     def fn():
@@ -302,42 +308,89 @@ def _flat_grads(grads):
     return torch.cat([g.float().flatten() for g in grads])
 
 
+def _grouped_grads(case):
+    """Flattened (dq, dk, dv) from the gradients of expanded k and v: each group's sum."""
+    def canonical(grads):
+        dq, dk, dv = grads
+        b, h, s, d = dk.shape
+        fold = (lambda g: g.float().reshape(b, case.kv_heads, h // case.kv_heads, s, d).sum(2)) if case.gqa else \
+            (lambda g: g)
+        return _flat_grads((dq, fold(dk), fold(dv)))
+    return canonical
+
+
+def _peak_mib(fn) -> float | None:
+    """Peak memory of one call of fn above what is allocated before it, MiB; None off CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del result
+    return peak / 2**20
+
+
+def _bwd_prepared(forward, leaves, dout, canonical) -> Prepared:
+    """The timed backward of `forward(*leaves)` (run once here with autograd recording), with the
+    peak memory of one whole forward + backward (activations and gradients, above the inputs) as
+    `peak_mib`."""
+    import torch
+
+    fresh = tuple(t.detach().clone().requires_grad_() for t in leaves)  # made before the peak is taken
+
+    def whole():
+        with torch.enable_grad():
+            return torch.autograd.grad(forward(*fresh), fresh, dout)
+
+    peak = _peak_mib(whole) if dout.is_cuda else None
+    del fresh
+    with torch.enable_grad():
+        out = forward(*leaves)
+    return Prepared(_grads_of(out, leaves, dout), canonical=canonical,
+                    extra=None if peak is None else {"peak_mib": round(peak, 1)})
+
+
 def _leaves(inputs):
     return tuple(inputs[n].detach().clone().requires_grad_() for n in ("q", "k", "v"))
 
 
 def _prepare_attention_bwd_kernel(name: str, case, inputs) -> Prepared:
-    import torch
-
     from cute_kernels.attention import scaled_dot_product_attention
 
-    q, k, v = _leaves(inputs)
-    with torch.enable_grad():
-        out = scaled_dot_product_attention(q, k, v, is_causal=case.causal, kernel=name)
-    return Prepared(_grads_of(out, (q, k, v), inputs["dout"]), canonical=_flat_grads)
+    def forward(q, k, v):
+        return scaled_dot_product_attention(q, k, v, is_causal=case.causal, enable_gqa=case.gqa, kernel=name)
+
+    return _bwd_prepared(forward, _leaves(inputs), inputs["dout"], _flat_grads)
 
 
 def _prepare_sdpa_bwd(backend_name: str, case, inputs) -> Prepared:
-    import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    def forward(q, k, v):
+        # The backward kernel follows the forward's backend, chosen here.
+        with sdpa_kernel(getattr(SDPBackend, backend_name)):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
+
     q, k, v = _leaves(inputs)
-    # The backward kernel follows the forward's backend, chosen here.
-    with torch.enable_grad(), sdpa_kernel(getattr(SDPBackend, backend_name)):
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
-    return Prepared(_grads_of(out, (q, k, v), inputs["dout"]), canonical=_flat_grads)
+    leaves = (q, _expanded(case, k).detach().requires_grad_(), _expanded(case, v).detach().requires_grad_())
+    return _bwd_prepared(forward, leaves, inputs["dout"], _grouped_grads(case))
 
 
 def _prepare_fa4_bwd(case, inputs) -> Prepared:
-    import torch
     from flash_attn.cute import flash_attn_func
 
-    q, k, v = _leaves(inputs)
-    with torch.enable_grad():
+    def forward(q, k, v):
         r = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=case.causal)
-        out = (r[0] if isinstance(r, tuple) else r).transpose(1, 2)
-    return Prepared(_grads_of(out, (q, k, v), inputs["dout"]), canonical=_flat_grads)
+        return (r[0] if isinstance(r, tuple) else r).transpose(1, 2)
+
+    return _bwd_prepared(forward, _leaves(inputs), inputs["dout"], _flat_grads)
 
 
 def attention_bwd_impls() -> dict[str, Impl]:
@@ -471,6 +524,45 @@ def _fused_impls() -> dict[str, Impl]:
     return importlib.import_module("cute_kernels.bench.fused_impls").fused_impls()
 
 
+# ----------------------------------------------------------------------------- attention_varlen
+
+
+def _prepare_varlen_kernel(name: str, case, inputs) -> Prepared:
+    from cute_kernels.attention import attention_varlen_forward
+
+    q, k, v, cu, smax = (inputs[n] for n in ("q", "k", "v", "cu_seqlens", "max_seqlen"))
+    causal = "bottom_right" if case.causal else None  # S_q = S_k per sequence: both alignments agree
+    out = case.empty_out(inputs)
+    return Prepared(lambda: attention_varlen_forward(q, k, v, cu, cu, smax, smax, causal=causal, kernel=name,
+                                                     out=out), out=out)
+
+
+def _prepare_fa4_varlen(case, inputs) -> Prepared:
+    from flash_attn.cute import flash_attn_varlen_func
+
+    q, k, v, cu, smax = (inputs[n] for n in ("q", "k", "v", "cu_seqlens", "max_seqlen"))
+
+    def fn():
+        r = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=smax, max_seqlen_k=smax,
+                                   causal=case.causal)
+        return r[0] if isinstance(r, tuple) else r
+
+    return Prepared(fn)
+
+
+def varlen_impls() -> dict[str, Impl]:
+    """Ours (every attention rung with a varlen launch) then FlashAttention-4's varlen."""
+    names, _ = our_attention_kernels()
+    impls = {}
+    for name in names:
+        from cute_kernels.attention import KERNELS
+
+        if hasattr(KERNELS[name], "varlen"):
+            impls[name] = Impl(name, "ours", partial(_prepare_varlen_kernel, name))
+    impls["fa4"] = Impl("fa4", "peer", _prepare_fa4_varlen, _needs_module("flash_attn.cute"))
+    return impls
+
+
 FAMILY_IMPLS: dict[str, Callable[[], dict[str, Impl]]] = {
     "fused": _fused_impls,
     "gemm": gemm_impls,
@@ -478,4 +570,5 @@ FAMILY_IMPLS: dict[str, Callable[[], dict[str, Impl]]] = {
     "attention_bwd": attention_bwd_impls,
     "copy": copy_impls,
     "decode": decode_impls,
+    "attention_varlen": varlen_impls,
 }

@@ -4,7 +4,8 @@
 | --- | --- | --- |
 | `gemm` | the 7 bf16 shapes of the device README, C = A·Bᵀ | our rungs except the slow ones, every GEMM peer |
 | `attention` | the 8 bf16 forward cases (B, H, S, D) × causal | ours, sdpa_flash, sdpa_cudnn, fa4 |
-| `attention_bwd` | the same 8 cases, backward (dq, dk, dv through autograd) | ours with a backward, sdpa_flash, sdpa_cudnn, fa4 |
+| `attention_varlen` | ragged batches packed without padding (varlen: 1/17/1000/4096; eight chat-length prompts with GQA 32/8; long GQA documents; 32 ViT-length sequences), causal forward | ours with a varlen launch, fa4 (flash_attn_varlen_func) |
+| `attention_bwd` | the same 8 cases, backward (dq, dk, dv through autograd), then D 96 and 192, GQA 32/8 heads and S 1000 (causal), with `peak_mib` (forward + backward) per record | ours with a backward, sdpa_flash, sdpa_cudnn, fa4 (SDPA on grouped cases: k, v expanded at prepare, as repeat_kv) |
 | `copy` | 16 MiB to 1 GiB bf16 | cute_kernels (our vectorized copy), torch_copy |
 | `skinny` | M ∈ {16, 64, 128}, N = K = 8192, bf16 | as `gemm` |
 | `gemm_shapes` | the linear layers of ViT-B/L, EVA-02-B, Llama-3 1B/8B/70B, Mistral-7B, Qwen2.5-7B (`model_shapes`): prefill, decode, dX and dW, the forwards of layers with a bias as `_bias` cases (ours: `nn.functional.linear`, cuBLAS: `addmm`), plus the cliff classes | auto (`matmul`), cublas, quack |
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cute_kernels.bench.cases import AttentionBwdCase, AttentionCase, Case, CopyCase, DecodeCase, GemmCase
+from cute_kernels.bench.cases import AttentionBwdCase, AttentionCase, Case, CopyCase, DecodeCase, GemmCase, VarlenCase
 from cute_kernels.bench.fused_cases import FusedCase
 from cute_kernels.bench.impls import FAMILY_IMPLS, Impl
 from cute_kernels.bench.model_shapes import gemm_shape_cases
@@ -33,6 +34,14 @@ SLOW_RUNGS = frozenset({"naive", "simt_smem"})
 GEMM_SHAPES = ((2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (8192, 28672, 8192),
                (8192, 8192, 28672), (4096, 14336, 4096), (16384, 4096, 4096))
 ATTENTION_SHAPES = ((4, 32, 2048, 128), (2, 16, 8192, 128), (8, 16, 2048, 64), (2, 16, 4096, 256))
+# The backward suite's cases beyond those: head dims 96 and 192, grouped heads (32 query heads over
+# 8 key/value heads), an odd length (B, H, S, D, causal, key/value heads).
+# Ragged batches (sequence lengths, Hq, Hkv, D): issue 15's mix of a token, a short prompt and long
+# documents, a batch of chat-length prompts, and a GQA mix of long ones.
+VARLEN_CASES = (((1, 17, 1000, 4096), 16, 16, 128), ((512, 384, 1024, 200, 768, 640, 1536, 96), 32, 8, 128),
+                ((8192, 3000, 5000, 100), 32, 8, 128), ((197,) * 32, 12, 12, 64))
+ATTENTION_BWD_EXTRA = ((2, 16, 2048, 96, True, 0), (2, 16, 4096, 192, True, 0), (4, 32, 4096, 128, True, 8),
+                       (2, 16, 1000, 128, True, 0))
 COPY_MIB = (16, 64, 256, 1024)
 # Paged decode (B, Hq, Hkv, D, ctx, page): 1 GiB each of K and V cache in bf16 per case.
 DECODE_SHAPES = tuple((64, hq, 8, 128, 8192, page) for hq in (8, 32, 64) for page in (16, 256))
@@ -67,7 +76,7 @@ class Suite:
         """Cases from a comma list of case names, each optionally suffixed `:dtype`
         (e.g. `1024x1024x1024:fp32`); without a suffix, the suite's first case's dtype."""
         kind = {"gemm": GemmCase, "attention": AttentionCase, "attention_bwd": AttentionBwdCase, "copy": CopyCase,
-                "decode": DecodeCase, "fused": FusedCase}[self.family]
+                "decode": DecodeCase, "fused": FusedCase, "attention_varlen": VarlenCase}[self.family]
         default_dtype = self.cases[0].dtype if self.cases else "bf16"
         names = [s.strip() for s in spec.split(",") if s.strip()]
         if not names:
@@ -138,8 +147,15 @@ SUITES: dict[str, Suite] = {
                        "bf16 attention forward, 4 shapes × causal", _everything),
     "attention_bwd": Suite("attention_bwd", "attention_bwd",
                            tuple(AttentionBwdCase(b, h, s, d, causal, "bf16") for b, h, s, d in ATTENTION_SHAPES
-                                 for causal in (False, True)),
-                           "bf16 attention backward (dq, dk, dv), 4 shapes × causal", _everything),
+                                 for causal in (False, True))
+                           + tuple(AttentionBwdCase(b, h, s, d, causal, "bf16", hkv)
+                                   for b, h, s, d, causal, hkv in ATTENTION_BWD_EXTRA),
+                           "bf16 attention backward (dq, dk, dv), 4 shapes × causal, then D 96 and 192, GQA 32/8 "
+                           "and S 1000; peak memory of forward + backward per record", _everything),
+    "attention_varlen": Suite("attention_varlen", "attention_varlen",
+                              tuple(VarlenCase(lengths, hq, hkv, d, True, "bf16") for lengths, hq, hkv, d in VARLEN_CASES),
+                              "bf16 varlen (packed ragged batch) attention forward, causal, vs FlashAttention-4's "
+                              "varlen", _everything),
     "copy": Suite("copy", "copy", tuple(CopyCase((mib << 20) // 2, "bf16") for mib in COPY_MIB),
                   "device-to-device copy (memory side of the roofline), GB/s", _everything),
     "skinny": Suite("skinny", "gemm", tuple(GemmCase(m, 8192, 8192, "bf16") for m in (16, 64, 128)),

@@ -30,6 +30,9 @@ PATHS: dict[str, str] = {
                      "in background worker processes while the program runs (`runtime.compile_ahead`)",
     "linear_ce_wide_chunk": "fused linear + cross-entropy takes tokens in chunks of up to 256 MiB of logits "
                             "(`fused.linear_ce.default_chunk`) instead of Liger's x-sized chunks",
+    "gemv_min_warps": "the GEMV's CTAs split K over at least four warps where K allows, also when the row "
+                      "blocks alone fill the GPU (`gemm.gemv_config.pick_config`: the LM heads, 0.65x cuBLAS "
+                      "with one warp a CTA)",
     "norm_backward_prefetch": "the RMSNorm / LayerNorm backward loads its next row block while it computes "
                               "the current one (`fused.norms`, `NormConfig.prefetch`)",
 }

@@ -32,13 +32,14 @@ def test_copy_counts_and_name():
     assert c.name == "256MiB" and c.bytes == 2 * (256 << 20) and c.flops == 0
 
 
-@pytest.mark.parametrize("case", [GemmCase(64, 32, 16, "fp32"), AttentionCase(2, 3, 17, 8, True), CopyCase(1000)])
+@pytest.mark.parametrize("case", [GemmCase(64, 32, 16, "fp32"), AttentionCase(2, 3, 17, 8, True),
+                                  AttentionCase(2, 8, 17, 8, True, "bf16", 2), CopyCase(1000)])
 def test_parse_round_trips(case):
     assert type(case).parse(case.name, case.dtype) == case
 
 
 @pytest.mark.parametrize("kind, text", [(GemmCase, "4096x4096"), (GemmCase, "0x1x1"), (AttentionCase, "B4_H32_S2048"),
-                                        (CopyCase, "12KB")])
+                                        (AttentionCase, "B4_H32_KV5_S64_D8"), (CopyCase, "12KB")])
 def test_parse_rejects_with_the_expected_form(kind, text):
     with pytest.raises(ValueError):
         kind.parse(text)
@@ -146,3 +147,69 @@ def test_bias_cases_carry_a_bias_into_the_reference_and_the_peers():
     assert "12608x2304x768_bias" in names and "12608x2304x768" not in names
     assert "8192x2048x2048" in names and "8192x2048x2048_bias" not in names
     assert any("vit_b16.qkv fwd" in u for u in uses(GemmCase.parse("12608x2304x768_bias")))
+
+
+def test_grouped_heads_name_count_and_match_expanded_references_in_float64():
+    """GQA cases: k and v of Hkv heads, each shared by H / Hkv query heads; the references equal
+    SDPA's on k and v expanded to H heads (forward) and, for the backward, dk and dv are the
+    sums over each group."""
+    import torch.nn.functional as F
+
+    from cute_kernels.bench.cases import AttentionBwdCase
+
+    c = AttentionCase(4, 32, 4096, 128, True, "bf16", 8)
+    assert c.name == "B4_H32_KV8_S4096_D128_causal" and c.gqa and c.kv_heads == 8
+    assert c.bytes == 2 * 4 * (32 + 8) * 4096 * 128 * 2 and c.flops == AttentionCase(4, 32, 4096, 128, True).flops
+    assert not AttentionCase(1, 4, 8, 8, False, "bf16", 4).gqa and AttentionCase(1, 4, 8, 8).name == "B1_H4_S8_D8"
+    for causal in (False, True):
+        case = AttentionBwdCase.parse("B2_H6_KV2_S37_D16" + ("_causal" if causal else ""))
+        inputs = case.make_inputs("cpu", seed=5)
+        assert inputs["k"].shape == (2, 2, 37, 16) and inputs["q"].shape == inputs["dout"].shape == (2, 6, 37, 16)
+        q, k, v = (inputs[n].double().requires_grad_() for n in ("q", "k", "v"))
+        out = F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), is_causal=causal)
+        want = torch.cat([g.flatten() for g in torch.autograd.grad(out, (q, k, v), inputs["dout"].double())])
+        got = case.reference(inputs)
+        assert ((got.double() - want).norm() / want.norm()).item() < 1e-5
+        fwd = AttentionCase.parse(case.name)
+        assert ((fwd.reference(inputs).double() - out.detach()).norm() / out.norm()).item() < 1e-5
+
+
+def test_sdpa_peers_fold_the_expanded_gradients_of_grouped_cases():
+    from cute_kernels.bench.cases import AttentionBwdCase
+    from cute_kernels.bench.impls import _expanded, _grouped_grads
+
+    case = AttentionBwdCase.parse("B1_H4_KV2_S5_D8")
+    k = torch.randn(1, 2, 5, 8)
+    wide = _expanded(case, k)
+    assert wide.shape == (1, 4, 5, 8) and torch.equal(wide[:, 1], k[:, 0]) and torch.equal(wide[:, 2], k[:, 1])
+    dq, dk, dv = torch.randn(1, 4, 5, 8), torch.randn(1, 4, 5, 8), torch.randn(1, 4, 5, 8)
+    flat = _grouped_grads(case)((dq, dk, dv))
+    assert flat.numel() == 4 * 40 + 2 * 2 * 40
+    assert torch.allclose(flat[160:200], (dk[0, 0] + dk[0, 1]).flatten())
+
+
+
+def test_varlen_case_names_counts_and_reference_in_float64():
+    import torch.nn.functional as F
+
+    from cute_kernels.bench.cases import VarlenCase
+
+    c = VarlenCase((3, 17, 5, 5), 4, 2, 16, True)
+    assert c.name == "L3-17-5x2_Hq4_Hkv2_D16_causal" and VarlenCase.parse(c.name) == c
+    assert VarlenCase.parse("L197x32_Hq12_Hkv12_D64").lengths == (197,) * 32
+    assert c.flops == sum(4 * 4 * 16 * s * s for s in c.lengths) / 2
+    assert c.bytes == 2 * 30 * 16 * 2 * (4 + 2)
+    for text in ("L3-17_Hq4_Hkv3_D16", "L0-4_Hq4_Hkv2_D16", "L3x_Hq4_Hkv2_D16"):
+        with pytest.raises(ValueError):
+            VarlenCase.parse(text)
+    inputs = c.make_inputs("cpu", seed=2)
+    assert inputs["cu_seqlens"].tolist() == [0, 3, 20, 25, 30] and inputs["max_seqlen"] == 17
+    got = c.reference(inputs)
+    start, want = 0, []
+    for s in c.lengths:
+        q, k, v = (inputs[n][start:start + s].double().transpose(0, 1) for n in ("q", "k", "v"))
+        o = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 0), v.repeat_interleave(2, 0), is_causal=True)
+        want.append(o.transpose(0, 1))
+        start += s
+    want = torch.cat(want)
+    assert got.shape == want.shape and ((got.double() - want).norm() / want.norm()).item() < 1e-5

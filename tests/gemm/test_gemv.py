@@ -157,8 +157,9 @@ SHAPES = [(s, r, k) for s in (1, 2, 4, 8, 16) for r, k in ((4096, 4096), (14336,
 
 
 @pytest.mark.parametrize("s, r, k", SHAPES)
-def test_heuristic_configs_are_valid_and_fill_the_gpu(s, r, k):
-    cfg = pick_config(s, r, k)
+@pytest.mark.parametrize("min_warps", [1, 4])
+def test_heuristic_configs_are_valid_and_fill_the_gpu(s, r, k, min_warps):
+    cfg = pick_config(s, r, k, min_warps=min_warps)
     assert cfg == cfg.validate()
     assert cfg.s16 == (s > 8)
     blocks = -(-r // cfg.rows)
@@ -167,8 +168,11 @@ def test_heuristic_configs_are_valid_and_fill_the_gpu(s, r, k):
     warps_total = ctas * cfg.warps
     # enough CTAs for every SM, unless rows and K are too few to cut that finely
     assert ctas >= SMS or cfg.cluster_k == 8 or cfg.cluster_k * cfg.warps * 2 > stages or cfg.tiles == 1, cfg.tag
-    # at most about 16 warps per SM in a single wave
-    assert warps_total <= 2 * SMS * 16 or (cfg.warps == 1 and cfg.cluster_k == 1), cfg.tag
+    # at most about 16 warps per SM in a single wave, unless the row blocks alone fill it: then
+    # the fewest warps per CTA asked for that read consecutive chunks of a row, where K has them
+    fewest = max(1, min(min_warps, stages // 2))
+    assert warps_total <= 2 * SMS * 16 or (cfg.warps == fewest and cfg.cluster_k == 1), cfg.tag
+    assert cfg.warps * cfg.cluster_k >= fewest, cfg.tag
     # no K split finer than the stages (every warp gets work, but a few)
     assert cfg.warps * cfg.cluster_k <= max(1, stages), cfg.tag
     # a CTA holds no more rows than twice the problem's
@@ -342,3 +346,14 @@ def test_warm_call_replays_the_checked_launch(cpu_rung, monkeypatch):
     assert len(cpu_rung.made) == n_builds  # the plan: no checks, no build lookup
     assert again[0].data_ptr() == a2.data_ptr() and again[0].stride() == (0, 1024, 1)
     assert again[5] == 2.0 and again[4].data_ptr() == bias.data_ptr()
+
+
+def test_min_warps_is_an_unverified_path():
+    from cute_kernels.runtime import unverified
+
+    with unverified.allowing("gemv_min_warps", on=False):
+        assert pick_config(1, 128256, 2048).warps == 1
+    with unverified.allowing("gemv_min_warps"):
+        assert pick_config(1, 128256, 2048).warps == 4
+        assert pick_config(1, 14336, 4096) == pick_config(1, 14336, 4096, min_warps=1)  # split already >= 4
+

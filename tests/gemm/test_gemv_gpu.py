@@ -23,6 +23,17 @@ def test_decode_shapes(m, n, k):
     run(1, m, n, k)
 
 
+@pytest.mark.parametrize("on", [False, True])
+@pytest.mark.parametrize("m, n, k", [(1, 128256, 2048), (8, 152064, 520), (16, 40000, 4096)])
+def test_many_rows_with_and_without_min_warps(on, m, n, k):
+    """LM-head rows (row blocks enough to fill the GPU with one warp each), with the unverified
+    path `gemv_min_warps` (K over four warps a CTA) off and on."""
+    from cute_kernels.runtime import unverified
+
+    with unverified.allowing("gemv_min_warps", on=on):
+        run(1, m, n, k)
+
+
 @pytest.mark.parametrize("m, n, k", [(1, 1, 1), (3, 7, 1), (16, 1, 4097), (5, 13, 31), (16, 129, 4100),
                                      (9, 4099, 257), (1, 5000, 4093), (2, 33, 8), (7, 8, 33), (11, 65, 96)])
 @pytest.mark.parametrize("b_unit", ["rows", "cols"])
