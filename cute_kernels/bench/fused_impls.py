@@ -27,7 +27,7 @@ import importlib.util
 from functools import partial
 
 from cute_kernels.bench.fused_cases import EPS, GEMM_OPS, flat
-from cute_kernels.bench.impls import Impl, Prepared, Unsupported, _peak_mib
+from cute_kernels.bench.impls import Impl, Prepared, Unsupported, peak_mib
 
 __all__ = ["fused_impls", "FUSED_IMPL_NAMES"]
 
@@ -422,7 +422,7 @@ def _prepare(impl: str, case, inputs) -> Prepared:
             loss.backward()
             return loss, x.grad, w.grad
 
-        peak = _peak_mib(fn) if x.is_cuda else None
+        peak = peak_mib(fn) if x.is_cuda else None
         return Prepared(fn, canonical=lambda out: flat(out[0], out[1], out[2][rows]),
                         extra={} if peak is None else {"peak_mib": round(peak, 1)})
     raise Unsupported(f"unknown fused op {op!r}")

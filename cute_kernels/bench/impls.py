@@ -319,7 +319,7 @@ def _grouped_grads(case):
     return canonical
 
 
-def _peak_mib(fn) -> float | None:
+def peak_mib(fn) -> float | None:
     """Peak memory of one call of fn above what is allocated before it, MiB; None off CUDA."""
     import torch
 
@@ -348,7 +348,7 @@ def _bwd_prepared(forward, leaves, dout, canonical) -> Prepared:
         with torch.enable_grad():
             return torch.autograd.grad(forward(*fresh), fresh, dout)
 
-    peak = _peak_mib(whole) if dout.is_cuda else None
+    peak = peak_mib(whole) if dout.is_cuda else None
     del fresh
     with torch.enable_grad():
         out = forward(*leaves)
