@@ -111,7 +111,6 @@ def _figure(result: BenchResult):
     return fig
 
 
-
 def _bar_pane(bars, result: BenchResult, cases: list, impls: list, timed: list, gbps_bars: bool, colors) -> None:
     """Per case, one bar per implementation, the measured ceiling dashed."""
     ceil = result.ceilings
@@ -158,6 +157,7 @@ def _ratio_pane(ax, result: BenchResult, colors) -> None:
     ax.set_title(f"{result.suite} on {result.device} ({result.date})", fontsize=10)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
+
 
 def _host_figure(result: BenchResult, plt):
     """The overhead suite: host microseconds per call, one bar per (case, impl)."""

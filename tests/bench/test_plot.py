@@ -35,7 +35,21 @@ def _overhead_result():
     return BenchResult("2026-11-30", "NVIDIA H200", {}, "overhead", recs)
 
 
-@pytest.mark.parametrize("make", [_gemm_result, _copy_result, _overhead_result])
+def _many_cases_result():
+    """More cases than bars can show (`plot.MANY_CASES`): the left pane draws sorted ratios."""
+    from cute_kernels.bench.plot import MANY_CASES
+
+    recs = []
+    for i in range(MANY_CASES + 10):
+        flops, nbytes, ms = 2.0e12, 6.0e8, 1.0 + i / 100
+        recs += [Record(f"{1000 + i}x4096x4096", "auto", "bf16", tflops=flops / ms / 1e9, ms=ms, rel_err=2e-3, kind="ours",
+                        flops=flops, bytes=nbytes, ratio_to_best_peer=1.0 / ms),
+                 Record(f"{1000 + i}x4096x4096", "cublas", "bf16", tflops=flops / 1e9, ms=1.0, rel_err=2e-3,
+                        flops=flops, bytes=nbytes)]
+    return BenchResult("2026-12-05", "NVIDIA H100", {}, "gemm_shapes", recs, ceilings={"bf16": 800.0})
+
+
+@pytest.mark.parametrize("make", [_gemm_result, _copy_result, _overhead_result, _many_cases_result])
 def test_plot_writes_a_small_png(tmp_path, make):
     path = plot_result(make(), tmp_path / "sub" / "plot.png")
     data = path.read_bytes()
