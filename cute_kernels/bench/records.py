@@ -150,7 +150,7 @@ class BenchResult:
 
 # A result whose JSON is larger than this is stored compressed under docs/results/ (the tracked
 # tree has a size cap; a few hundred records compress about fivefold).
-GZIP_ABOVE = 16_000
+GZIP_ABOVE = 8_000
 RESULT_SUFFIXES = (".json", ".json.gz")
 
 
