@@ -135,7 +135,9 @@ class BenchResult:
 
     def write(self, path: str | Path) -> Path:
         """Write strict JSON (validated first), gzip-compressed when `path` ends in .gz;
-        returns the path."""
+        returns the path. The file replaces its other form (X.json for X.json.gz and the other
+        way round): a run that writes as it goes (`result_path` picks the form by size) leaves
+        one file."""
         path = Path(path)
         data = self.to_dict()
         validate_result(data)
@@ -143,8 +145,12 @@ class BenchResult:
         text = dumps_result(data)
         if path.suffix == ".gz":
             path.write_bytes(gzip.compress(text.encode(), mtime=0))  # mtime 0: same result, same bytes
+            other = path.with_suffix("")
         else:
             path.write_text(text)
+            other = path.with_name(path.name + ".gz")
+        if other.name.endswith(RESULT_SUFFIXES) and other.is_file():
+            other.unlink()
         return path
 
 

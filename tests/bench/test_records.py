@@ -153,3 +153,23 @@ def test_a_large_result_is_stored_compressed_and_read_back(tmp_path):
     assert plot_path(tmp_path / "x.json").name == "x.png"
     small.write(tmp_path / "2026-11-29-gemm-h200.json")
     assert newest_result(tmp_path, "gemm") == path  # the compressed file counts as the suite's newest
+
+
+def test_a_result_growing_past_the_threshold_leaves_one_file(tmp_path):
+    """A run writes its result after every case: when it grows past GZIP_ABOVE its file becomes
+    .json.gz, and the .json written before goes (and the other way round)."""
+    from cute_kernels.bench.records import result_path
+
+    small = _result()
+    first = small.write(result_path(tmp_path, small))
+    many = [Record(f"{m}x64x64", "auto", "bf16", tflops=1.0, ms=0.2, rel_err=1e-3) for m in range(1, 400)]
+    big = _result(many)
+    second = big.write(result_path(tmp_path, big))
+    assert first.name + ".gz" == second.name
+    assert sorted(p.name for p in tmp_path.iterdir()) == [second.name]
+    small.write(first)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]
+    (tmp_path / "notes.gz").write_bytes(b"")
+    small.write(tmp_path / "notes")  # not a results file name: its neighbour stays
+    assert (tmp_path / "notes.gz").exists()
+
