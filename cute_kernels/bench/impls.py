@@ -313,18 +313,18 @@ def _grouped_grads(case):
     def canonical(grads):
         dq, dk, dv = grads
         b, h, s, d = dk.shape
-        fold = (lambda g: g.float().reshape(b, case.kv_heads, h // case.kv_heads, s, d).sum(2)) if case.gqa else \
-            (lambda g: g)
+
+        def fold(g):
+            return g.float().reshape(b, case.kv_heads, h // case.kv_heads, s, d).sum(2) if case.gqa else g
+
         return _flat_grads((dq, fold(dk), fold(dv)))
     return canonical
 
 
-def peak_mib(fn) -> float | None:
-    """Peak memory of one call of fn above what is allocated before it, MiB; None off CUDA."""
+def peak_mib(fn) -> float:
+    """Peak memory of one call of fn above what is allocated before it, MiB (CUDA only)."""
     import torch
 
-    if not torch.cuda.is_available():
-        return None
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
@@ -393,15 +393,20 @@ def _prepare_fa4_bwd(case, inputs) -> Prepared:
     return _bwd_prepared(forward, _leaves(inputs), inputs["dout"], _flat_grads)
 
 
+def _our_attention_with(launch: str, prepare) -> dict[str, Impl]:
+    """Our attention kernels whose rung has `launch` (e.g. "backward", "varlen"), each prepared by
+    `prepare(name, case, inputs)`."""
+    names, _ = our_attention_kernels()
+    if not names:
+        return {}
+    from cute_kernels.attention import KERNELS
+
+    return {name: Impl(name, "ours", partial(prepare, name)) for name in names if hasattr(KERNELS[name], launch)}
+
+
 def attention_bwd_impls() -> dict[str, Impl]:
     """Ours (attention KERNELS with a backward) then the backward peers."""
-    names, _ = our_attention_kernels()
-    impls = {}
-    for name in names:
-        from cute_kernels.attention import KERNELS
-
-        if hasattr(KERNELS[name], "backward"):
-            impls[name] = Impl(name, "ours", partial(_prepare_attention_bwd_kernel, name))
+    impls = _our_attention_with("backward", _prepare_attention_bwd_kernel)
     impls["sdpa_flash"] = Impl("sdpa_flash", "peer", partial(_prepare_sdpa_bwd, "FLASH_ATTENTION"))
     impls["sdpa_cudnn"] = Impl("sdpa_cudnn", "peer", partial(_prepare_sdpa_bwd, "CUDNN_ATTENTION"))
     impls["fa4"] = Impl("fa4", "peer", _prepare_fa4_bwd, _needs_module("flash_attn.cute"))
@@ -552,13 +557,7 @@ def _prepare_fa4_varlen(case, inputs) -> Prepared:
 
 def varlen_impls() -> dict[str, Impl]:
     """Ours (every attention rung with a varlen launch) then FlashAttention-4's varlen."""
-    names, _ = our_attention_kernels()
-    impls = {}
-    for name in names:
-        from cute_kernels.attention import KERNELS
-
-        if hasattr(KERNELS[name], "varlen"):
-            impls[name] = Impl(name, "ours", partial(_prepare_varlen_kernel, name))
+    impls = _our_attention_with("varlen", _prepare_varlen_kernel)
     impls["fa4"] = Impl("fa4", "peer", _prepare_fa4_varlen, _needs_module("flash_attn.cute"))
     return impls
 

@@ -17,7 +17,6 @@ which models produce a case.
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass
 
 __all__ = ["ModelShape", "MODELS", "linear_layers", "gemm_shape_cases", "uses", "PREFILL_M", "DECODE_M", "TRAIN_M"]
@@ -137,4 +136,3 @@ def shape_class(case_name: str) -> str:
     if n <= 16:
         return "N ≤ 16 (classifier head, router)"
     return "forward with bias" if layout == "bias" else "forward (prefill, M ≥ 256)"
-

@@ -36,12 +36,12 @@ GEMM_SHAPES = ((2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (8192
 ATTENTION_SHAPES = ((4, 32, 2048, 128), (2, 16, 8192, 128), (8, 16, 2048, 64), (2, 16, 4096, 256))
 # The backward suite's cases beyond those: head dims 96 and 192, grouped heads (32 query heads over
 # 8 key/value heads), an odd length (B, H, S, D, causal, key/value heads).
+ATTENTION_BWD_EXTRA = ((2, 16, 2048, 96, True, 0), (2, 16, 4096, 192, True, 0), (4, 32, 4096, 128, True, 8),
+                       (2, 16, 1000, 128, True, 0))
 # Ragged batches (sequence lengths, Hq, Hkv, D): issue 15's mix of a token, a short prompt and long
 # documents, a batch of chat-length prompts, and a GQA mix of long ones.
 VARLEN_CASES = (((1, 17, 1000, 4096), 16, 16, 128), ((512, 384, 1024, 200, 768, 640, 1536, 96), 32, 8, 128),
                 ((8192, 3000, 5000, 100), 32, 8, 128), ((197,) * 32, 12, 12, 64))
-ATTENTION_BWD_EXTRA = ((2, 16, 2048, 96, True, 0), (2, 16, 4096, 192, True, 0), (4, 32, 4096, 128, True, 8),
-                       (2, 16, 1000, 128, True, 0))
 COPY_MIB = (16, 64, 256, 1024)
 # Paged decode (B, Hq, Hkv, D, ctx, page): 1 GiB each of K and V cache in bf16 per case.
 DECODE_SHAPES = tuple((64, hq, 8, 128, 8192, page) for hq in (8, 32, 64) for page in (16, 256))

@@ -28,8 +28,8 @@ SUITE_NAMES = ("gemm", "gemm_shapes", "attention", "attention_bwd", "attention_v
                "decode", "fused", "overhead")
 # Ceilings each suite's percentages need (the HBM bandwidth is always measured).
 SUITE_CEILING_DTYPES = {"gemm": {"bf16"}, "gemm_shapes": {"bf16"}, "attention": {"bf16"}, "attention_bwd": {"bf16"},
-                        "attention_varlen": {"bf16"}, "copy": set(), "skinny": {"bf16"}, "fp8": {"fp8_e4m3"}, "ladder": {"fp32", "fp16", "bf16"},
-                        "decode": set(), "fused": {"bf16"}, "overhead": set()}
+                        "attention_varlen": {"bf16"}, "copy": set(), "skinny": {"bf16"}, "fp8": {"fp8_e4m3"},
+                        "ladder": {"fp32", "fp16", "bf16"}, "decode": set(), "fused": {"bf16"}, "overhead": set()}
 
 
 def add_parser(sub) -> None:
@@ -179,7 +179,7 @@ def _run_one(name: str, args, timer, ceilings: dict):
         cases = suite.parse_cases(args.cases) if args.cases else suite.cases
     with _choice("--impl"):
         impls = select_impls(suite.impls(), args.impl, suite.default, strict=args.suite != "all")
-    partial = _json_path(name, args)
+    partial = _json_path(args)
 
     def progress(so_far) -> None:  # keep finished cases on disk in case a later one hangs
         if partial:
@@ -191,7 +191,7 @@ def _run_one(name: str, args, timer, ceilings: dict):
     return result
 
 
-def _json_path(suite: str, args):
+def _json_path(args):
     """result -> the JSON path it goes to (None when neither --json nor --out-dir is given)."""
     from cute_kernels.bench.records import result_path
 
@@ -214,7 +214,7 @@ def _outputs(result, args) -> list[str]:
     from cute_kernels.bench.records import plot_path
 
     written = []
-    json_of = _json_path(result.suite, args)
+    json_of = _json_path(args)
     json_path = json_of(result) if json_of else None
     png = args.plot or (str(plot_path(json_path)) if args.out_dir and json_path else None)
     if json_path:
