@@ -615,10 +615,11 @@ class Sm80FlashRung:
         return out, lse
 
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, out, lse, problem, sinks=None,
-               seqused_k=None):
+               seqused_k=None, offsets=None):
         """The packed (varlen) forward: q (Tq, Hq, D), k/v (Tk, Hkv, D), out (Tq, Hq, D),
         lse (Hq, Tq) fp32, int32 cu_seqlens (B + 1,) (and seqused_k (B,)) already validated by
-        the caller (`varlen.attention_varlen_forward`); causal alignment and window per sequence."""
+        the caller (`varlen.attention_varlen_forward`); causal alignment and window per sequence.
+        offsets (`varlen.HostOffsets`) is not read: this grid takes the sequences in order."""
         from cute_kernels.runtime import current_stream, from_torch
 
         config = _config_for_problem(problem)

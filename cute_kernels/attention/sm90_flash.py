@@ -58,10 +58,11 @@ the config, their values runtime arguments.
 
 Varlen (`config.varlen`, `Sm90FlashRung.varlen`): packed sequences delimited by cu_seqlens (and
 seqused_k), one CTA per (q tile of max_seqlen_q, head, sequence slot), the slots mapped to
-sequences by a device-side order of decreasing work (`launch_order`: the longest launched
-first; within a sequence the last Q tile first). Q, K, V and O go through ragged tensor maps
-(`_ragged`): each sequence's boxes are clipped at its own end, so loads past it read zeros (a
-neighbour's rows, NaN or not, never enter) and the TMA store of O writes only its rows.
+sequences by an order of decreasing work (`launch_order`, from the offsets the host validated,
+kept on the device per batch: the longest launched first; within a sequence the last Q tile
+first). Q, K, V and O go through ragged tensor maps (`_ragged`): each sequence's boxes are
+clipped at its own end, so loads past it read zeros (a neighbour's rows, NaN or not, never
+enter) and the TMA store of O writes only its rows.
 
 Layouts come from `cute_kernels.layouts` (GMMA smem atoms via `hopper.smem_layouts`, the
 register views via `sm90_layouts`) and are converted with `runtime.to_cute` while tracing.
@@ -647,11 +648,9 @@ def build_varlen_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: b
     t = _CUTLASS[dtype]
     qkvo = [fake_tensor(t, 4, leading_dim=3, assumed_align=16, stride_divisibility=8) for _ in range(4)]
     lse = fake_tensor(cutlass.Float32, 3, leading_dim=2, assumed_align=4)
-    ints = lambda: fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4)  # noqa: E731
     args = (*qkvo, lse, cutlass.Float32(1.0 / math.sqrt(head_dim)), cutlass.Int32(0), cutlass.Int32(0),
-            cutlass.Int32(1), fake_stream(), cutlass.Float32(1.0), _fake_sinks(config), ints(), ints(),
-            ints() if used else None, ints(), cutlass.Int32(1), cutlass.Int32(1))
-    return CompileJob(FlashAttentionSm90(config), args, ("attention.sm90_flash.varlen", config, used))
+            cutlass.Int32(1), fake_stream(), *_varlen_tail(config, used))
+    return CompileJob(FlashAttentionSm90(config), args, _varlen_key(config, used))
 
 
 def _register() -> None:
@@ -719,12 +718,17 @@ class Sm90FlashRung:
         return None
 
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, out, lse, problem, sinks=None,
-               seqused_k=None):
+               seqused_k=None, offsets=None):
         """The packed (varlen) forward: q (Tq, Hq, D), k/v (Tk, Hkv, D), out (Tq, Hq, D),
         lse (Hq, Tq) fp32, int32 cu_seqlens (B + 1,) (and seqused_k (B,)) validated by the caller
-        (`varlen.attention_varlen_forward`); causal alignment and window per sequence; the
-        sequences launched longest first (`launch_order`)."""
-        return _varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out, lse, problem, sinks, seqused_k)
+        (`varlen.attention_varlen_forward`), whose values it read are `offsets`
+        (`varlen.HostOffsets`); causal alignment and window per sequence; the sequences launched
+        longest first (`launch_order`)."""
+        if offsets is None:
+            raise TypeError("sm90_flash.varlen needs offsets (varlen.HostOffsets, the validated cu_seqlens as the "
+                            "host read them); call attention_varlen_forward")
+        return _varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out, lse, problem, sinks, seqused_k,
+                       offsets)
 
     def launch_plan(self, problem):
         """`launch(q, k, v, out, lse, sinks=None)`: the TVM-FFI forward of `problem`'s config with
@@ -782,34 +786,40 @@ class Sm90FlashRung:
         return out, lse
 
 
-def _varlen(rung, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, out, lse, problem, sinks=None,
-            seqused_k=None):
-    """`Sm90FlashRung.varlen`: the packed launch (`FlashAttentionSm90.__call__`'s varlen form)."""
-    from cute_kernels.runtime import current_stream, from_torch
-
+def _varlen(rung, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, out, lse, problem, sinks, seqused_k,
+            offsets):
+    """`Sm90FlashRung.varlen`: the packed launch (`FlashAttentionSm90.__call__`'s varlen form),
+    through the TVM-FFI build where there is one (torch tensors in, no wrapping per call)."""
     from .problem_checks import bottom_right_flag, varlen_window_scalars
 
     if out.data_ptr() % 16 or any(s % 8 for s in out.stride()[:-1]):
         raise ValueError(f"out's strides {tuple(out.stride())} must be multiples of 8 elements and its pointer "
                          "16-byte aligned (TMA store)")
     config = _config_for_problem(problem, varlen=True)
-    kernel = _kernel_for(config)
+    used = seqused_k is not None
     # (T, H, D) -> (1, H, T, D): the dense kernel's modes, batch 1, rows offset per CTA.
     views = [t.detach().permute(1, 0, 2).unsqueeze(0) for t in (q, k, v, out)]
-    tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in views]
-    tensors.append(from_torch(lse.unsqueeze(0), assumed_align=4, leading_dim=2))
     window_left, window_right = varlen_window_scalars(problem)
     scale, score_scale = softcap_scalars(problem)
-    args = (*tensors, cutlass.Float32(scale), cutlass.Int32(window_right), cutlass.Int32(-window_left),
-            cutlass.Int32(problem.heads_q // problem.heads_kv))
+    scalars = (scale, window_right, -window_left, problem.heads_q // problem.heads_kv)
+    varlen_args = (cu_seqlens_q, cu_seqlens_k, seqused_k, _order_tensor(offsets, q.device))
+    tail_scalars = (max_seqlen_q, bottom_right_flag(problem))
+    sinks = _sinks_fp32(sinks, problem)
+    if tvm_ffi_available():
+        fn = _COMPILED.get((config, used))
+        if fn is None:
+            fn = _compile_varlen_tvm_ffi(config, used)
+        fn(*views, lse.unsqueeze(0), *scalars, score_scale, sinks, *varlen_args, *tail_scalars)
+        return out, lse
+    from cute_kernels.runtime import current_stream, from_torch
+
+    tensors = [from_torch(t, assumed_align=16, leading_dim=3) for t in views]
+    tensors.append(from_torch(lse.unsqueeze(0), assumed_align=4, leading_dim=2))
+    args = (*tensors, cutlass.Float32(scale), *(cutlass.Int32(x) for x in scalars[1:]))
     wrap = lambda t: None if t is None else from_torch(t, assumed_align=4, leading_dim=0)  # noqa: E731
-    order = launch_order(cu_seqlens_q, cu_seqlens_k, seqused_k)
-    tail = (cutlass.Float32(score_scale), wrap(_sinks_fp32(sinks, problem)), wrap(cu_seqlens_q), wrap(cu_seqlens_k),
-            wrap(seqused_k), wrap(order), cutlass.Int32(max_seqlen_q), cutlass.Int32(bottom_right_flag(problem)))
+    tail = (cutlass.Float32(score_scale), wrap(sinks), *map(wrap, varlen_args), *map(cutlass.Int32, tail_scalars))
     stream = current_stream()
-    # seqused_k is traced in or out by its presence, so it is part of the key beside the config.
-    key = ("attention.sm90_flash.varlen", config, seqused_k is not None)
-    compiled = compile_kernel(kernel, *args, stream, *tail, key=key)
+    compiled = compile_kernel(_kernel_for(config), *args, stream, *tail, key=_varlen_key(config, used))
     compiled(*args, stream, *tail)
     return out, lse
 
@@ -835,15 +845,31 @@ def _config_for_problem(problem, varlen: bool = False) -> FlashSm90Config:
                      varlen=varlen, short=short)
 
 
-def launch_order(cu_seqlens_q, cu_seqlens_k, seqused_k=None):
-    """(B,) int32 on the device: the sequences by decreasing work (query rows x keys), the
-    varlen grid's last mode (so the longest are launched first). Torch ops, no host sync."""
-    import torch
+def launch_order(offsets) -> list[int]:
+    """The sequences by decreasing work (query rows x keys used; ties in sequence order) from
+    the host's validated offsets (`varlen.HostOffsets`): the varlen grid's last mode, so the
+    longest are launched first."""
+    cu_q, cu_k, used = offsets.cu_q, offsets.cu_k, offsets.seqused_k
+    keys = [cu_k[b + 1] - cu_k[b] for b in range(len(cu_k) - 1)] if used is None else used
+    work = [(cu_q[b + 1] - cu_q[b]) * keys[b] for b in range(len(cu_q) - 1)]
+    return sorted(range(len(work)), key=lambda b: -work[b])
 
-    lens_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int64)
-    lens_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]) if seqused_k is None else seqused_k
-    work = lens_q * lens_k.to(torch.int64)
-    return torch.argsort(work, descending=True, stable=True).to(torch.int32)
+
+# offsets -> launch_order's (B,) int32 device tensor: a model's layers pass the same batch.
+_ORDERS = WarmCache("attention.sm90_flash.varlen_orders", 64)
+
+
+def _order_tensor(offsets, device):
+    key = (offsets, device)
+    order = _ORDERS.get(key)
+    if order is None:
+        import torch
+
+        from cute_kernels.runtime.lasting import lasting
+
+        order = _ORDERS.put(key, lasting(device, torch.tensor, launch_order(offsets), dtype=torch.int32,
+                                         device=device))
+    return order
 
 
 def _sinks_fp32(sinks, problem):
@@ -858,6 +884,29 @@ def _sinks_fp32(sinks, problem):
 
 
 _DENSE_VARLEN_ARGS = (None,) * 6
+
+
+def _varlen_key(config: FlashSm90Config, used: bool) -> tuple:
+    # seqused_k is traced in or out by its presence, so it is part of the key beside the config.
+    return ("attention.sm90_flash.varlen", config, used)
+
+
+def _varlen_tail(config: FlashSm90Config, used: bool) -> tuple:
+    """The fake arguments after the stream of a varlen build: score scale, sinks, cu_seqlens
+    q/k, seqused_k (None without `used`), the launch order, max_seqlen_q, the alignment flag."""
+    from cute_kernels.runtime import fake_tensor
+
+    ints = lambda: fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4)  # noqa: E731
+    return (cutlass.Float32(1.0), _fake_sinks(config), ints(), ints(), ints() if used else None, ints(),
+            cutlass.Int32(1), cutlass.Int32(1))
+
+
+def _compile_varlen_tvm_ffi(config: FlashSm90Config, used: bool):
+    """The TVM-FFI varlen forward of `config` (with or without seqused_k), kept in `_COMPILED`."""
+    fn = compile_tvm_ffi(compile_kernel, _kernel_for(config), config.dtype, (*_varlen_key(config, used), "tvm_ffi"),
+                         tail=_varlen_tail(config, used), stride_divisibility=8)
+    _COMPILED[(config, used)] = fn
+    return fn
 
 
 def _compile_tvm_ffi(config: FlashSm90Config):

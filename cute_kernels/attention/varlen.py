@@ -27,23 +27,35 @@ no unpadding of its keys.
 
 The offsets are validated on the host before the launch (one small device-to-host copy): a
 max_seqlen_q below a real length would leave rows unwritten, so it is refused, never trusted.
-seqused_k is checked in the same copy (0 <= seqused_k[b] <= that sequence's cu_seqlens_k length).
+seqused_k is checked in the same copy (0 <= seqused_k[b] <= that sequence's cu_seqlens_k length),
+and the rungs plan their launch from the values read (`HostOffsets`). The validated offsets are
+kept per (cu_seqlens_q, cu_seqlens_k, seqused_k) tensor objects while their contents last
+(`runtime.TensorMemo`: a weak reference and the version counter confirm each): a model hands
+every layer the same ones, so only the first call reads the device and waits for it. Contents
+written behind torch's back (a raw-pointer kernel, a CUDA graph replay into them) are not seen:
+pass fresh tensors, or write them with torch ops.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+from cute_kernels.runtime.tensor_memo import TensorMemo
 
 from .api import _CAUSAL, AttentionProblem
 from .features import check_sinks, check_softcap, sinks_gradient
 from .mask_rule import canonical_window
 
-__all__ = ["attention_varlen_forward", "attention_varlen_backward", "check_varlen_inputs"]
+__all__ = ["attention_varlen_forward", "attention_varlen_backward", "check_varlen_inputs", "checked_varlen_inputs",
+           "HostOffsets"]
 
 _WHO = "attention_varlen_forward"
 
 
-def _check_cu(cu, name: str, total: int, max_seqlen: int, max_name: str, who: str = _WHO) -> list[int]:
+def _check_cu(cu, name: str, total: int, max_seqlen: int, max_name: str, who: str = _WHO, values=None) -> list[int]:
+    """cu's values, checked (`seqlen_info.check_cu_seqlens`, and no sequence longer than
+    max_seqlen); `values`: cu's values already read to the host (`_host_values`)."""
     import torch
 
     from .seqlen_info import check_cu_seqlens
@@ -54,11 +66,33 @@ def _check_cu(cu, name: str, total: int, max_seqlen: int, max_name: str, who: st
         raise ValueError(f"{who}: {name} must be a 1-D int32 tensor, got {cu.dim()}-D {cu.dtype}")
     if not cu.is_contiguous():
         raise ValueError(f"{who}: {name} must be contiguous")
-    values = check_cu_seqlens(cu.cpu(), total, what=f"{who}: {name}")
+    values = check_cu_seqlens(cu.cpu() if values is None else values, total, what=f"{who}: {name}")
     longest = max(b - a for a, b in zip(values, values[1:]))
     if longest > max_seqlen:
         raise ValueError(f"{who}: {max_name} = {max_seqlen} but {name} holds a sequence of length {longest}")
     return values
+
+
+def _host_values(*tensors) -> list:
+    """The values of each 1-D int32 tensor (None passes through) as a list, read to the host
+    in one device-to-host copy (each copy waits for the queue: one wait, not three). A tensor
+    passed twice (self-attention's cu_seqlens) is read once. Anything else than a contiguous
+    1-D int32 tensor of one common device is left for the checks to name (None here)."""
+    import torch
+
+    distinct = []
+    for t in tensors:
+        if t is not None and all(t is not d for d in distinct):
+            distinct.append(t)
+    if not distinct or not all(isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.dim() == 1
+                               and t.is_contiguous() and t.device == distinct[0].device for t in distinct):
+        return [None] * len(tensors)
+    flat = (distinct[0] if len(distinct) == 1 else torch.cat(distinct)).tolist()
+    read, start = [], 0
+    for t in distinct:
+        read.append(flat[start:start + t.numel()])
+        start += t.numel()
+    return [None if t is None else read[next(i for i, d in enumerate(distinct) if d is t)] for t in tensors]
 
 
 def _check_given(given: dict, q, v, who: str) -> None:
@@ -78,8 +112,9 @@ def _check_given(given: dict, q, v, who: str) -> None:
                              f"it), got {tuple(t.shape)} {t.dtype}")
 
 
-def _check_seqused(seqused_k, cu_k: list[int], device, who: str) -> None:
-    """seqused_k: a (B,) int32 tensor on the inputs' device, each 0 <= used <= its capacity."""
+def _check_seqused(seqused_k, cu_k: list[int], device, who: str, values=None) -> list[int]:
+    """seqused_k: a (B,) int32 tensor on the inputs' device, each 0 <= used <= its capacity;
+    returns its values (`values`: already read to the host)."""
     import torch
 
     batch = len(cu_k) - 1
@@ -92,10 +127,22 @@ def _check_seqused(seqused_k, cu_k: list[int], device, who: str) -> None:
         raise ValueError(f"{who}: seqused_k is on {seqused_k.device} but the inputs are on {device}")
     if not seqused_k.is_contiguous():
         raise ValueError(f"{who}: seqused_k must be contiguous")
-    for b, used in enumerate(seqused_k.tolist()):
+    values = seqused_k.tolist() if values is None else values
+    for b, used in enumerate(values):
         room = cu_k[b + 1] - cu_k[b]
         if not 0 <= used <= room:
             raise ValueError(f"{who}: seqused_k[{b}] = {used} but sequence {b} has {room} key rows in cu_seqlens_k")
+    return values
+
+
+@dataclass(frozen=True)
+class HostOffsets:
+    """The validated offsets as the host read them (`checked_varlen_inputs`, one copy): a rung
+    plans its launch from them (`sm90_flash`'s launch order) without reading the device again."""
+
+    cu_q: tuple[int, ...]
+    cu_k: tuple[int, ...]
+    seqused_k: tuple[int, ...] | None
 
 
 def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale,
@@ -107,6 +154,15 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     backward's forward results and output gradient, {name: tensor} of "out", "dout", "lse",
     checked against the shapes the forward returns. Devices are checked last, so every other
     error is reported the same on CPU tensors."""
+    return checked_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                                 scale=scale, window_size=window_size, who=who, given=given, softcap=softcap,
+                                 sinks=sinks, seqused_k=seqused_k)[0]
+
+
+def checked_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale,
+                          window_size=None, who: str = _WHO, given=None, softcap=None, sinks=None,
+                          seqused_k=None) -> tuple[AttentionProblem, HostOffsets]:
+    """`check_varlen_inputs`, also returning the offsets it read (`HostOffsets`)."""
     import torch
 
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -142,17 +198,33 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     devices = {t.device for t in (q, k, v, cu_seqlens_q, cu_seqlens_k, *given.values()) if isinstance(t, torch.Tensor)}
     if len(devices) > 1:
         raise ValueError(f"{who}: inputs are on different devices {sorted(map(str, devices))}")
-    cu_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", tq, max_seqlen_q, "max_seqlen_q", who)
-    cu_k = _check_cu(cu_seqlens_k, "cu_seqlens_k", tk, max_seqlen_k, "max_seqlen_k", who)
-    if len(cu_q) != len(cu_k):
-        raise ValueError(f"{who}: cu_seqlens_q has {len(cu_q) - 1} sequences but cu_seqlens_k has {len(cu_k) - 1}")
-    if seqused_k is not None:
-        _check_seqused(seqused_k, cu_k, q.device, who)
+    offsets = _OFFSETS.get((cu_seqlens_q, cu_seqlens_k, seqused_k), (tq, tk, max_seqlen_q, max_seqlen_k, q.device),
+                           lambda: _checked_offsets(cu_seqlens_q, cu_seqlens_k, seqused_k, tq, tk, max_seqlen_q,
+                                                    max_seqlen_k, q.device, who))
     if q.device.type != "cuda":
         raise ValueError(f"{who}: tensors are on '{q.device}'; the cute_kernels attention kernels run on CUDA "
                          "devices only")
-    return AttentionProblem(len(cu_q) - 1, hq, hk, max_seqlen_q, max_seqlen_k, d, dv, q.dtype, causal, float(scale),
-                            left, right, softcap, sinks is not None, seqused_k is not None)
+    problem = AttentionProblem(len(offsets.cu_q) - 1, hq, hk, max_seqlen_q, max_seqlen_k, d, dv, q.dtype, causal,
+                               float(scale), left, right, softcap, sinks is not None, seqused_k is not None)
+    return problem, offsets
+
+
+# The offsets validated per (cu_seqlens_q, cu_seqlens_k, seqused_k) objects while their contents
+# last: a model's layers (and its backward) hand the same ones, read to the host once.
+_OFFSETS = TensorMemo("attention.varlen.offsets", 8)
+
+
+def _checked_offsets(cu_seqlens_q, cu_seqlens_k, seqused_k, tq: int, tk: int, max_seqlen_q: int, max_seqlen_k: int,
+                     device, who: str) -> HostOffsets:
+    """The offsets read to the host (one copy) and checked against the packed tensors' rows and
+    the max_seqlen bounds; raises ValueError/TypeError naming the first violation."""
+    host_q, host_k, host_used = _host_values(cu_seqlens_q, cu_seqlens_k, seqused_k)
+    cu_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", tq, max_seqlen_q, "max_seqlen_q", who, host_q)
+    cu_k = _check_cu(cu_seqlens_k, "cu_seqlens_k", tk, max_seqlen_k, "max_seqlen_k", who, host_k)
+    if len(cu_q) != len(cu_k):
+        raise ValueError(f"{who}: cu_seqlens_q has {len(cu_q) - 1} sequences but cu_seqlens_k has {len(cu_k) - 1}")
+    used = None if seqused_k is None else _check_seqused(seqused_k, cu_k, device, who, host_used)
+    return HostOffsets(tuple(cu_q), tuple(cu_k), None if used is None else tuple(used))
 
 
 def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
@@ -191,9 +263,9 @@ def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
         k, v, cu_seqlens_k = packed_keys(k, v, page_table, lengths)
         seqused_k = None
 
-    problem = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                  causal=causal, scale=scale, window_size=window_size, softcap=softcap, sinks=sinks,
-                                  seqused_k=seqused_k)
+    problem, offsets = checked_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                             causal=causal, scale=scale, window_size=window_size, softcap=softcap,
+                                             sinks=sinks, seqused_k=seqused_k)
     out = _result(out, "out", (q.shape[0], q.shape[1], v.shape[2]), q.dtype, q.device, False)
     lse = _result(lse, "lse", (q.shape[1], q.shape[0]), torch.float32, q.device, False)
     if lse.numel() == 0:
@@ -214,7 +286,7 @@ def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
     rung = resolve(kernel, *views, problem, registry=with_varlen)
     # The features reach only rungs that declared them (`supports`), so others see the old call.
     extra = {name: t for name, t in (("sinks", sinks), ("seqused_k", seqused_k)) if t is not None}
-    return rung.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out, lse, problem, **extra)
+    return rung.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out, lse, problem, offsets=offsets, **extra)
 
 
 def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,

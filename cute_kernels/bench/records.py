@@ -155,8 +155,8 @@ class BenchResult:
 
 
 # A result whose JSON is larger than this is stored compressed under docs/results/ (the tracked
-# tree has a size cap; a few hundred records compress about fivefold).
-GZIP_ABOVE = 8_000
+# tree has a size cap; records compress about threefold to fivefold).
+GZIP_ABOVE = 2_000
 RESULT_SUFFIXES = (".json", ".json.gz")
 
 

@@ -339,13 +339,14 @@ _WARPS_PER_SM = 16  # the resident warps a config aims to fill each SM with
 # read consecutive 64-byte chunks of its rows together. One warp alone reads 64 bytes of each of
 # its rows per stage; on the LM heads (R 128k-152k rows, K 2k-8k: blocks enough to fill the GPU
 # with one warp each) that ran at 1.7-1.8 TB/s, 0.65x cuBLAS, where four-warp CTAs over rows as
-# long reached 2.2-2.5 TB/s (gemm_shapes, H100, 2026-12-05).
+# long reached 2.2-2.5 TB/s (gemm_shapes, H100, 2026-12-05); with four warps a CTA the LM heads
+# run at 0.94-0.99x cuBLAS (same device, same day).
 _MIN_WARPS = 4
 
 
 def pick_config(s: int, r: int, k: int, l: int = 1, *, big_major: str = "k", small_major: str = "k",
                 out_major: str = "r", k_run: int = 8, r_vec: int = 1, dtype: str = "bfloat16",
-                out_dtype: str = "bfloat16", sms: int = SMS, min_warps: int | None = None) -> GemvConfig:
+                out_dtype: str = "bfloat16", sms: int = SMS, min_warps: int = _MIN_WARPS) -> GemvConfig:
     """The config for an (S, R, K, L) problem with these read plans.
 
     A warp streams 8 * tiles rows by 32 * chunks k per stage (4 KB of bf16 at 8 x 1). The
@@ -357,8 +358,7 @@ def pick_config(s: int, r: int, k: int, l: int = 1, *, big_major: str = "k", sma
     - splits K into about `_WARPS_PER_SM` warps per SM (two stages per warp where K allows):
       first over `cluster_k` CTAs (up to 8) while the row blocks leave SMs idle, then over
       `warps` warps of a CTA (up to 8), and over at least `min_warps` warps where K allows,
-      even past one wave (many rows: the LM heads). `min_warps` defaults to `_MIN_WARPS` with
-      the unverified path `gemv_min_warps` on, else 1.
+      even past one wave (many rows: the LM heads).
     Post-condition: the result validates.
     """
     min_tiles = max(1, r_vec)
@@ -383,10 +383,6 @@ def pick_config(s: int, r: int, k: int, l: int = 1, *, big_major: str = "k", sma
     warps = 1
     while warps * 2 <= min(split // cluster, 8):
         warps *= 2
-    if min_warps is None:
-        from cute_kernels.runtime import unverified
-
-        min_warps = _MIN_WARPS if unverified.enabled("gemv_min_warps") else 1
     while warps < min_warps and cluster * warps * 2 <= stages // 2:
         warps *= 2
     return GemvConfig(tiles=tiles, chunks=chunks, warps=warps, cluster_k=cluster, big_major=big_major,

@@ -189,7 +189,10 @@ def pick_config(m: int, n: int, k: int, in_bytes: int = 2, swap_ab: bool = True)
     # the measured classes stand unless another tile (with its best split of K) is estimated
     # faster by more than the noise margin
     best_t = estimated_seconds(m, n, k, base, in_bytes) / _SWITCH
-    return narrow if estimated_seconds(m, n, k, narrow, in_bytes) < best_t else base
+    narrow_t = estimated_seconds(m, n, k, narrow, in_bytes)
+    if n_tiles <= _FEW_N_TILES and narrow.cluster_n > base.cluster_n:
+        narrow_t /= _MULTICAST_GAIN
+    return narrow if narrow_t < best_t else base
 
 
 def _pick_wide(m: int, n: int, k: int) -> Sm90GemmConfig:
@@ -228,6 +231,12 @@ _NARROW = {
     (False, False): Sm90GemmConfig(tile_m=128, tile_n=192, cluster_m=1, cluster_n=1),
 }
 _SWITCH = 1.03  # another tile replaces the measured classes only past this estimated gain (noise)
+# Where few N tiles share each A panel, a 1x2 cluster's multicast of A halves traffic that the
+# FLOP model does not count. Measured on EVA-02's 16448x768x2048 (H100, 2026-12-05, cuBLAS in
+# the same run; forward and input gradient): 128x192 tiles 0.84-0.86x with a 1x2 cluster, 0.61x
+# without and with 2x1; 128x256 (3 N tiles, no pair) 0.74x. The model called them a tie.
+_FEW_N_TILES = 8
+_MULTICAST_GAIN = 1.1
 
 # The time model behind the choices above (`estimated_seconds`), fitted to H200 sweeps
 # (scripts/gemm_config_sweep.py, ViT-B/16's forward, input- and weight-gradient GEMMs, each

@@ -32,7 +32,9 @@ PyTorch, visibly (see `fallback`).
 
 `sdpa_masked(q, k, v, key_mask, segments, ...)` -> (out (B, Sq, Hq, Dv), lse) takes a padded or
 packed (B, H, S, D) batch in one opaque op (unpad, varlen, pad back inside), with its backward
-(`attention_masked`; what the transformers integration runs for masked calls).
+(`attention_masked`; what the transformers integration runs for masked calls). It and the
+varlen ops read device values on the host (a mask's plan, the offsets' check), so they carry
+torch's `cudagraph_unsafe` tag (`HOST_READ_TAGS`): torch.compile's CUDA graphs leave them out.
 """
 
 from __future__ import annotations

@@ -259,7 +259,14 @@ def _sdpa_backward_fake(grad_out, q, k, v, out, lse, causal=None, scale=None, en
 
 # ---- sdpa_varlen ---------------------------------------------------------------------------------
 
-@torch.library.custom_op("cute_kernels::sdpa_varlen", mutates_args=())
+# The tags of ops that read device values on the host (the varlen offsets, checked before the
+# launch; a padding mask's plan, `attention_masked`). A CUDA graph capture cannot make that read,
+# so torch.compile's CUDA graphs leave these ops out (graph partition) or the graph runs without
+# them, instead of failing mid-capture. Torch builds without the tag get none.
+HOST_READ_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
+
+@torch.library.custom_op("cute_kernels::sdpa_varlen", mutates_args=(), tags=HOST_READ_TAGS)
 def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
                 max_seqlen_k: int, causal: Optional[str] = None, scale: Optional[float] = None,
                 window_left: int = -1, window_right: int = -1, rung: str = "auto",
@@ -338,7 +345,7 @@ def _sdpa_varlen_grad(ctx, grad_out, grad_lse):
 
 # ---- sdpa_varlen_backward ------------------------------------------------------------------------
 
-@torch.library.custom_op("cute_kernels::sdpa_varlen_backward", mutates_args=())
+@torch.library.custom_op("cute_kernels::sdpa_varlen_backward", mutates_args=(), tags=HOST_READ_TAGS)
 def sdpa_varlen_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                          cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                          causal: Optional[str] = None, scale: Optional[float] = None, window_left: int = -1,

@@ -34,7 +34,6 @@ over the real rows) when they are given.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -42,6 +41,7 @@ import torch
 from torch import Tensor
 
 from cute_kernels.attention.features import sinks_gradient
+from cute_kernels.runtime.tensor_memo import TensorMemo
 
 from . import attention as attention_ops
 from .fallback import check_fallback
@@ -69,25 +69,7 @@ class Plan:
 
 
 # One plan per mask object: every layer of a forward (and the backward) hands the same mask.
-# Keyed by id, confirmed by a weak reference and the tensor's version counter, so a freed or
-# modified mask never matches.
-_PLANS: dict = {}
-_MAX_PLANS = 8
-
-
-def _cached(mask: Tensor, key: tuple, build):
-    try:
-        version = mask._version
-    except RuntimeError:  # inference tensors keep no version counter: not cached
-        return build()
-    entry = _PLANS.get((id(mask), key))
-    if entry is not None and entry[0]() is mask and entry[1] == version:
-        return entry[2]
-    plan = build()
-    if len(_PLANS) >= _MAX_PLANS:
-        _PLANS.clear()
-    _PLANS[(id(mask), key)] = (weakref.ref(mask), version, plan)
-    return plan
+_PLANS = TensorMemo("ops.sdpa_masked.plans", 8)
 
 
 def _cu(lengths: Tensor) -> Tensor:
@@ -106,11 +88,11 @@ def plan_for(key_mask: Optional[Tensor], segments: Optional[Tensor], seqlen_q: i
     if key_mask is not None and segments is not None:
         raise ValueError("cute_kernels.sdpa_masked: pass a key_mask or segments, not both")
     if segments is not None:
-        return _cached(segments, (seqlen_q, seqlen_k), lambda: _segments_plan(segments, seqlen_q, seqlen_k))
+        return _PLANS.get((segments,), (seqlen_q, seqlen_k), lambda: _segments_plan(segments, seqlen_q, seqlen_k))
     if key_mask is None:
         return Plan(True, seqlen_k)
-    return _cached(key_mask, (seqlen_q, seqlen_k, causal is not None),
-                   lambda: _padding_plan(key_mask, seqlen_q, seqlen_k, causal is not None))
+    return _PLANS.get((key_mask,), (seqlen_q, seqlen_k, causal is not None),
+                      lambda: _padding_plan(key_mask, seqlen_q, seqlen_k, causal is not None))
 
 
 def _segments_plan(segments: Tensor, seqlen_q: int, seqlen_k: int) -> Plan:
@@ -193,7 +175,7 @@ def _features(softcap, sinks) -> dict:
 
 # ---- the forward ---------------------------------------------------------------------------------
 
-@torch.library.custom_op("cute_kernels::sdpa_masked", mutates_args=())
+@torch.library.custom_op("cute_kernels::sdpa_masked", mutates_args=(), tags=attention_ops.HOST_READ_TAGS)
 def sdpa_masked(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], segments: Optional[Tensor],
                 causal: Optional[str] = None, scale: Optional[float] = None, window_left: int = -1,
                 window_right: int = -1, softcap: Optional[float] = None, sinks: Optional[Tensor] = None,
@@ -265,7 +247,7 @@ sdpa_masked.register_autograd(_grad, setup_context=_setup)
 
 # ---- the backward --------------------------------------------------------------------------------
 
-@torch.library.custom_op("cute_kernels::sdpa_masked_backward", mutates_args=())
+@torch.library.custom_op("cute_kernels::sdpa_masked_backward", mutates_args=(), tags=attention_ops.HOST_READ_TAGS)
 def sdpa_masked_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                          key_mask: Optional[Tensor], segments: Optional[Tensor], causal: Optional[str] = None,
                          scale: Optional[float] = None, window_left: int = -1, window_right: int = -1,

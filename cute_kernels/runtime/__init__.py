@@ -15,6 +15,7 @@
 - `lean_dispatch.install(op)`: a cheaper Autograd kernel for a custom op's calls without autograd.
 - `unverified`: paths built without a GPU, off until their GPU tests have run.
 - `lasting(device, build, ...)`: tensors a cache keeps, made outside any CUDA graph pool.
+- `TensorMemo`: values derived from tensors' contents (host reads), kept while they last.
 
 Names are imported lazily, so `import cute_kernels.runtime` costs nothing until used.
 """
@@ -43,6 +44,7 @@ _EXPORTS = {
     "fake_stream": "tensors",
     "current_stream": "tensors",
     "lasting": "lasting",
+    "TensorMemo": "tensor_memo",
     "tma_view": "tensors",
     "cutlass_dtype": "dtypes",
     "torch_dtype": "dtypes",

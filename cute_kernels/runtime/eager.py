@@ -282,6 +282,7 @@ class EagerOp:
         plan = self.family_plans.get(fkey)
         if plan is None:
             result = self.op(*args)
+            self.plans.pop(key, None)  # the op's body (`inside`) kept this one-off key's plan
             plan = family_build(result, *args)
             self.family_plans.put(fkey, USE_OP if plan is None else plan)
             return result

@@ -24,15 +24,13 @@ __all__ = ["PATHS", "ENABLED", "enabled", "allowing"]
 # GPU tests pass and they measure faster: split-K summed in the GEMM kernel and the Hopper
 # attention backward at head dim 96 (2026-12-05), the op bodies' plan replay,
 # generate's decode steps from a CUDA graph, the lean Autograd kernel, the compiled backward's
-# one op a layer and the norms' dense forward (2026-12-05).
+# one op a layer and the norms' dense forward (2026-12-05), the GEMV's four-warp CTAs on the
+# LM heads (2026-12-05, H100).
 PATHS: dict[str, str] = {
     "compile_ahead": "kernels predicted to be needed next (a call's backward; a patched model's layers) compiled "
                      "in background worker processes while the program runs (`runtime.compile_ahead`)",
     "linear_ce_wide_chunk": "fused linear + cross-entropy takes tokens in chunks of up to 256 MiB of logits "
                             "(`fused.linear_ce.default_chunk`) instead of Liger's x-sized chunks",
-    "gemv_min_warps": "the GEMV's CTAs split K over at least four warps where K allows, also when the row "
-                      "blocks alone fill the GPU (`gemm.gemv_config.pick_config`: the LM heads, 0.65x cuBLAS "
-                      "with one warp a CTA)",
     "norm_backward_prefetch": "the RMSNorm / LayerNorm backward loads its next row block while it computes "
                               "the current one (`fused.norms`, `NormConfig.prefetch`)",
 }

@@ -101,18 +101,19 @@ def test_auto_picks_the_highest_rung_with_a_varlen_launch(monkeypatch):
         def __init__(self, name, has_varlen):
             self.name = name
             if has_varlen:
-                self.varlen = lambda *args: (self.name, args)
+                self.varlen = lambda *args, offsets: (self.name, args, offsets)
 
         def supports(self, q, k, v, problem):
             return None
 
     fake = {"sm80_flash": Rung("sm80_flash", True), "sm90_flash": Rung("sm90_flash", False)}
     problem = AttentionProblem(3, 4, 2, 5, 7, 64, 64, torch.bfloat16, None, 0.125)
-    monkeypatch.setattr(varlen, "check_varlen_inputs", lambda *a, **k: problem)
+    offsets = varlen.HostOffsets((0, 2, 5), (0, 3, 7), None)
+    monkeypatch.setattr(varlen, "checked_varlen_inputs", lambda *a, **k: (problem, offsets))
     monkeypatch.setattr(registry, "KERNELS", fake)
     monkeypatch.setattr(dispatch, "device_capability", lambda device: (9, 0))
-    name, _ = attention_varlen_forward(*packed())
-    assert name == "sm80_flash"
+    name, _, given = attention_varlen_forward(*packed())
+    assert name == "sm80_flash" and given is offsets  # the offsets the check read, passed on
     with pytest.raises(ValueError, match="'sm90_flash' has no varlen launch"):
         attention_varlen_forward(*packed(), kernel="sm90_flash")
 
@@ -187,7 +188,8 @@ def fake_ladder(monkeypatch):
     from cute_kernels.attention.api import AttentionProblem
 
     problem = AttentionProblem(3, 4, 2, 5, 7, 64, 64, torch.bfloat16, None, 0.125, 2, None)
-    monkeypatch.setattr(varlen, "check_varlen_inputs", lambda *a, **k: problem)
+    offsets = varlen.HostOffsets((0, 2, 5), (0, 3, 7), None)
+    monkeypatch.setattr(varlen, "checked_varlen_inputs", lambda *a, **k: (problem, offsets))
     monkeypatch.setattr(dispatch, "device_capability", lambda device: (9, 0))
 
     def install(rungs):

@@ -348,12 +348,9 @@ def test_warm_call_replays_the_checked_launch(cpu_rung, monkeypatch):
     assert again[5] == 2.0 and again[4].data_ptr() == bias.data_ptr()
 
 
-def test_min_warps_is_an_unverified_path():
-    from cute_kernels.runtime import unverified
-
-    with unverified.allowing("gemv_min_warps", on=False):
-        assert pick_config(1, 128256, 2048).warps == 1
-    with unverified.allowing("gemv_min_warps"):
-        assert pick_config(1, 128256, 2048).warps == 4
-        assert pick_config(1, 14336, 4096) == pick_config(1, 14336, 4096, min_warps=1)  # split already >= 4
+def test_long_row_counts_still_split_k_over_four_warps():
+    assert pick_config(1, 128256, 2048, min_warps=1).warps == 1  # the row blocks alone fill the GPU
+    assert pick_config(1, 128256, 2048).warps == 4
+    assert pick_config(1, 14336, 4096) == pick_config(1, 14336, 4096, min_warps=1)  # split already >= 4
+    assert pick_config(1, 128256, 64).warps < 4  # K too short for two stages a warp
 

@@ -23,15 +23,16 @@ def test_decode_shapes(m, n, k):
     run(1, m, n, k)
 
 
-@pytest.mark.parametrize("on", [False, True])
+@pytest.mark.parametrize("warps", [None, 1])
 @pytest.mark.parametrize("m, n, k", [(1, 128256, 2048), (8, 152064, 520), (16, 40000, 4096)])
-def test_many_rows_with_and_without_min_warps(on, m, n, k):
-    """LM-head rows (row blocks enough to fill the GPU with one warp each), with the unverified
-    path `gemv_min_warps` (K over four warps a CTA) off and on."""
-    from cute_kernels.runtime import unverified
-
-    with unverified.allowing("gemv_min_warps", on=on):
-        run(1, m, n, k)
+def test_many_rows_with_four_warps_and_one(warps, m, n, k):
+    """LM-head rows (row blocks enough to fill the GPU with one warp each): the heuristic's K
+    split over four warps a CTA (None) and the one-warp CTAs it replaced."""
+    config = None
+    if warps is not None:
+        a, b = operands(1, m, n, k)
+        config = rung().config_for(a, b, poisoned_out(1, m, n, torch.bfloat16)).with_(warps=warps)
+    run(1, m, n, k, config=config)
 
 
 @pytest.mark.parametrize("m, n, k", [(1, 1, 1), (3, 7, 1), (16, 1, 4097), (5, 13, 31), (16, 129, 4100),

@@ -73,7 +73,7 @@ VIT_AND_LARGE = [
     (12608, 2304, 768, (128, 128), (1, 2), 1),    # qkv: ping-pong at short K, 18 N tiles paired
     (16448, 768, 768, (128, 128), (1, 2), 1),     # EVA-02 B/14 (M = 64 x 257): q, k, v, projection
     (16448, 2048, 768, (128, 128), (1, 2), 1),    # its SwiGLU gate and up
-    (16448, 768, 2048, (128, 256), (2, 1), 1),    # its down projection (K = 2048: the wide classes)
+    (16448, 768, 2048, (128, 192), (1, 2), 1),    # its down projection: 4 N tiles share A, multicast in pairs
     (2049, 2400, 520, (128, 128), (1, 1), 1),     # short K, 19 N tiles of 128: no cluster
     (8192, 8192, 8192, (128, 256), (1, 2), 1),
     (4096, 14336, 4096, (128, 256), (1, 2), 1),

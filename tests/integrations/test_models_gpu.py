@@ -58,3 +58,11 @@ def test_cuda_graph_trees_training_and_inference_match_stock():
         pytest.skip(f"timm is not importable ({err})")
     _run("vit_b16", ("train_graphs", "infer_graphs"))
     _run("llama_gqa", ("train_graphs",))
+
+
+def test_padded_batch_under_cuda_graph_trees_matches_stock():
+    """A padded batch (a key-padding mask) under torch.compile(mode="reduce-overhead") on both
+    sides. The masked attention operator reads its varlen plan from the mask on the host
+    (`ops.attention_masked`), which a CUDA graph capture cannot do: its cudagraph_unsafe tag
+    keeps it out of the graphs, and the steps must match stock's."""
+    _run("llama_gqa_padded", ("infer_graphs", "train_graphs"))

@@ -188,3 +188,22 @@ def test_bad_input_is_refused():
         ops.sdpa_masked(q, k, v, torch.ones(1, 6, dtype=torch.bool), None, fallback="torch")
     with pytest.raises(ValueError, match="causal must be one of"):
         ops.sdpa_masked(q, k, v, None, None, "diagonal", fallback="torch")
+
+
+@pytest.mark.parametrize("name", ["sdpa_masked", "sdpa_masked_backward", "sdpa_varlen", "sdpa_varlen_backward"])
+def test_ops_that_read_the_device_on_the_host_stay_out_of_cuda_graphs(name):
+    """The masked and varlen ops read offsets (or a mask's plan) on the host, which a CUDA graph
+    capture cannot do: they carry torch's cudagraph_unsafe tag, so Inductor keeps them out of its
+    CUDA graphs instead of failing mid-capture. The dense op, which reads nothing, does not."""
+    if not hasattr(torch.Tag, "cudagraph_unsafe"):
+        pytest.skip("this torch has no cudagraph_unsafe tag")
+    op = getattr(torch.ops.cute_kernels, name).default
+    assert torch.Tag.cudagraph_unsafe in op.tags
+    assert torch.Tag.cudagraph_unsafe not in torch.ops.cute_kernels.sdpa.default.tags
+    inductor_utils = pytest.importorskip("torch._inductor.utils")
+    if not hasattr(inductor_utils, "get_first_incompatible_cudagraph_node"):
+        pytest.skip("this torch's Inductor has no cudagraph compatibility check")
+    graph = torch.fx.Graph()
+    node = graph.call_function(op, tuple(graph.placeholder(f"a{i}") for i in range(3)))
+    graph.output(node)
+    assert inductor_utils.get_first_incompatible_cudagraph_node(torch.fx.GraphModule({}, graph)) is node

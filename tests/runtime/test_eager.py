@@ -157,6 +157,21 @@ def test_a_family_plan_serves_new_keys_of_its_family(cpu_plans):
     assert len(toy.entry.family_plans) == 0
 
 
+def test_a_family_keeps_no_plan_its_op_body_recorded(cpu_plans):
+    """The family's first call runs the op, whose body (`eager.inside`) records a per-key plan
+    as any first call's does; a family's keys are one-off, so the entry drops it."""
+    toy = FamilyToy()
+    body = toy.op
+    toy.op = lambda *a: eager.inside("toy_family", body, a)  # noqa: E731 - the op with its body
+    toy.entry.op = toy.op
+    w = torch.randn(3, 5, dtype=F64)
+    for rows in range(1, 5):
+        x = torch.randn(rows, 3, dtype=F64)
+        assert torch.equal(toy.entry(x, w, 2.0), 2.0 * (x @ w))
+    assert (toy.op_calls, toy.runs, toy.family_builds) == (1, 3, 1)
+    assert len(toy.entry.plans) == 0 and len(toy.entry.family_plans) == 1
+
+
 def test_a_family_the_builder_refuses_keeps_the_per_key_path(cpu_plans):
     toy = FamilyToy(family_ok=False)
     w = torch.randn(3, 5, dtype=F64)
