@@ -261,8 +261,8 @@ def _sdpa_backward_fake(grad_out, q, k, v, out, lse, causal=None, scale=None, en
 
 # The tags of ops that read device values on the host (the varlen offsets, checked before the
 # launch; a padding mask's plan, `attention_masked`). A CUDA graph capture cannot make that read,
-# so torch.compile's CUDA graphs leave these ops out (graph partition) or the graph runs without
-# them, instead of failing mid-capture. Torch builds without the tag get none.
+# so torch.compile's CUDA graphs leave these ops out (a graph partition around them, or no graph
+# where partitions are off) instead of failing mid-capture. Torch builds without the tag get none.
 HOST_READ_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
 
 
