@@ -128,7 +128,10 @@ def _call(rec, c):
         leaves = [t for t in (x, w) if t.requires_grad]
         got = torch.autograd.grad(out, leaves, g)
         ref = torch.autograd.grad(c["scale"] * (x @ w), leaves, g)
-        assert all(torch.allclose(a, b) for a, b in zip(got, ref))
+        # the plan's gradient and autograd's sum in different orders: float32 tolerances, not
+        # allclose's default atol of 1e-8 (an element near zero then failed on rounding alone)
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a, b)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
