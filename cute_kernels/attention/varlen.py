@@ -88,11 +88,11 @@ def _host_values(*tensors) -> list:
                                and t.is_contiguous() and t.device == distinct[0].device for t in distinct):
         return [None] * len(tensors)
     flat = (distinct[0] if len(distinct) == 1 else torch.cat(distinct)).tolist()
-    read, start = [], 0
+    read, start = {}, 0
     for t in distinct:
-        read.append(flat[start:start + t.numel()])
+        read[id(t)] = flat[start:start + t.numel()]
         start += t.numel()
-    return [None if t is None else read[next(i for i, d in enumerate(distinct) if d is t)] for t in tensors]
+    return [None if t is None else read[id(t)] for t in tensors]
 
 
 def _check_given(given: dict, q, v, who: str) -> None:
