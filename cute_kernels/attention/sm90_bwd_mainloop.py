@@ -7,7 +7,9 @@ of K, V once and of Q, dO, lse2, D per Q block) and two consumers of 64 keys eac
 compute S^T, dP^T, P^T, dS^T, dV, dK in registers and dQ_blk = dS K through shared memory, then
 add scale * dQ_blk to the fp32 dQ accumulator (8-byte `red.global.add.v2.f32`, or one TMA
 reduce-add per warpgroup). Masks: keys past Sk, the upper diagonal j <= i + offset (`causal`)
-and a window's lower bound j >= i + offset_lo (`local`), as selects on P^T.
+and a window's lower bound j >= i + offset_lo (`local`), as selects on P^T. With `head_split`
+(head dims 192, 256) the CTA owns 64 keys, each consumer 32 of the queries of S^T and dP^T and
+half the head dim of dV, dK and dQ_blk; P^T joins dS^T in shared memory as the A of dV.
 
 Soft cap (`config.softcap`, the cap c a runtime argument): S^T is turned into t = tanh(S^T *
 scale / c) before P^T = 2^(t c log2 e - lse2), and dS^T gains the tanh's derivative (1 - t^2).
@@ -43,6 +45,8 @@ _CONSUMER_THREADS = 2 * THREADS_PER_WARPGROUP
 _DS_BARRIER = 2
 # "This warpgroup's dQ half is in shared memory / may be rewritten": 3 + warpgroup.
 _DQ_BARRIER = 3
+# With one dS^T (and P^T) buffer: "both consumers are done reading last step's", before the writes.
+_FREE_BARRIER = 5
 
 
 def mn_offsets(n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -131,7 +135,7 @@ class FlashAttentionSm90Bwd:
 
         smem_kv_layout = smem_layouts.staged_smem_layout(self.smem_atom, bn, d, 1)
         smem_qdo_layout = smem_layouts.staged_smem_layout(self.smem_atom, bm, d, c.stages)
-        smem_ds_layout = smem_layouts.staged_smem_layout(self.ds_atom, bn, bm, 2)
+        smem_ds_layout = smem_layouts.staged_smem_layout(self.ds_atom, bn, bm, c.ds_buffers)
         tma_k, tK = tma.make_tma_load(mK, smem_kv_layout, (bn, d), 1)
         tma_v, tV = tma.make_tma_load(mV, smem_kv_layout, (bn, d), 1)
         tma_q, tQ = tma.make_tma_load(mQ, smem_qdo_layout, (bm, d), 1)
@@ -154,15 +158,22 @@ class FlashAttentionSm90Bwd:
         tma_lse, tLSE = cpasync.make_tiled_tma_atom(g2s, mLSE2, cute.make_layout(bm), (bm,))
         tma_drow, tDrow = cpasync.make_tiled_tma_atom(g2s, mDrow, cute.make_layout(bm), (bm,))
 
-        # S^T = K Q^T and dP^T = V dO^T: keys on M (one 64-row atom per consumer warpgroup).
+        # S^T = K Q^T and dP^T = V dO^T: keys on M (one 64-row atom per consumer warpgroup; with
+        # head_split both warpgroups take the same 64 keys and half the queries each).
         # Two copies of each MMA: the first k step overwrites (ACCUMULATE off), set once outside
         # any loop so no MMA state is carried through control flow.
-        mma_sdp0 = wgmma.make_tiled_mma(self.dtype, self.dtype, "K", "K", cutlass.Float32, (2, 1, 1), bm)
-        mma_sdp = wgmma.make_tiled_mma(self.dtype, self.dtype, "K", "K", cutlass.Float32, (2, 1, 1), bm)
-        # dV += P^T dO, dK += dS^T Q: A from registers, B (dO, Q) MN-major through transposed views.
-        mma_dkv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, wgmma.operand_major("K"), wgmma.operand_major("MN"), cutlass.Float32,
-            (2, 1, 1), tiler_mn=(64, d), a_source=warpgroup.OperandSource.RMEM)
+        sdp_atoms = (1, 2, 1) if c.head_split else (2, 1, 1)
+        mma_sdp0 = wgmma.make_tiled_mma(self.dtype, self.dtype, "K", "K", cutlass.Float32, sdp_atoms, c.s_cols)
+        mma_sdp = wgmma.make_tiled_mma(self.dtype, self.dtype, "K", "K", cutlass.Float32, sdp_atoms, c.s_cols)
+        # dV += P^T dO, dK += dS^T Q, B (dO, Q) MN-major through transposed views. A from
+        # registers (each warpgroup's own keys); with head_split from shared memory (P^T and dS^T
+        # of all 64 keys and queries), each warpgroup taking half the head dim.
+        if cutlass.const_expr(c.head_split):
+            mma_dkv = wgmma.make_tiled_mma(self.dtype, self.dtype, "K", "MN", cutlass.Float32, (1, 2, 1), d // 2)
+        else:
+            mma_dkv = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, wgmma.operand_major("K"), wgmma.operand_major("MN"), cutlass.Float32,
+                (2, 1, 1), tiler_mn=(64, d), a_source=warpgroup.OperandSource.RMEM)
         # dQ_blk = dS K: Q rows on M, the head dim split over the two warpgroups; dS (from dS^T)
         # and K both MN-major.
         mma_dq0 = wgmma.make_tiled_mma(self.dtype, self.dtype, "MN", "MN", cutlass.Float32, (1, 2, 1), d // 2)
@@ -177,6 +188,9 @@ class FlashAttentionSm90Bwd:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_qdo_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_qdo_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_ds_layout)], 1024]
+            # P^T, as dS^T: only head_split reads it from shared memory.
+            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_ds_layout)
+                                                       if c.head_split else 32], 1024]
             # Only the TMA reduce-add stages dQ in shared memory.
             sdQ: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(smem_dq_layout)
                                                         if c.dq_tma_reduce else 32], 1024]
@@ -233,6 +247,9 @@ class FlashAttentionSm90Bwd:
         sQ = storage.sQ.get_tensor(smem_qdo_layout.outer, swizzle=smem_qdo_layout.inner)
         sdO = storage.sdO.get_tensor(smem_qdo_layout.outer, swizzle=smem_qdo_layout.inner)
         sdS = storage.sdS.get_tensor(smem_ds_layout.outer, swizzle=smem_ds_layout.inner)
+        sP = sdS  # unused without head_split
+        if cutlass.const_expr(c.head_split):
+            sP = storage.sP.get_tensor(smem_ds_layout.outer, swizzle=smem_ds_layout.inner)
         sLSE = storage.sLSE.get_tensor(smem_row_layout)
         sdQ = storage.sdQ.get_tensor(smem_dq_layout.outer, swizzle=smem_dq_layout.inner)
         sdQ_full = storage.sdQ.get_tensor(smem_dq_full.outer, swizzle=smem_dq_full.inner)
@@ -270,7 +287,7 @@ class FlashAttentionSm90Bwd:
         else:
             self.roles.become_consumer()
             self.consume((tma_dq, mdQ3, sdQ, sdQ_full), mma_sdp0, mma_sdp, mma_dkv, mma_dq0, mma_dq, sK, sV, sQ, sdO,
-                         sdS, pipe_kv, pipe_qdo,
+                         (sdS, sP), pipe_kv, pipe_qdo,
                          sLSE, sDrow, mdQacc, mdK[None, None, head, batch], mdV[None, None, head, batch], scale,
                          (scale_log2, score_scale), (causal_offset, offset_lo), n_block, seqlen_q, seqlen_k,
                          m_block_min, m_count, (head_row, q_heads), tidx - THREADS_PER_WARPGROUP)
@@ -321,15 +338,17 @@ class FlashAttentionSm90Bwd:
 
     @cute.jit
     def consume(self, dq_tma, mma_sdp0: cute.TiledMma, mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma,
-                mma_dq0: cute.TiledMma, mma_dq: cute.TiledMma, sK, sV, sQ, sdO, sdS, pipe_kv, pipe_qdo,
+                mma_dq0: cute.TiledMma, mma_dq: cute.TiledMma, sK, sV, sQ, sdO, score_smem, pipe_kv, pipe_qdo,
                 sLSE, sDrow, gdQacc, gdK, gdV, scale: cutlass.Float32, scales,
                 offsets, n_block: cutlass.Int32, seqlen_q: cutlass.Int32,
                 seqlen_k: cutlass.Int32, m_block_min: cutlass.Int32, m_count: cutlass.Int32,
                 rows, ctidx: cutlass.Int32):
-        """Consumer warpgroups (ctidx in [0, 256): keys 64 (ctidx // 128) .. + 63 of the block).
-        rows: (the first query head's index among the (batch, query head) pairs, the query
-        heads this CTA walks)."""
+        """Consumer warpgroups (ctidx in [0, 256): keys 64 (ctidx // 128) .. + 63 of the block;
+        with head_split all 64 keys, queries and head dim columns 32 and D / 2 (ctidx // 128) on).
+        score_smem: the dS^T and P^T buffers. rows: (the first query head's index among the
+        (batch, query head) pairs, the query heads this CTA walks)."""
         head_row, q_heads = rows
+        sdS, sP = score_smem
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
         mma_sdp0.set(warpgroup.Field.ACCUMULATE, False)
@@ -349,7 +368,7 @@ class FlashAttentionSm90Bwd:
         tdVrdOt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_transposed(sdO, bm, d, c.stages)))
         tdKrQt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_transposed(sQ, bm, d, c.stages)))
         # dQ operands: dS (queries x keys, per buffer) and K^T (D x keys), both MN-major.
-        tdQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(_transposed(sdS, bn, bm, 2)))
+        tdQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(_transposed(sdS, bn, bm, c.ds_buffers)))
         tdQrKt = mma_dq.make_fragment_B(thr_dq.partition_B(_transposed(sK, bn, d, 1)))
 
         acc_s = cute.make_rmem_tensor(thr_sdp.partition_shape_C((bn, bm)), cutlass.Float32)
@@ -361,20 +380,27 @@ class FlashAttentionSm90Bwd:
         acc_dk.fill(0.0)
         r_p = cute.make_rmem_tensor(acc_s.layout, self.dtype)
         r_ds = cute.make_rmem_tensor(acc_s.layout, self.dtype)
-        t_p, t_ds = acc_as_a(r_p), acc_as_a(r_ds)
-        a_shape = thr_dkv.partition_shape_A((bn, bm))
-        if cutlass.const_expr(str(cute.shape(t_p)) != str(a_shape)):
-            raise RuntimeError(f"P^T's A view {cute.shape(t_p)} does not match wgmma's A fragment {a_shape}")
+        if cutlass.const_expr(c.head_split):
+            # P^T and dS^T (keys x queries, queries contiguous: K-major A) per buffer.
+            t_p = mma_dkv.make_fragment_A(thr_dkv.partition_A(sP))
+            t_ds = mma_dkv.make_fragment_A(thr_dkv.partition_A(sdS))
+        else:
+            t_p, t_ds = acc_as_a(r_p), acc_as_a(r_ds)
+            a_shape = thr_dkv.partition_shape_A((bn, bm))
+            if cutlass.const_expr(str(cute.shape(t_p)) != str(a_shape)):
+                raise RuntimeError(f"P^T's A view {cute.shape(t_p)} does not match wgmma's A fragment {a_shape}")
         s_mn, dp_mn = acc_mn_view(acc_s), acc_mn_view(acc_dp)
         # Tile-local (key, query) of each score this thread holds.
         coord_s = acc_mn_view(thr_sdp.partition_C(cute.make_identity_tensor((bn, bm))))
         coord_dq = thr_dq.partition_C(cute.make_identity_tensor((bm, d)))
         ncols = cute.size(s_mn.shape[1])
-        if cutlass.const_expr(ncols != len(mn_offsets(bm)[1])):
-            raise RuntimeError(f"S^T's column view has {ncols} columns, mn_offsets({bm}) {len(mn_offsets(bm)[1])}")
+        if cutlass.const_expr(ncols != len(mn_offsets(c.s_cols)[1])):
+            raise RuntimeError(f"S^T's column view has {ncols} columns, mn_offsets({c.s_cols}) "
+                               f"{len(mn_offsets(c.s_cols)[1])}")
         stmatrix = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         thr_r2s = cute.make_tiled_copy_C(stmatrix, mma_sdp).get_slice(ctidx)
         ds_ready = pipeline.NamedBarrier(barrier_id=_DS_BARRIER, num_threads=_CONSUMER_THREADS)
+        smem_free = pipeline.NamedBarrier(barrier_id=_FREE_BARRIER, num_threads=_CONSUMER_THREADS)
         key_base = n_block * bn
         # The TMA reduce-add of dQ: (atom, gmem tiles (bm, D/2, row blocks, 2), this warpgroup's
         # smem half, the accumulator-shaped smem view, the warpgroup's named barrier, whether this
@@ -393,12 +419,14 @@ class FlashAttentionSm90Bwd:
         prev = state.clone()
         for t in cutlass.range(q_heads * m_count, unroll=1):
             h = t // m_count
-            state, prev = self.step(m_block_min + (t - h * m_count), t % 2, t > 0, state, prev, mma_sdp0, mma_sdp,
+            state, prev = self.step(m_block_min + (t - h * m_count), t % c.ds_buffers, t > 0, state, prev,
+                              mma_sdp0, mma_sdp,
                               mma_dkv, mma_dq0,
                               mma_dq, tSrK,
                               tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, acc_s, acc_dp, acc_dv, acc_dk,
                               acc_dq, r_p, r_ds, t_p, t_ds, s_mn, dp_mn, coord_s, coord_dq, thr_r2s,
-                              stmatrix, sdS, ds_ready, pipe_qdo, sLSE, sDrow, gdQacc, scale, scales,
+                              stmatrix, (sdS, sP), (ds_ready, smem_free), pipe_qdo, sLSE, sDrow, gdQacc, scale,
+                              scales,
                               offsets, key_base, head_row + h, seqlen_q, seqlen_k, dq_red)
         if cutlass.const_expr(c.defer_dkv_wait):
             wgmma.wait_group(0)  # the last dV, dK GEMMs
@@ -420,21 +448,24 @@ class FlashAttentionSm90Bwd:
     def step(self, m: cutlass.Int32, buf: cutlass.Int32, has_prev: cutlass.Boolean, state, prev, mma_sdp0, mma_sdp,
              mma_dkv, mma_dq0, mma_dq, tSrK,
              tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, acc_s, acc_dp, acc_dv, acc_dk, acc_dq, r_p, r_ds,
-             t_p, t_ds, s_mn, dp_mn, coord_s, coord_dq, thr_r2s, stmatrix, sdS, ds_ready, pipe_qdo,
+             t_p, t_ds, s_mn, dp_mn, coord_s, coord_dq, thr_r2s, stmatrix, score_smem, barriers, pipe_qdo,
              sLSE, sDrow, gdQacc, scale: cutlass.Float32, scales,
              offsets, key_base: cutlass.Int32, head_row: cutlass.Int32, seqlen_q: cutlass.Int32,
              seqlen_k: cutlass.Int32, dq_red):
-        """Q block m against this CTA's keys; dS^T goes through smem buffer `buf`. Returns the
-        advanced pipeline state and this step's (whose slot a deferred release frees), both
-        loop-carried by the caller. scales: (P^T's exponent scale in log2 units, the soft cap's
-        pre-tanh scale); head_row: the (batch, query head) pair's index (its dQ rows start at
-        head_row * seqlen_q)."""
+        """Q block m against this CTA's keys; dS^T (and with head_split P^T) goes through smem
+        buffer `buf` (score_smem: both buffers; barriers: "dS^T is written", "last step's
+        buffer is free"). Returns the advanced pipeline state and this step's (whose slot a
+        deferred release frees), both loop-carried by the caller. scales: (P^T's exponent scale
+        in log2 units, the soft cap's pre-tanh scale); head_row: the (batch, query head) pair's
+        index (its dQ rows start at head_row * seqlen_q)."""
         c = self.config
         scale_log2, score_scale = scales
+        sdS, sP = score_smem
+        ds_ready, smem_free = barriers
         bm = c.block_m
         row_base = m * bm
         t_row, t_col = coord_s[0, 0]
-        row_offs, col_offs = mn_offsets(bm)
+        row_offs, col_offs = mn_offsets(c.s_cols)
         pipe_qdo.consumer_wait(state)
         stage = state.index
         wgmma.fence()
@@ -476,6 +507,13 @@ class FlashAttentionSm90Bwd:
                 p = cute.math.exp2(x * scale_log2 - sLSE[t_col + col_offs[j], stage], fastmath=True)
                 s_mn[r, j] = cutlass.select_(keep, p, cutlass.Float32(0.0))
         r_p.store(acc_s.load().to(self.dtype))
+        if cutlass.const_expr(c.ds_buffers == 1):
+            # This warpgroup's reads of the last step's buffer are done (waited for above or at
+            # the end of that step); the barrier waits for the other's.
+            smem_free.arrive_and_wait()
+        if cutlass.const_expr(c.head_split):
+            # P^T -> smem: the A of dV for both warpgroups (each holds 32 of its query columns).
+            cute.copy(stmatrix, thr_r2s.retile(r_p), thr_r2s.partition_D(sP[None, None, buf]))
         if cutlass.const_expr(c.early_dv):
             # dV += P^T dO runs under the dS^T arithmetic.
             wgmma.fence()
@@ -499,8 +537,9 @@ class FlashAttentionSm90Bwd:
                 dp_mn[r, j] = ds
         r_ds.store(acc_dp.load().to(self.dtype))
 
-        # dS^T -> smem (the A of dQ for both warpgroups). Buffer `buf` was last read by the dQ
-        # GEMM two steps ago, which every consumer waited for before last step's barrier.
+        # dS^T -> smem (the A of dQ for both warpgroups; with head_split of dK too). With two
+        # buffers, buffer `buf` was last read by the GEMMs of two steps ago, which every consumer
+        # waited for before last step's barrier; with one, `smem_free` above.
         cute.copy(stmatrix, thr_r2s.retile(r_ds), thr_r2s.partition_D(sdS[None, None, buf]))
         cute.arch.fence_proxy("async.shared", space="cta")
         ds_ready.arrive_and_wait()
@@ -510,11 +549,17 @@ class FlashAttentionSm90Bwd:
             cute.gemm(mma_dq0 if kb == 0 else mma_dq, acc_dq, tdQrdS[None, None, kb, buf], tdQrKt[None, None, kb, 0],
                       acc_dq)
         wgmma.commit_group()
-        if cutlass.const_expr(not c.early_dv):
+        if cutlass.const_expr(c.head_split):
             for kb in cutlass.range_constexpr(cute.size(t_p, mode=[2])):
-                cute.gemm(mma_dkv, acc_dv, t_p[None, None, kb], tdVrdOt[None, None, kb, stage], acc_dv)
-        for kb in cutlass.range_constexpr(cute.size(t_ds, mode=[2])):
-            cute.gemm(mma_dkv, acc_dk, t_ds[None, None, kb], tdKrQt[None, None, kb, stage], acc_dk)
+                cute.gemm(mma_dkv, acc_dv, t_p[None, None, kb, buf], tdVrdOt[None, None, kb, stage], acc_dv)
+            for kb in cutlass.range_constexpr(cute.size(t_ds, mode=[2])):
+                cute.gemm(mma_dkv, acc_dk, t_ds[None, None, kb, buf], tdKrQt[None, None, kb, stage], acc_dk)
+        else:
+            if cutlass.const_expr(not c.early_dv):
+                for kb in cutlass.range_constexpr(cute.size(t_p, mode=[2])):
+                    cute.gemm(mma_dkv, acc_dv, t_p[None, None, kb], tdVrdOt[None, None, kb, stage], acc_dv)
+            for kb in cutlass.range_constexpr(cute.size(t_ds, mode=[2])):
+                cute.gemm(mma_dkv, acc_dk, t_ds[None, None, kb], tdKrQt[None, None, kb, stage], acc_dk)
         wgmma.commit_group()
         wgmma.wait_group(1)  # dQ_blk landed (and an early dV); dK (and dV) still in flight
 

@@ -228,7 +228,9 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16"):
 
 VARIANT_CONFIGS = {"d64_float16": {"head_dim": 64, "dtype": "float16"},
                    "d96_bfloat16": {"head_dim": 96, "dtype": "bfloat16"},
-                   "d128_bfloat16": {"head_dim": 128, "dtype": "bfloat16"}}
+                   "d128_bfloat16": {"head_dim": 128, "dtype": "bfloat16"},
+                   "d192_bfloat16": {"head_dim": 192, "dtype": "bfloat16"},
+                   "d256_float16": {"head_dim": 256, "dtype": "float16"}}
 
 
 def _register() -> None:

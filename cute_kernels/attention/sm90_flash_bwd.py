@@ -8,7 +8,8 @@ D_i = sum_d dO[i, d] O[i, d], dP = dO V^T and dS = P * (dP - D):
 
 One kernel, `FlashAttentionSm90Bwd` (`sm90_bwd_mainloop`; this module holds its config, the
 host entry point and the compile-only variants): a CTA owns `block_n` = 128 keys of one (query
-head, batch) and is three warpgroups (`hopper.warp_roles`):
+head, batch) (64 at head dims 192 and 256: `head_split`, at the end) and is three warpgroups
+(`hopper.warp_roles`):
 
     producer   warpgroup 0 gives registers back; one warp TMA-loads K and V once, then for
                each Q block (`block_m` = 64 rows) that sees these keys, ascending: Q, dO and the
@@ -94,8 +95,23 @@ backward, whose dQ pass is deterministic). Head dims 64, 96 and 128 run here; D 
 stores Q, dO, K and V with the 32-byte swizzle (`sm90_bwd_mainloop.split_atom`: dQ's head-dim
 split then falls on whole atoms; added 2026-12-05: its GPU tests pass on an H200, and at B2 H16
 S2048 it runs 0.37 / 0.28 ms (causal) against sm80_flash's 1.49 / 1.15, 0.91x / 0.86x cuDNN and
-1.09x / 1.31x FA4 in the same run). 192 and 256 are refused (`supports_backward` says why):
-the fp32 dK and dV accumulators of a 128-key block do not fit in registers.
+1.09x / 1.31x FA4 in the same run).
+
+Head dims 192 and 256 (`head_split`, 2026-12-05, built without a GPU: unverified path
+`sm90_bwd_head_split`, until then `supports_backward` refuses them and "auto" hands the
+backward to sm80_flash, 0.26-0.35x FA4). A warpgroup's dK and dV of 64 keys x D take D fp32
+registers a thread, too many beside S^T and dP^T above D = 128. So the CTA takes 64 keys and
+both consumer warpgroups work on all of them: S^T and dP^T split by queries (m64n32 each), P^T
+and dS^T go to shared memory (stmatrix), and dV += P^T dO, dK += dS^T Q and dQ_blk = dS K split
+by the head dim (m64n(D/2), every operand from shared memory). A thread then holds D / 2
+registers of dK and dV, 32 of S^T and dP^T and D / 4 of dQ (which the compiler puts where S^T
+was): no spills at D = 256 (every `head_split` variant compiles for sm_90a with 168 launch
+registers and no local memory). Shared memory: K, V and two Q/dO stages of 64 x 256 take 192
+KiB, so D = 256 keeps one dS^T and one P^T buffer (`ds_buffers`), with a barrier before a
+step's writes ("both warpgroups are done reading the last step's"); D = 192 keeps two. This is
+FlashAttention-3's layout for these head dims in outline (its CTA takes 80 or 96 keys, with
+queries on M); the GPU tests (`test_head_split_*`) compare it with fp32 autograd and float64,
+and at D = 128 with the default layout's problems.
 """
 
 from __future__ import annotations
@@ -106,7 +122,7 @@ from dataclasses import dataclass, replace
 import cutlass
 
 from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP
-from cute_kernels.runtime import compile_kernel, tvm_ffi_available
+from cute_kernels.runtime import compile_kernel, tvm_ffi_available, unverified
 from cute_kernels.runtime.arch import sm_count
 from cute_kernels.runtime.plan_cache import WarmCache, memo
 
@@ -120,7 +136,10 @@ from .sm90_bwd_mainloop import FlashAttentionSm90Bwd
 __all__ = ["FlashSm90BwdConfig", "bwd_config_for", "FlashAttentionSm90Bwd", "supports_backward", "backward",
            "build_variant", "BWD_VARIANT_CONFIGS", "HEAD_DIMS"]
 
-HEAD_DIMS = (64, 96, 128)
+HEAD_DIMS = (64, 96, 128, 192, 256)
+# Head dims whose dK and dV accumulators of 64 keys fit one warpgroup's registers; the wider ones
+# need `head_split` (the two consumer warpgroups share 64 keys and split the head dim).
+_WHOLE_HEAD_DIMS = (64, 96, 128)
 _REGS = 65536
 _SMEM_LIMIT = 227 * 1024
 
@@ -150,7 +169,13 @@ class FlashSm90BwdConfig:
     GQA, one CTA per (key block, key/value head) walks the query heads of its group and sums
     their dK, dV in registers, writing them once in `dtype` (no fp32 per-query-head buffers and
     no host sum: the memory of the non-GQA backward, deterministic), against `dkv_fp32`'s CTA
-    per query head (more CTAs for small problems).
+    per query head (more CTAs for small problems); head_split: the two consumer warpgroups
+    share block_n = 64 keys, split S^T and dP^T by queries (32 columns each) and dV, dK by the
+    head dim, with P^T and dS^T going through shared memory as the A of dV and dK (the layout
+    of head dims 192 and 256, whose dK and dV of 64 keys x D overflow one warpgroup's
+    registers); ds_buffers: smem buffers of dS^T (and with head_split of P^T), 2 so that a
+    step's writes never wait for the other warpgroup's reads of the last step, 1 where shared
+    memory is short (D = 256), with a barrier before the writes instead.
     """
 
     head_dim: int = 128
@@ -169,6 +194,8 @@ class FlashSm90BwdConfig:
     consumer_regs: int = 240
     softcap: bool = False
     gqa_loop: bool = False
+    head_split: bool = False
+    ds_buffers: int = 2
 
     def validate(self) -> "FlashSm90BwdConfig":
         if self.head_dim not in HEAD_DIMS:
@@ -176,7 +203,7 @@ class FlashSm90BwdConfig:
         if self.dtype not in _CUTLASS:
             raise ValueError(f"FlashSm90BwdConfig.dtype must be one of {tuple(_CUTLASS)}, got {self.dtype!r}")
         for name in ("causal", "local", "dkv_fp32", "dq_tma_reduce", "defer_dkv_wait", "early_dv", "prep_kernel",
-                     "softcap", "gqa_loop"):
+                     "softcap", "gqa_loop", "head_split"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FlashSm90BwdConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.gqa_loop and self.dkv_fp32:
@@ -184,9 +211,27 @@ class FlashSm90BwdConfig:
                              "per-query-head results (dkv_fp32)")
         if self.block_m != 64:
             raise ValueError(f"FlashSm90BwdConfig.block_m must be 64 (one wgmma N of S^T), got {self.block_m!r}")
-        if self.block_n != 128:
-            raise ValueError(f"FlashSm90BwdConfig.block_n must be 128 (two consumer warpgroups x 64 keys), "
-                             f"got {self.block_n!r}")
+        if self.head_split:
+            if self.block_n != 64:
+                raise ValueError(f"FlashSm90BwdConfig.block_n must be 64 with head_split (both consumer "
+                                 f"warpgroups take the same 64 keys), got {self.block_n!r}")
+            if self.early_dv or self.dq_tma_reduce:
+                raise ValueError("FlashSm90BwdConfig: head_split takes neither early_dv (P^T reaches dV through "
+                                 "shared memory, after both warpgroups wrote it) nor dq_tma_reduce (no shared "
+                                 "memory left for the fp32 dQ tile at the head dims it serves)")
+        else:
+            if self.head_dim not in _WHOLE_HEAD_DIMS:
+                raise ValueError(f"FlashSm90BwdConfig.head_dim {self.head_dim} needs head_split: the dK and dV "
+                                 f"accumulators of 64 keys x D overflow a warpgroup's registers above "
+                                 f"{_WHOLE_HEAD_DIMS[-1]}")
+            if self.block_n != 128:
+                raise ValueError(f"FlashSm90BwdConfig.block_n must be 128 (two consumer warpgroups x 64 keys), "
+                                 f"got {self.block_n!r}")
+            if self.ds_buffers != 2:
+                raise ValueError(f"FlashSm90BwdConfig.ds_buffers must be 2 without head_split, got "
+                                 f"{self.ds_buffers!r}")
+        if self.ds_buffers not in (1, 2):
+            raise ValueError(f"FlashSm90BwdConfig.ds_buffers must be 1 or 2, got {self.ds_buffers!r}")
         if self.stages not in (1, 2, 3):
             raise ValueError(f"FlashSm90BwdConfig.stages must be 1 to 3, got {self.stages!r}")
         for name in ("producer_regs", "consumer_regs"):
@@ -206,12 +251,18 @@ class FlashSm90BwdConfig:
         return 3 * THREADS_PER_WARPGROUP
 
     @property
+    def s_cols(self) -> int:
+        """Query columns of a consumer warpgroup's S^T and dP^T (the N of their wgmma)."""
+        return self.block_m // 2 if self.head_split else self.block_m
+
+    @property
     def smem_bytes(self) -> int:
-        """K and V (block_n x D), `stages` slots of Q and dO (block_m x D), two dS^T buffers
-        (block_n x block_m), all 16-bit; the fp32 dQ tile (block_m x D) with `dq_tma_reduce`;
-        lse2 and D per stage; barriers and alignment slack."""
+        """K and V (block_n x D), `stages` slots of Q and dO (block_m x D), `ds_buffers` dS^T
+        buffers (block_n x block_m; as many of P^T with head_split), all 16-bit; the fp32 dQ tile
+        (block_m x D) with `dq_tma_reduce`; lse2 and D per stage; barriers and alignment slack."""
         d = self.head_dim
-        return (2 * (2 * self.block_n * d + 2 * self.stages * self.block_m * d + 2 * self.block_n * self.block_m)
+        score_tiles = self.ds_buffers * (2 if self.head_split else 1)
+        return (2 * (2 * self.block_n * d + 2 * self.stages * self.block_m * d + score_tiles * self.block_n * self.block_m)
                 + (4 * self.block_m * d if self.dq_tma_reduce else 0) + 2 * 4 * self.block_m * self.stages + 2048)
 
     @property
@@ -223,11 +274,20 @@ class FlashSm90BwdConfig:
         return 2 * 2 * self.block_m * self.head_dim + 2 * 4 * self.block_m
 
 
+def block_n_for(head_dim: int) -> int:
+    """Keys per CTA at a head dim: 128 (64 a consumer warpgroup), 64 where the warpgroups split
+    the head dim (192 and 256)."""
+    return 128 if head_dim in _WHOLE_HEAD_DIMS else 64
+
+
 def bwd_config_for(head_dim: int, dtype: str, causal: bool, *, dkv_fp32: bool = False,
                    local: bool = False, softcap: bool = False, gqa_loop: bool = False) -> FlashSm90BwdConfig:
-    """The tile for a head dim: 64 Q rows per step against 128 keys per CTA."""
+    """The tile for a head dim: 64 Q rows per step against `block_n_for(head_dim)` keys per CTA;
+    at D = 256 one dS^T / P^T buffer each (two would need 232 KB of shared memory)."""
+    split = head_dim not in _WHOLE_HEAD_DIMS
     return FlashSm90BwdConfig(head_dim=head_dim, dtype=dtype, causal=causal, local=local,
-                              dkv_fp32=dkv_fp32, softcap=softcap, gqa_loop=gqa_loop).validate()
+                              dkv_fp32=dkv_fp32, softcap=softcap, gqa_loop=gqa_loop, head_split=split,
+                              block_n=block_n_for(head_dim), ds_buffers=1 if head_dim > 192 else 2).validate()
 
 
 # ---- compile-only variants ------------------------------------------------------------------------
@@ -287,6 +347,18 @@ BWD_VARIANT_CONFIGS["d128_bfloat16_causal_gqa_loop"] = {"head_dim": 128, "dtype"
                                                         "gqa_loop": True}
 BWD_VARIANT_CONFIGS["d64_float16_local_gqa_loop_tma"] = {"head_dim": 64, "dtype": "float16", "causal": False,
                                                          "local": True, "gqa_loop": True, "dq_tma_reduce": True}
+# Head dims 192 and 256: the two consumer warpgroups share 64 keys and split the head dim
+# (`head_split`; one dS^T / P^T buffer at 256), and the same layout at 128, where the GPU tests
+# compare it with the default one.
+BWD_VARIANT_CONFIGS["d192_bfloat16_causal"] = {"head_dim": 192, "dtype": "bfloat16", "causal": True}
+BWD_VARIANT_CONFIGS["d192_float16_gqa"] = {"head_dim": 192, "dtype": "float16", "causal": False, "dkv_fp32": True}
+BWD_VARIANT_CONFIGS["d256_bfloat16_causal"] = {"head_dim": 256, "dtype": "bfloat16", "causal": True}
+BWD_VARIANT_CONFIGS["d256_bfloat16_local_softcap_gqa_loop"] = {
+    "head_dim": 256, "dtype": "bfloat16", "causal": True, "local": True, "softcap": True, "gqa_loop": True}
+BWD_VARIANT_CONFIGS["d256_float16_defer"] = {"head_dim": 256, "dtype": "float16", "causal": False,
+                                             "defer_dkv_wait": True}
+BWD_VARIANT_CONFIGS["d128_bfloat16_causal_split"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True,
+                                                     "head_split": True, "block_n": 64}
 
 
 def _register() -> None:
@@ -313,8 +385,10 @@ def supports_backward(problem) -> str | None:
         return f"the sm90_flash backward takes float16 and bfloat16, not {problem.dtype}"
     d = problem.head_dim
     if d not in HEAD_DIMS:
-        return (f"the sm90_flash backward takes head dims {HEAD_DIMS}, not {d} (192 and 256: the dK and dV "
-                "accumulators of a 128-key block do not fit in registers)")
+        return f"the sm90_flash backward takes head dims {HEAD_DIMS}, not {d}"
+    if d not in _WHOLE_HEAD_DIMS and not unverified.enabled("sm90_bwd_head_split"):
+        return (f"the sm90_flash backward at head dim {d} (consumer warpgroups splitting the head dim) has not "
+                "run on a GPU yet (runtime.unverified path 'sm90_bwd_head_split')")
     if problem.head_dim_v != d:
         return f"the sm90_flash backward needs the value head dim ({problem.head_dim_v}) equal to D ({d})"
     if not (math.isfinite(problem.scale) and problem.scale > 0):
@@ -397,12 +471,13 @@ def _check_supported(problem) -> None:
 
 def gqa_loop_fills(problem, sms: int) -> bool:
     """Whether the default backward of a GQA problem sums dK, dV in the kernel (`gqa_loop`):
-    when its grid, a CTA per (128 keys, key/value head, batch), still fills the GPU's `sms` SMs.
+    when its grid, a CTA per (`block_n_for` keys, key/value head, batch), still fills the GPU's
+    `sms` SMs.
     Measured on the H200 at B4 Hq32 Hkv8 S4096 D128 (1024 CTAs): 0.99x the per-query-head path's
     time causal, 1.09x not, 452 MiB peak against 1028 MiB (FA4: 580). A smaller grid leaves SMs
     idle where the per-query-head path has `group` times more CTAs, so it keeps that path; so
     does a soft cap, whose combination with the loop has not run on a GPU yet."""
-    ctas = -(-problem.seqlen_k // 128) * problem.heads_kv * problem.batch
+    ctas = -(-problem.seqlen_k // block_n_for(problem.head_dim)) * problem.heads_kv * problem.batch
     return problem.softcap is None and sms > 0 and ctas >= sms
 
 

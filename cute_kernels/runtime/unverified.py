@@ -31,6 +31,9 @@ PATHS: dict[str, str] = {
                      "in background worker processes while the program runs (`runtime.compile_ahead`)",
     "linear_ce_wide_chunk": "fused linear + cross-entropy takes tokens in chunks of up to 256 MiB of logits "
                             "(`fused.linear_ce.default_chunk`) instead of Liger's x-sized chunks",
+    "sm90_bwd_head_split": "the Hopper attention backward at head dims 192 and 256: its two consumer warpgroups "
+                           "share 64 keys and split the head dim (`attention.sm90_flash_bwd`, "
+                           "`FlashSm90BwdConfig.head_split`) instead of handing the backward to sm80_flash",
     "norm_backward_prefetch": "the RMSNorm / LayerNorm backward loads its next row block while it computes "
                               "the current one (`fused.norms`, `NormConfig.prefetch`)",
 }

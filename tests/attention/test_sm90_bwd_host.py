@@ -280,8 +280,8 @@ def test_bad_config_is_refused_on_every_call_and_the_problem_cache_is_bounded(ho
             _launch(host, p, wrong)
     assert host.launches == []
     for _ in range(2):  # a refusal is never remembered as a pass
-        with pytest.raises(ValueError, match="not 256"):
-            _launch(host, replace(p, head_dim=256, head_dim_v=256))
+        with pytest.raises(ValueError, match="not 80"):
+            _launch(host, replace(p, head_dim=80, head_dim_v=80))
         with pytest.raises(ValueError, match="must be finite"):
             _launch(host, replace(p, scale=math.nan))
     assert host.launches == []
@@ -403,3 +403,23 @@ def test_tvm_ffi_and_from_torch_paths_agree_on_gpu(monkeypatch, name):
             assert ((a.double() - b.double()).norm() / b.double().norm()).item() < 1e-2
         else:
             assert torch.equal(a, b), name_
+
+
+@pytest.mark.parametrize("d", [192, 256])
+def test_wide_head_dims_launch_the_head_split_kernel_once_the_path_is_on(host, d):
+    """D = 192 and 256 (unverified path `sm90_bwd_head_split`): refused while the path is off;
+    on, the default config is the head-split one (64 keys a CTA) with the same outputs' shapes
+    and dtypes, and GQA keeps its per-query-head fp32 buffers where the grid would not fill."""
+    host.use_tvm_ffi(True)
+    p = _problem(hq=4, hkv=2, d=d)
+    with runtime.unverified.allowing("sm90_bwd_head_split", on=False):
+        with pytest.raises(ValueError, match="sm90_bwd_head_split"):
+            _launch(host, p)
+    assert host.launches == []
+    with runtime.unverified.allowing("sm90_bwd_head_split"):
+        (dq, dk, dv), (dout, q, k, v, *_) = _launch(host, p)
+    (config,) = [c for kind, _, c in (x for x in host.compiles if x[0] == "bwd")]
+    assert config.head_split and config.block_n == 64 and config.ds_buffers == (1 if d == 256 else 2)
+    assert config.dkv_fp32 and not config.gqa_loop  # no SMs without CUDA: the grid does not fill
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    assert dq.dtype == dk.dtype == dv.dtype == q.dtype

@@ -76,6 +76,28 @@ def _ids(c):
                                            "prep_kernel": True}], ids=["default", "all_options"])
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_window_gradients_match_float64(case, schedule):
+    _check_window(case, schedule)
+
+
+# Head dims 192 and 256 (unverified path `sm90_bwd_head_split`: the consumer warpgroups split the
+# head dim), with both bounds, GQA and rows that see no key.
+SPLIT_CASES = [
+    (1, 2, 2, 300, 300, 256, None, (64, 32), torch.bfloat16),
+    (1, 4, 2, 257, 190, 192, "top_left", (30, 0), torch.float16),
+    (1, 2, 2, 100, 400, 256, None, (10, -1), torch.float16),
+]
+
+
+@pytest.mark.parametrize("schedule", [{}, {"defer_dkv_wait": True}], ids=["default", "defer"])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=_ids)
+def test_head_split_window_gradients_match_float64(case, schedule):
+    from cute_kernels.runtime import unverified
+
+    with unverified.allowing("sm90_bwd_head_split"):
+        _check_window(case, schedule)
+
+
+def _check_window(case, schedule):
     bwd = _sm90()
     b, hq, hkv, sq, sk, d, causal, window, dtype = case
     torch.manual_seed(sq + 3 * sk + d)

@@ -48,7 +48,38 @@ def test_variant_uses_wgmma_tma_and_reductions_without_spills(config):
     assert kernel.dynamic_smem >= c.smem_bytes - 2048
 
 
-@pytest.mark.parametrize("config", ["d64_float16", "d128_bfloat16"])
+@pytest.mark.parametrize("config", ["d192_bfloat16_causal", "d192_float16_gqa", "d256_bfloat16_causal",
+                                    "d256_bfloat16_local_softcap_gqa_loop", "d256_float16_defer",
+                                    "d128_bfloat16_causal_split"])
+def test_head_split_variant_shares_keys_and_splits_the_head_dim_without_spills(config):
+    """`head_split`: both warpgroups take the same 64 keys; S^T and dP^T split by queries (N =
+    32 each), dV, dK and dQ by the head dim (N = D / 2), all five GEMMs from shared memory; P^T
+    and dS^T stored with stmatrix."""
+    pytest.importorskip("cutlass")
+    from cute_kernels.runtime import check_variant, compile_variant, get_variant
+
+    import cute_kernels.attention.sm90_flash_bwd as bwd
+
+    report = compile_variant("attention.sm90_flash_bwd", config)
+    assert check_variant(report, get_variant("attention.sm90_flash_bwd")) == []
+    assert report.spill_store_bytes == 0 and report.local_memory == 0
+    (kernel,) = report.kernels
+    ops = kernel.sass.opcodes
+    count = lambda prefix: sum(v for op, v in ops.items() if op.startswith(prefix))  # noqa: E731
+    assert count("STL") == 0 and count("LDL") == 0
+    d = int(config.split("_")[0][1:])
+    # S^T and dP^T: D/16 k steps each at N = 32; dV, dK (64 queries) and dQ (64 keys): 4 each at N = D/2.
+    assert count("HGMMA.64x32x16") == 2 * d // 16
+    assert count(f"HGMMA.64x{d // 2}x16") == 12
+    assert sum(ops.values()) - count("HGMMA.64x32x16") - count(f"HGMMA.64x{d // 2}x16") > 0
+    assert count("HGMMA") == 2 * d // 16 + 12
+    assert count("REDG.E.ADD.F32x2") == d // 8 and count("STSM") == 4 and count("USETMAXREG") == 2
+    config_args = bwd.BWD_VARIANT_CONFIGS[config]
+    c = bwd.build_variant(**config_args).key[1]
+    assert c.head_split and c.block_n == 64 and kernel.dynamic_smem >= c.smem_bytes - 2048
+
+
+@pytest.mark.parametrize("config", ["d64_float16", "d128_bfloat16", "d192_bfloat16", "d256_float16"])
 def test_preprocess_uses_vector_loads_and_shuffles(config):
     pytest.importorskip("cutlass")
     from cute_kernels.runtime import check_variant, compile_variant, get_variant
@@ -60,7 +91,8 @@ def test_preprocess_uses_vector_loads_and_shuffles(config):
     ops = report.kernels[0].sass.opcodes
     assert ops.get("LDG.E.128", 0) == 2  # 8 elements of dO and of O per thread
     d = int(config.split("_")[0][1:])
-    assert ops.get("SHFL.BFLY", 0) == (d // 8).bit_length() - 1
+    # A row's threads: D / 8 rounded up to a power of two, summed in log2 of it butterfly steps.
+    assert ops.get("SHFL.BFLY", 0) == (d // 8 - 1).bit_length()
 
 
 def _problem(d=128, dv=None, dtype_name="bfloat16"):
@@ -76,8 +108,15 @@ def test_supports_backward_names_what_it_refuses():
     pytest.importorskip("cutlass")
     from cute_kernels.attention.sm90_flash_bwd import supports_backward
 
+    from cute_kernels.runtime import unverified
+
     assert supports_backward(_problem(64)) is None and supports_backward(_problem(128)) is None
-    assert "not 256" in supports_backward(_problem(256))
+    assert "not 80" in supports_backward(_problem(80))
+    with unverified.allowing("sm90_bwd_head_split", on=False):
+        assert "'sm90_bwd_head_split'" in supports_backward(_problem(256))
+        assert "has not run on a GPU" in supports_backward(_problem(192))
+    with unverified.allowing("sm90_bwd_head_split"):
+        assert supports_backward(_problem(256)) is None and supports_backward(_problem(192)) is None
     assert supports_backward(_problem(96)) is None  # Phi-3's head dim (32-byte swizzled operands)
     assert "value head dim" in supports_backward(_problem(128, dv=64))
     assert "float32" in supports_backward(_problem(128, dtype_name="float32"))
@@ -113,4 +152,30 @@ def test_config_validation_is_clear():
         FlashSm90BwdConfig(stages=5).validate()
     with pytest.raises(ValueError, match="block_n must be 128"):
         FlashSm90BwdConfig(block_n=64).validate()
+    with pytest.raises(ValueError, match="head dim 256 needs head_split|head_dim 256 needs head_split"):
+        FlashSm90BwdConfig(head_dim=256).validate()
+    with pytest.raises(ValueError, match="block_n must be 64 with head_split"):
+        FlashSm90BwdConfig(head_dim=256, head_split=True).validate()
+    with pytest.raises(ValueError, match="neither early_dv"):
+        FlashSm90BwdConfig(head_dim=192, head_split=True, block_n=64, early_dv=True).validate()
+    with pytest.raises(ValueError, match="ds_buffers must be 2 without head_split"):
+        FlashSm90BwdConfig(ds_buffers=1).validate()
+    with pytest.raises(ValueError, match="ds_buffers must be 1 or 2"):
+        FlashSm90BwdConfig(head_dim=192, head_split=True, block_n=64, ds_buffers=3).validate()
+    with pytest.raises(ValueError, match="shared memory"):
+        FlashSm90BwdConfig(head_dim=256, head_split=True, block_n=64, stages=3).validate()
     assert FlashSm90BwdConfig(head_dim=64, dtype="float16").validate().tx_bytes_qdo == 2 * 2 * 64 * 64 + 512
+
+
+def test_the_default_tile_per_head_dim():
+    """128 keys a CTA up to D = 128; 64 keys and the head dim split above, with one dS^T / P^T
+    buffer at 256 (two would not fit beside two Q/dO stages), every default within sm_90's
+    shared memory."""
+    pytest.importorskip("cutlass")
+    from cute_kernels.attention.sm90_flash_bwd import _SMEM_LIMIT, bwd_config_for
+
+    tiles = {d: bwd_config_for(d, "bfloat16", True) for d in (64, 96, 128, 192, 256)}
+    assert {d: (c.block_n, c.head_split, c.ds_buffers) for d, c in tiles.items()} == {
+        64: (128, False, 2), 96: (128, False, 2), 128: (128, False, 2), 192: (64, True, 2), 256: (64, True, 1)}
+    assert all(c.smem_bytes <= _SMEM_LIMIT for c in tiles.values())
+    assert tiles[192].s_cols == 32 and tiles[128].s_cols == 64

@@ -187,3 +187,72 @@ def test_default_backward_sums_the_group_in_the_kernel_where_the_grid_fills_the_
     for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
         assert got.shape == want.shape and not got.isnan().any(), name
         assert rel_err(got, want) < TOL[dtype], name
+
+
+# Head dims 192 and 256 (unverified path `sm90_bwd_head_split`): both consumer warpgroups take
+# the same 64 keys and split the head dim; P^T and dS^T go through shared memory (one buffer
+# each at 256). Odd lengths, both causal alignments, GQA, one key, rows that see no key.
+SPLIT_CASES = [
+    (1, 2, 2, 131, 131, 192, None, torch.bfloat16),
+    (2, 4, 2, 257, 200, 192, "bottom_right", torch.float16),
+    (1, 2, 2, 300, 300, 256, "top_left", torch.bfloat16),
+    (1, 4, 1, 130, 70, 256, "bottom_right", torch.float16),
+    (1, 2, 2, 64, 513, 256, "top_left", torch.bfloat16),
+    (1, 3, 3, 17, 1, 256, None, torch.bfloat16),
+    (2, 2, 2, 200, 333, 128, "bottom_right", torch.bfloat16),  # the split layout where the default one runs
+]
+SPLIT_SCHEDULES = [{}, dict(defer_dkv_wait=True), dict(ds_buffers=1), dict(stages=1)]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: f"{c[1]}/{c[2]}x{c[3]}x{c[4]}xd{c[5]}-{c[6]}-{c[7]}")
+@pytest.mark.parametrize("schedule", SPLIT_SCHEDULES, ids=lambda s: "+".join(f"{k}{v}" for k, v in s.items())
+                         or "default")
+def test_head_split_gradients_match_float32_autograd(case, schedule):
+    from cute_kernels.runtime import unverified
+
+    d = case[5]
+    schedule = {"head_split": True, "block_n": 64, **schedule} if d <= 128 else schedule
+    with unverified.allowing("sm90_bwd_head_split"):
+        dout, grads, ref, dtype = _run(case, **schedule)
+    floor = 1e-3 * dout.float().norm()
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
+        assert got.shape == want.shape and got.dtype == dtype, name
+        assert not got.isnan().any(), f"{name} has unwritten (NaN) elements"
+        err = rel_err(got, want, floor)
+        assert err < TOL[dtype], f"{name}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("case", [(2, 4, 2, 257, 200, 192, "bottom_right", torch.bfloat16),
+                                  (1, 8, 2, 300, 513, 256, None, torch.float16)],
+                         ids=lambda c: f"{c[1]}/{c[2]}xd{c[5]}-{c[6]}")
+def test_head_split_gqa_loop_matches_the_per_query_head_path(case):
+    from cute_kernels.runtime import unverified
+
+    with unverified.allowing("sm90_bwd_head_split"):
+        dout, grads, ref, dtype = _run(case, gqa_loop=True, dkv_fp32=False)
+        _, per_head, _, _ = _run(case)
+    for name, got, want, other in zip(("dq", "dk", "dv"), grads, ref, per_head):
+        assert not got.isnan().any(), f"{name} has unwritten (NaN) elements"
+        assert rel_err(got, want) < TOL[dtype], name
+        assert rel_err(got, other.float()) < TOL[dtype] / 3, f"{name} differs from the per-query-head path"
+
+
+def test_head_dim_256_backward_stays_on_sm80_until_verified_then_runs_on_sm90():
+    """Through the public entry: off, D = 256 hands the backward to sm80_flash; on, sm90_flash
+    takes it, and both agree with fp32 autograd."""
+    _sm90()
+    from cute_kernels.attention.api import _backward_rung, attention_backward, attention_forward
+    from cute_kernels.runtime import unverified
+
+    torch.manual_seed(3)
+    q, k, v, dout = (torch.randn(1, 2, 190, 256, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    problem = check_inputs(q, k, v, causal="bottom_right", scale=None, enable_gqa=False)
+    with unverified.allowing("sm90_bwd_head_split", on=False):
+        assert _backward_rung("auto", q, k, v, problem).name == "sm80_flash"
+    with unverified.allowing("sm90_bwd_head_split"):
+        assert _backward_rung("auto", q, k, v, problem).name == "sm90_flash"
+        out, lse = attention_forward(q, k, v, causal="bottom_right")
+        grads = attention_backward(dout, q, k, v, out, lse, causal="bottom_right")
+    _, _, *ref = reference(q, k, v, dout, "bottom_right")
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
+        assert not got.isnan().any() and rel_err(got, want) < TOL[torch.bfloat16], name
