@@ -78,6 +78,23 @@ def _transposed(t: cute.Tensor, rows: int, cols: int, stages: int) -> cute.Tenso
     return cute.composition(t, cute.make_layout((cols, rows, stages), stride=(rows, 1, rows * cols)))
 
 
+def ragged(t: cute.Tensor) -> cute.Tensor:
+    """A packed (T, D, H, 1) tensor as the ragged (T, D, H, T + 1) view whose TMA clips each
+    sequence at its own end: the last mode has the row stride and the pointer moves back T rows,
+    so row r of a sequence at offset o of length S is element (T - S + r, :, h, o + S), at the
+    address of row o + r, and rows r >= S fall past mode 0 (zero-filled loads). `seq_rows`
+    takes a sequence's (S, D) view of one head."""
+    rows, row_stride = t.shape[0], t.stride[0]
+    layout = cute.make_layout((rows, t.shape[1], t.shape[2], rows + 1),
+                              stride=(row_stride, t.stride[1], t.stride[2], row_stride))
+    return cute.make_tensor(t.iterator - cutlass.Int64(rows) * row_stride, layout)
+
+
+def seq_rows(t: cute.Tensor, head, offset, length) -> cute.Tensor:
+    """Head `head`'s rows of the sequence at `offset` of `length` rows, from a `ragged` view."""
+    return cute.domain_offset((t.shape[0] - length, 0), t[None, None, head, offset + length])
+
+
 def split_atom(dtype, head_dim: int):
     """The K-major smem atom of Q, dO, K and V: the widest swizzle dividing the head dim whose
     width (elements per swizzle row) and half the head dim divide one another, because dQ_blk =
@@ -127,11 +144,41 @@ class FlashAttentionSm90Bwd:
                  softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
                  qhead_per_kvhead: cutlass.Int32, stream, softcap: cutlass.Float32 | None = None):
         """Launch over (key blocks, query heads, batch). softcap: the cap c (with `config.softcap`)."""
+        self.launch(mQ, mK, mV, mdO, mLSE2, mDrow, mdQacc, mdK, mdV, softmax_scale, causal_offset, offset_lo,
+                    qhead_per_kvhead, stream, softcap, (None, None, None, None))
+
+    @cute.jit
+    def call_varlen(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
+                    mDrow: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+                    softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
+                    qhead_per_kvhead: cutlass.Int32, stream, softcap: cutlass.Float32 | None,
+                    mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, max_seqlen_k: cutlass.Int32,
+                    bottom_right: cutlass.Int32):
+        """The packed launch (`config.varlen`; its own entry, so the dense one's parameter list,
+        which TVM-FFI builds take whole, stays as it was): q, k, v, dO, dK, dV are the packed
+        (T, H, D) tensors viewed (1, H, T, D); lse2 and D flat (Hq, Tq) (not padded: rows past a
+        sequence are masked), the dQ accumulator flat (Hq, Tq, D); cu_seqlens (B + 1,) int32;
+        the grid covers max_seqlen_k's key blocks; both offsets relative to each sequence's base
+        bottom_right * (Sk_b - Sq_b)."""
+        self.launch(mQ, mK, mV, mdO, mLSE2, mDrow, mdQacc, mdK, mdV, softmax_scale, causal_offset, offset_lo,
+                    qhead_per_kvhead, stream, softcap, (mCuSeqlensQ, mCuSeqlensK, max_seqlen_k, bottom_right))
+
+    @cute.jit
+    def launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
+               mDrow: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+               softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
+               qhead_per_kvhead: cutlass.Int32, stream, softcap: cutlass.Float32 | None, varlen_args):
+        """Both entries' body; varlen_args: (cu_seqlens q, cu_seqlens k, max_seqlen_k,
+        bottom_right), or Nones."""
+        mCuSeqlensQ, mCuSeqlensK, max_seqlen_k, bottom_right = varlen_args
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
         # (B, H, S, D) -> (S, D, H, B): a TMA box is a (rows, D) slab of one (head, batch).
         to_sdhb = lambda t: cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 3, 1, 0]))  # noqa: E731
         mQ, mK, mV, mdO, mdK, mdV = [to_sdhb(t) for t in (mQ, mK, mV, mdO, mdK, mdV)]
+        rows_q = mQ.shape[0]  # Sq, or varlen the packed Tq
+        if cutlass.const_expr(c.varlen):
+            mQ, mK, mV, mdO = [ragged(t) for t in (mQ, mK, mV, mdO)]
 
         smem_kv_layout = smem_layouts.staged_smem_layout(self.smem_atom, bn, d, 1)
         smem_qdo_layout = smem_layouts.staged_smem_layout(self.smem_atom, bm, d, c.stages)
@@ -149,7 +196,7 @@ class FlashAttentionSm90Bwd:
         smem_dq_full = smem_layouts.staged_smem_layout(self.dq_atom, bm, d, 1)
         # The dQ accumulator is (B * Hq, Sq, D) unpadded (the backward's post-processing converts
         # it whole); as (Sq, D, B * Hq) the reduce-add's tensor map clips each head's last block.
-        sq = mQ.shape[0]
+        sq = rows_q
         mdQ3 = cute.make_tensor(mdQacc.iterator, cute.make_layout((sq, d, mdQacc.shape[0] // (sq * d)),
                                                                   stride=(d, 1, sq * d)))
         tma_dq, tdQ = cpasync.make_tiled_tma_atom(cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ3,
@@ -190,7 +237,7 @@ class FlashAttentionSm90Bwd:
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_ds_layout)], 1024]
             # P^T, as dS^T: only head_split reads it from shared memory.
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_ds_layout)
-                                                       if c.head_split else 32], 1024]
+                                                       if c.head_split else 8], 1024 if c.head_split else 16]
             # Only the TMA reduce-add stages dQ in shared memory.
             sdQ: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(smem_dq_layout)
                                                         if c.dq_tma_reduce else 32], 1024]
@@ -200,15 +247,18 @@ class FlashAttentionSm90Bwd:
         # One CTA per (key block, query head, batch), or with `gqa_loop` per (key block, key/value
         # head, batch), walking the query heads of its group one after the other.
         grid = (cute.ceil_div(mK.shape[0], bn), mK.shape[2] if c.gqa_loop else mQ.shape[2], mQ.shape[3])
+        if cutlass.const_expr(c.varlen):
+            grid = (cute.ceil_div(max_seqlen_k, bn), mQ.shape[2], mCuSeqlensQ.shape[0] - 1)
         # P^T's exponent scale and the soft cap's pre-tanh one (`problem_checks.softcap_scalars`).
         exp_scale, score_scale = softmax_scale, softmax_scale
         if cutlass.const_expr(c.softcap):
             exp_scale, score_scale = softcap, softmax_scale / softcap
         self.kernel(tma_k, tK, tma_v, tV, tma_q, tQ, tma_do, tdO, tma_lse, tLSE, tma_drow, tDrow, tma_dq, tdQ, mdQacc,
                     mdK, mdV,
-                    softmax_scale, exp_scale * LOG2_E, causal_offset, offset_lo, qhead_per_kvhead, mQ.shape[0],
+                    softmax_scale, exp_scale * LOG2_E, causal_offset, offset_lo, qhead_per_kvhead, rows_q,
                     smem_kv_layout, smem_qdo_layout, smem_ds_layout, smem_row_layout, smem_dq_layout, smem_dq_full,
-                    mma_sdp0, mma_sdp, mma_dkv, mma_dq0, mma_dq, SharedStorage, score_scale).launch(
+                    mma_sdp0, mma_sdp, mma_dkv, mma_dq0, mma_dq, SharedStorage, score_scale, mCuSeqlensQ,
+                    mCuSeqlensK, bottom_right).launch(
                         grid=grid, block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # ---- device side ---------------------------------------------------------------------------
@@ -224,7 +274,9 @@ class FlashAttentionSm90Bwd:
                smem_ds_layout: cute.ComposedLayout, smem_row_layout: cute.Layout,
                smem_dq_layout: cute.ComposedLayout, smem_dq_full: cute.ComposedLayout, mma_sdp0: cute.TiledMma,
                mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq0: cute.TiledMma, mma_dq: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr, score_scale: cutlass.Float32):
+               SharedStorage: cutlass.Constexpr, score_scale: cutlass.Float32, mCuSeqlensQ: cute.Tensor | None,
+               mCuSeqlensK: cute.Tensor | None, bottom_right: cutlass.Int32 | None):
+        """seqlen_q: Sq, or varlen the packed Tq (each sequence's own lengths come from cu_seqlens)."""
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
         tidx, _, _ = cute.arch.thread_idx()
@@ -262,53 +314,73 @@ class FlashAttentionSm90Bwd:
         if cutlass.const_expr(c.gqa_loop):
             kv_head, q_head0, q_heads = head, head * qhead_per_kvhead, qhead_per_kvhead
         seqlen_k = mK.shape[0]
+        # (batch, q_head0)'s index among the (batch, query head) pairs, and its first row in the
+        # flat lse2 / D (padded to whole Q blocks); the next query head's rows follow after sq_pad.
+        # dQ: the first head's first accumulator row and the rows between heads.
+        sq_pad = (seqlen_q + bm - 1) // bm * bm
+        head_row = batch * mQ.shape[2] + q_head0
+        rows_base = head_row * sq_pad
+        dq_rows = (head_row * seqlen_q, seqlen_q)
+        seq = None
+        gdK, gdV = mdK[None, None, head, batch], mdV[None, None, head, batch]
+        if cutlass.const_expr(c.varlen):
+            # This sequence's rows: lse2, D and the dQ accumulator are (Hq, Tq(, D)) flat, with no
+            # padding (the consumers mask rows past the sequence).
+            total_q = seqlen_q
+            offset_q, offset_k = mCuSeqlensQ[batch], mCuSeqlensK[batch]
+            seqlen_q = mCuSeqlensQ[batch + 1] - offset_q
+            seqlen_k = mCuSeqlensK[batch + 1] - offset_k
+            base = bottom_right * (seqlen_k - seqlen_q)
+            causal_offset, offset_lo = causal_offset + base, offset_lo + base
+            seq = (offset_q, seqlen_q, total_q)
+            dq_rows = (q_head0 * total_q + offset_q, total_q)
+            gdK = cute.domain_offset((offset_k, 0), mdK[None, None, head, 0])
+            gdV = cute.domain_offset((offset_k, 0), mdV[None, None, head, 0])
         m_block_min, m_block_max = block_info.m_block_range(
             n_block, seqlen_q, causal_offset, block_m=bm, block_n=bn, causal=c.causal, maximum=cutlass.max,
             offset_lo=offset_lo, local=c.local, minimum=cutlass.min)
         m_count = cutlass.max(m_block_max - m_block_min, 0)
-        # (batch, q_head0)'s index among the (batch, query head) pairs, and its first row in the
-        # flat lse2 / D (padded to whole Q blocks); the next query head's rows follow after sq_pad.
-        sq_pad = (seqlen_q + bm - 1) // bm * bm
-        head_row = batch * mQ.shape[2] + q_head0
-        rows_base = head_row * sq_pad
+        if cutlass.const_expr(c.varlen):
+            # The grid covers the longest sequence: a key block past this one's end visits nothing.
+            m_count = m_count * cutlass.min(cutlass.max(seqlen_k - n_block * bn, 0), 1)
         cute.arch.sync_threads()  # the mbarrier inits are visible to every warp
 
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
         if warpgroup_idx == 0:
             self.roles.become_producer()
             if warp_idx == 0:
-                gK = cute.local_tile(mK[None, None, kv_head, batch], (bn, d), (n_block, 0))
-                gV = cute.local_tile(mV[None, None, kv_head, batch], (bn, d), (n_block, 0))
-                gLSE = cute.local_tile(mLSE2, (bm,), (None,))
-                gDrow = cute.local_tile(mDrow, (bm,), (None,))
-                self.produce(tma_k, gK, sK, tma_v, gV, sV, tma_q, mQ, sQ, tma_do, mdO, sdO, tma_lse, gLSE, sLSE,
-                             tma_drow, gDrow, sDrow, pipe_kv, pipe_qdo, m_block_min, rows_base // bm, m_count,
-                             (q_head0, q_heads, batch, sq_pad // bm))
+                mK_s, mV_s = mK[None, None, kv_head, batch], mV[None, None, kv_head, batch]
+                if cutlass.const_expr(c.varlen):
+                    mK_s = seq_rows(mK, kv_head, offset_k, seqlen_k)
+                    mV_s = seq_rows(mV, kv_head, offset_k, seqlen_k)
+                gK = cute.local_tile(mK_s, (bn, d), (n_block, 0))
+                gV = cute.local_tile(mV_s, (bn, d), (n_block, 0))
+                self.produce(tma_k, gK, sK, tma_v, gV, sV, tma_q, mQ, sQ, tma_do, mdO, sdO, tma_lse, mLSE2, sLSE,
+                             tma_drow, mDrow, sDrow, pipe_kv, pipe_qdo, m_block_min, rows_base // bm, m_count,
+                             (q_head0, q_heads, batch, sq_pad // bm), seq)
         else:
             self.roles.become_consumer()
             self.consume((tma_dq, mdQ3, sdQ, sdQ_full), mma_sdp0, mma_sdp, mma_dkv, mma_dq0, mma_dq, sK, sV, sQ, sdO,
                          (sdS, sP), pipe_kv, pipe_qdo,
-                         sLSE, sDrow, mdQacc, mdK[None, None, head, batch], mdV[None, None, head, batch], scale,
+                         sLSE, sDrow, mdQacc, gdK, gdV, scale,
                          (scale_log2, score_scale), (causal_offset, offset_lo), n_block, seqlen_q, seqlen_k,
-                         m_block_min, m_count, (head_row, q_heads), tidx - THREADS_PER_WARPGROUP)
+                         m_block_min, m_count, (head_row, q_heads, dq_rows), tidx - THREADS_PER_WARPGROUP)
 
     @cute.jit
-    def produce(self, tma_k, gK, sK, tma_v, gV, sV, tma_q, mQ, sQ, tma_do, mdO, sdO, tma_lse, gLSE, sLSE,
-                tma_drow, gDrow, sDrow, pipe_kv, pipe_qdo, m_block_min: cutlass.Int32, row_block_base: cutlass.Int32,
-                m_count: cutlass.Int32, heads):
+    def produce(self, tma_k, gK, sK, tma_v, gV, sV, tma_q, mQ, sQ, tma_do, mdO, sdO, tma_lse, mLSE2, sLSE,
+                tma_drow, mDrow, sDrow, pipe_kv, pipe_qdo, m_block_min: cutlass.Int32, row_block_base: cutlass.Int32,
+                m_count: cutlass.Int32, heads, seq):
         """Producer warp: K and V once (one barrier), then for each query head of the CTA
         (`heads`: first head, count, batch, Q blocks per head) Q[m], dO[m], lse2[m], D[m] for m
         ascending (lse2 and D are flat: block m of the h-th head is box row_block_base + h *
-        blocks per head + m)."""
+        blocks per head + m). seq: varlen's (first row, rows, packed rows Tq) of the sequence
+        (its Q, dO rows through the ragged views; its lse2, D boxes start at row h * Tq + first
+        row), else None."""
         q_head0, q_heads, batch, head_blocks = heads
         tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                                            cute.group_modes(gV, 0, 2))
-        tLsL, tLgL = cpasync.tma_partition(tma_lse, 0, cute.make_layout(1), cute.group_modes(sLSE, 0, 1),
-                                           cute.group_modes(gLSE, 0, 1))
-        tDsD, tDgD = cpasync.tma_partition(tma_drow, 0, cute.make_layout(1), cute.group_modes(sDrow, 0, 1),
-                                           cute.group_modes(gDrow, 0, 1))
         kv_state = hpipe.producer_state(1)
         pipe_kv.producer_acquire(kv_state)
         cute.copy(tma_k, tKgK, tKsK[None, 0], tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
@@ -318,13 +390,24 @@ class FlashAttentionSm90Bwd:
         for t in cutlass.range(q_heads * m_count, unroll=1):
             h = t // m_count
             m = m_block_min + (t - h * m_count)
-            gQ = cute.local_tile(mQ[None, None, q_head0 + h, batch], (bm, d), (None, 0))
-            gdO = cute.local_tile(mdO[None, None, q_head0 + h, batch], (bm, d), (None, 0))
+            mQ_h, mdO_h = mQ[None, None, q_head0 + h, batch], mdO[None, None, q_head0 + h, batch]
+            mL_h, mD_h, rb = mLSE2, mDrow, row_block_base + h * head_blocks
+            if cutlass.const_expr(seq is not None):
+                first, rows, total = seq
+                mQ_h, mdO_h = seq_rows(mQ, q_head0 + h, first, rows), seq_rows(mdO, q_head0 + h, first, rows)
+                mL_h = cute.domain_offset(((q_head0 + h) * total + first,), mLSE2)
+                mD_h = cute.domain_offset(((q_head0 + h) * total + first,), mDrow)
+                rb = cutlass.Int32(0)
+            gQ = cute.local_tile(mQ_h, (bm, d), (None, 0))
+            gdO = cute.local_tile(mdO_h, (bm, d), (None, 0))
+            tLsL, tLgL = cpasync.tma_partition(tma_lse, 0, cute.make_layout(1), cute.group_modes(sLSE, 0, 1),
+                                               cute.group_modes(cute.local_tile(mL_h, (bm,), (None,)), 0, 1))
+            tDsD, tDgD = cpasync.tma_partition(tma_drow, 0, cute.make_layout(1), cute.group_modes(sDrow, 0, 1),
+                                               cute.group_modes(cute.local_tile(mD_h, (bm,), (None,)), 0, 1))
             tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
                                                cute.group_modes(gQ, 0, 2))
             tdOsdO, tdOgdO = cpasync.tma_partition(tma_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
                                                    cute.group_modes(gdO, 0, 2))
-            rb = row_block_base + h * head_blocks
             pipe_qdo.producer_acquire(state)
             cute.copy(tma_q, tQgQ[None, m], tQsQ[None, state.index], tma_bar_ptr=pipe_qdo.producer_get_barrier(state))
             cute.copy(tma_do, tdOgdO[None, m], tdOsdO[None, state.index],
@@ -346,8 +429,9 @@ class FlashAttentionSm90Bwd:
         """Consumer warpgroups (ctidx in [0, 256): keys 64 (ctidx // 128) .. + 63 of the block;
         with head_split all 64 keys, queries and head dim columns 32 and D / 2 (ctidx // 128) on).
         score_smem: the dS^T and P^T buffers. rows: (the first query head's index among the
-        (batch, query head) pairs, the query heads this CTA walks)."""
-        head_row, q_heads = rows
+        (batch, query head) pairs, the query heads this CTA walks, (its first dQ accumulator
+        row, the rows from one query head's to the next's))."""
+        head_row, q_heads, (dq_row0, dq_head_rows) = rows
         sdS, sP = score_smem
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
@@ -427,7 +511,8 @@ class FlashAttentionSm90Bwd:
                               acc_dq, r_p, r_ds, t_p, t_ds, s_mn, dp_mn, coord_s, coord_dq, thr_r2s,
                               stmatrix, (sdS, sP), (ds_ready, smem_free), pipe_qdo, sLSE, sDrow, gdQacc, scale,
                               scales,
-                              offsets, key_base, head_row + h, seqlen_q, seqlen_k, dq_red)
+                              offsets, key_base, (head_row + h, dq_row0 + h * dq_head_rows), seqlen_q, seqlen_k,
+                              dq_red)
         if cutlass.const_expr(c.defer_dkv_wait):
             wgmma.wait_group(0)  # the last dV, dK GEMMs
             if q_heads * m_count > 0:
@@ -450,14 +535,17 @@ class FlashAttentionSm90Bwd:
              tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, acc_s, acc_dp, acc_dv, acc_dk, acc_dq, r_p, r_ds,
              t_p, t_ds, s_mn, dp_mn, coord_s, coord_dq, thr_r2s, stmatrix, score_smem, barriers, pipe_qdo,
              sLSE, sDrow, gdQacc, scale: cutlass.Float32, scales,
-             offsets, key_base: cutlass.Int32, head_row: cutlass.Int32, seqlen_q: cutlass.Int32,
+             offsets, key_base: cutlass.Int32, head_rows, seqlen_q: cutlass.Int32,
              seqlen_k: cutlass.Int32, dq_red):
         """Q block m against this CTA's keys; dS^T (and with head_split P^T) goes through smem
         buffer `buf` (score_smem: both buffers; barriers: "dS^T is written", "last step's
         buffer is free"). Returns the advanced pipeline state and this step's (whose slot a
         deferred release frees), both loop-carried by the caller. scales: (P^T's exponent scale
-        in log2 units, the soft cap's pre-tanh scale); head_row: the (batch, query head) pair's
-        index (its dQ rows start at head_row * seqlen_q)."""
+        in log2 units, the soft cap's pre-tanh scale); head_rows: the (batch, query head) pair's
+        index and its first row of the dQ accumulator (head_row * Sq, varlen h * Tq + the
+        sequence's first row). Varlen: rows past the sequence (whose lse2 and D are the next
+        sequence's) are masked in P^T and dS^T."""
+        head_row, dq_row = head_rows
         c = self.config
         scale_log2, score_scale = scales
         sdS, sP = score_smem
@@ -491,12 +579,15 @@ class FlashAttentionSm90Bwd:
         # (j <= i + offset and, with a window's lower bound, j >= i + offset_lo).
         causal_offset, offset_lo = offsets
         key_room = seqlen_k - key_base - t_row
+        row_room = seqlen_q - row_base - t_col  # varlen: query row_base + t_col + c exists while c < row_room
         diag = row_base + causal_offset - key_base + t_col - t_row
         diag_lo = row_base + offset_lo - key_base + t_col - t_row
         for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
             key_ok = cutlass.Int32(row_offs[r]) < key_room
             for j in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
                 keep = key_ok
+                if cutlass.const_expr(c.varlen):
+                    keep = keep & (cutlass.Int32(col_offs[j]) < row_room)
                 if cutlass.const_expr(c.causal):
                     keep = keep & (cutlass.Int32(row_offs[r] - col_offs[j]) <= diag)
                 if cutlass.const_expr(c.local):
@@ -534,6 +625,9 @@ class FlashAttentionSm90Bwd:
                     t = (cute.math.log2(p, fastmath=True) + sLSE[t_col + col_offs[j], stage]) * inv_scale_log2
                     ds = ds * cutlass.select_(p > cutlass.Float32(0.0), cutlass.Float32(1.0) - t * t,
                                               cutlass.Float32(0.0))
+                if cutlass.const_expr(c.varlen):
+                    # A masked row's D is another sequence's (maybe not finite): 0 * it is not 0.
+                    ds = cutlass.select_(cutlass.Int32(col_offs[j]) < row_room, ds, cutlass.Float32(0.0))
                 dp_mn[r, j] = ds
         r_ds.store(acc_dp.load().to(self.dtype))
 
@@ -572,7 +666,7 @@ class FlashAttentionSm90Bwd:
             # Values 2p and 2p + 1 of the accumulator are adjacent columns: one 8-byte
             # red.global.add.v2.f32 each, so a warp's reduction fills whole 32-byte sectors.
             t_q, t_d = coord_dq[0]
-            base = gdQacc.iterator + (cutlass.Int64(head_row * seqlen_q + row_base + t_q) * c.head_dim + t_d)
+            base = gdQacc.iterator + (cutlass.Int64(dq_row + row_base + t_q) * c.head_dim + t_d)
             room = seqlen_q - row_base - t_q  # this thread's rows r exist while r < room
             dq_offs = acc_offsets(c.head_dim // 2, c.head_dim)
             for p in cutlass.range_constexpr(cute.size(acc_dq) // 2):

@@ -696,6 +696,35 @@ class Sm90FlashRung:
 
         return backward(dout, q, k, v, out, lse, problem, deterministic=deterministic)
 
+    def supports_varlen_backward(self, problem) -> str | None:
+        """None when `varlen_backward` takes the packed `problem`, else why not."""
+        from cute_kernels.runtime import unverified
+
+        if not unverified.enabled("sm90_bwd_varlen"):
+            return ("the sm90_flash varlen backward has not run on a GPU yet (runtime.unverified path "
+                    "'sm90_bwd_varlen')")
+        if problem.seqused_k:
+            return "the sm90_flash varlen backward does not take seqused_k"
+        return self.supports_backward(problem)
+
+    def varlen_backward(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                        max_seqlen_k: int, problem, *, deterministic: bool = False):
+        """(dq, dk, dv) of the packed forward (`varlen`); see `sm90_flash_bwd.varlen_backward`.
+        deterministic: dQ is summed with fp32 atomics here, so the call goes to sm80_flash's
+        varlen backward (a separate dQ pass), as the dense backward does."""
+        args = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, problem)
+        if deterministic:
+            from .sm80_flash_bwd_launch import supports_backward as sm80_supports
+            from .sm80_flash_bwd_launch import varlen_backward as sm80_varlen_backward
+
+            why = sm80_supports(problem)
+            if why is not None:
+                raise ValueError(f"deterministic varlen backward unavailable: {why}")
+            return sm80_varlen_backward(*args)
+        from .sm90_flash_bwd import varlen_backward
+
+        return varlen_backward(*args)
+
     def backward_plan(self, dout, q, k, v, out, lse, problem, *, deterministic: bool = False):
         """The warm replay of `backward` for tensors of these layouts, or None; see
         `sm90_flash_bwd.backward_plan`."""

@@ -112,6 +112,12 @@ step's writes ("both warpgroups are done reading the last step's"); D = 192 keep
 FlashAttention-3's layout for these head dims in outline (its CTA takes 80 or 96 keys, with
 queries on M); the GPU tests (`test_head_split_*`) compare it with fp32 autograd and float64,
 and at D = 128 with the default layout's problems.
+
+Packed sequences (`varlen_backward`, `FlashSm90BwdConfig.varlen`, 2026-12-05, built without a
+GPU: unverified path `sm90_bwd_varlen`, until then "auto" runs sm80_flash's varlen backward): a
+CTA per (key block of the longest sequence, query head, sequence); Q, dO, K and V through ragged
+tensor maps (`sm90_bwd_mainloop.ragged`), lse2 and D flat (Hq, Tq) without padding (rows past a
+sequence are masked in P^T and dS^T), dQ summed into a flat (Hq, Tq, D) fp32 accumulator.
 """
 
 from __future__ import annotations
@@ -175,7 +181,9 @@ class FlashSm90BwdConfig:
     of head dims 192 and 256, whose dK and dV of 64 keys x D overflow one warpgroup's
     registers); ds_buffers: smem buffers of dS^T (and with head_split of P^T), 2 so that a
     step's writes never wait for the other warpgroup's reads of the last step, 1 where shared
-    memory is short (D = 256), with a barrier before the writes instead.
+    memory is short (D = 256), with a barrier before the writes instead; varlen: packed
+    sequences delimited by cu_seqlens (`varlen_backward`): a CTA per (key block of the longest
+    sequence, head, sequence), each sequence's rows read through ragged tensor maps.
     """
 
     head_dim: int = 128
@@ -196,6 +204,7 @@ class FlashSm90BwdConfig:
     gqa_loop: bool = False
     head_split: bool = False
     ds_buffers: int = 2
+    varlen: bool = False
 
     def validate(self) -> "FlashSm90BwdConfig":
         if self.head_dim not in HEAD_DIMS:
@@ -203,7 +212,7 @@ class FlashSm90BwdConfig:
         if self.dtype not in _CUTLASS:
             raise ValueError(f"FlashSm90BwdConfig.dtype must be one of {tuple(_CUTLASS)}, got {self.dtype!r}")
         for name in ("causal", "local", "dkv_fp32", "dq_tma_reduce", "defer_dkv_wait", "early_dv", "prep_kernel",
-                     "softcap", "gqa_loop", "head_split"):
+                     "softcap", "gqa_loop", "head_split", "varlen"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FlashSm90BwdConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.gqa_loop and self.dkv_fp32:
@@ -230,6 +239,9 @@ class FlashSm90BwdConfig:
             if self.ds_buffers != 2:
                 raise ValueError(f"FlashSm90BwdConfig.ds_buffers must be 2 without head_split, got "
                                  f"{self.ds_buffers!r}")
+        if self.varlen and (self.dq_tma_reduce or self.gqa_loop):
+            raise ValueError("FlashSm90BwdConfig: varlen takes neither dq_tma_reduce (the packed dQ accumulator "
+                             "has no per-sequence tensor map) nor gqa_loop")
         if self.ds_buffers not in (1, 2):
             raise ValueError(f"FlashSm90BwdConfig.ds_buffers must be 1 or 2, got {self.ds_buffers!r}")
         if self.stages not in (1, 2, 3):
@@ -281,13 +293,15 @@ def block_n_for(head_dim: int) -> int:
 
 
 def bwd_config_for(head_dim: int, dtype: str, causal: bool, *, dkv_fp32: bool = False,
-                   local: bool = False, softcap: bool = False, gqa_loop: bool = False) -> FlashSm90BwdConfig:
+                   local: bool = False, softcap: bool = False, gqa_loop: bool = False,
+                   varlen: bool = False) -> FlashSm90BwdConfig:
     """The tile for a head dim: 64 Q rows per step against `block_n_for(head_dim)` keys per CTA;
     at D = 256 one dS^T / P^T buffer each (two would need 232 KB of shared memory)."""
     split = head_dim not in _WHOLE_HEAD_DIMS
     return FlashSm90BwdConfig(head_dim=head_dim, dtype=dtype, causal=causal, local=local,
                               dkv_fp32=dkv_fp32, softcap=softcap, gqa_loop=gqa_loop, head_split=split,
-                              block_n=block_n_for(head_dim), ds_buffers=1 if head_dim > 192 else 2).validate()
+                              block_n=block_n_for(head_dim), ds_buffers=1 if head_dim > 192 else 2,
+                              varlen=varlen).validate()
 
 
 # ---- compile-only variants ------------------------------------------------------------------------
@@ -295,11 +309,13 @@ def bwd_config_for(head_dim: int, dtype: str, causal: bool, *, dkv_fp32: bool = 
 
 def build_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False, dkv_fp32: bool = False,
                   local: bool = False, **tile):
-    """A CompileJob for the backward over fake (B, H, S, D) tensors with symbolic sizes."""
+    """A CompileJob for the backward over fake (B, H, S, D) tensors with symbolic sizes (with
+    `varlen`, packed (1, H, T, D) views and int32 cu_seqlens)."""
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
     config = replace(bwd_config_for(head_dim, dtype, causal, dkv_fp32=dkv_fp32, local=local), **tile).validate()
-    return CompileJob(_kernel_for(config), _fake_args(config, fake_tensor, fake_stream),
+    kernel = _kernel_for(config)
+    return CompileJob(kernel.call_varlen if config.varlen else kernel, _fake_args(config, fake_tensor, fake_stream),
                       ("attention.sm90_flash_bwd", config))
 
 
@@ -311,7 +327,16 @@ def _fake_args(config: FlashSm90BwdConfig, fake_tensor, fake_stream):
     dk, dv = [fake_tensor(dkv_t, 4, leading_dim=3, assumed_align=16) for _ in range(2)]
     return (q, k, v, do, lse2, drow, dq, dk, dv, cutlass.Float32(1.0 / math.sqrt(config.head_dim)),
             cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1), fake_stream(),
-            cutlass.Float32(30.0) if config.softcap else None)
+            cutlass.Float32(30.0) if config.softcap else None, *_varlen_tail(config, fake_tensor))
+
+
+def _varlen_tail(config: FlashSm90BwdConfig, fake_tensor) -> tuple:
+    """The varlen launch's trailing fake arguments (cu_seqlens q and k, the longest key length,
+    the bottom-right flag); none for a dense config."""
+    if not config.varlen:
+        return ()
+    cu = [fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4) for _ in range(2)]
+    return (*cu, cutlass.Int32(1), cutlass.Int32(1))
 
 
 BWD_VARIANT_CONFIGS = {
@@ -357,6 +382,14 @@ BWD_VARIANT_CONFIGS["d256_bfloat16_local_softcap_gqa_loop"] = {
     "head_dim": 256, "dtype": "bfloat16", "causal": True, "local": True, "softcap": True, "gqa_loop": True}
 BWD_VARIANT_CONFIGS["d256_float16_defer"] = {"head_dim": 256, "dtype": "float16", "causal": False,
                                              "defer_dkv_wait": True}
+# Packed sequences (varlen): ragged tensor maps per sequence, rows past a sequence masked.
+BWD_VARIANT_CONFIGS["d128_bfloat16_causal_varlen"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True,
+                                                      "varlen": True}
+BWD_VARIANT_CONFIGS["d64_float16_local_softcap_gqa_varlen"] = {
+    "head_dim": 64, "dtype": "float16", "causal": True, "local": True, "softcap": True, "dkv_fp32": True,
+    "varlen": True}
+BWD_VARIANT_CONFIGS["d256_bfloat16_varlen"] = {"head_dim": 256, "dtype": "bfloat16", "causal": False,
+                                               "varlen": True}
 BWD_VARIANT_CONFIGS["d128_bfloat16_causal_split"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True,
                                                      "head_split": True, "block_n": 64}
 
@@ -673,3 +706,70 @@ def backward_plan(dout, q, k, v, out, lse, problem, *, deterministic: bool = Fal
         return None
     return functools.partial(_run_prepped, launch, _prep.prep_function(problem.head_dim, dout.dtype),
                              _main_function(launch), heads_kv=problem.heads_kv)
+
+
+# ---- packed sequences (varlen) --------------------------------------------------------------------
+
+
+def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                    problem):
+    """(dq (Tq, Hq, D), dk, dv (Tk, Hkv, D)) of the packed forward: q, out, dout (Tq, Hq, D), k, v
+    (Tk, Hkv, D), lse (Hq, Tq) fp32 as the varlen forward returns it, int32 cu_seqlens (B + 1,)
+    and max lengths already validated by the caller (`varlen.attention_varlen_backward`);
+    causal alignment and window per sequence (`problem`: batch = number of sequences). One
+    launch (`FlashSm90BwdConfig.varlen`): a CTA per (key block of the longest sequence, query
+    head, sequence). D and lse2 are (Hq, Tq) without padding (the kernel masks rows past each
+    sequence) and dQ is summed in an fp32 (Hq, Tq, D) accumulator; with GQA dK and dV come per
+    query head in fp32 and are summed here. dq, dk, dv are new contiguous tensors of q's dtype,
+    zero for rows of sequences with no key or no query."""
+    import torch
+
+    from cute_kernels.runtime import current_stream, from_torch
+
+    from .problem_checks import bottom_right_flag, varlen_window_scalars
+
+    _check_supported(problem)
+    if problem.seqused_k:
+        raise ValueError("sm90_flash varlen backward: seqused_k is not taken (sm80_flash's varlen backward is)")
+    if max_seqlen_q == 0 or max_seqlen_k == 0 or 0 in (q.shape[0], q.shape[1], k.shape[0], problem.batch):
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    group = problem.heads_q // problem.heads_kv
+    upper, local = mask_flags(problem)
+    config = bwd_config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), upper, dkv_fp32=group > 1,
+                            local=local, softcap=problem.softcap is not None, varlen=True)
+    q, k, v, dout, out = (rows_aligned(t) for t in (q, k, v, dout, out))
+    tq, hq, d = q.shape
+    tk, hkv, _ = k.shape
+    # lse2 (base 2, rows that saw no key +inf so that their P is 0) and D, (Hq, Tq) each, in one
+    # buffer whose second half starts on 16 bytes (a TMA base).
+    span = -(-hq * tq // 4) * 4
+    flat_rows = torch.empty((2, span), dtype=torch.float32, device=q.device)
+    lse2, d_rows = (flat_rows[i, :hq * tq].view(hq, tq) for i in (0, 1))
+    torch.mul(lse, LOG2_E, out=lse2)
+    lse2.masked_fill_(torch.isneginf(lse), math.inf)
+    torch.sum(dout.float() * out.float(), -1, out=d_rows.t())
+    dq_acc = torch.zeros((hq, tq, d), dtype=torch.float32, device=q.device)
+    dkv_heads, dkv_dtype = (hq, torch.float32) if config.dkv_fp32 else (hkv, q.dtype)
+    # Every key row is written: the grid covers the longest sequence's key blocks, and a block no
+    # row sees stores zeros.
+    dkv = torch.empty((2, tk, dkv_heads, d), dtype=dkv_dtype, device=q.device)
+    window_left, window_right = varlen_window_scalars(problem)
+    view4 = lambda t: from_torch(t.permute(1, 0, 2).unsqueeze(0), assumed_align=16, leading_dim=3)  # noqa: E731
+    flat = lambda t: from_torch(t.view(-1), assumed_align=16, leading_dim=0)  # noqa: E731
+    int32 = lambda t: from_torch(t, assumed_align=4, leading_dim=0)  # noqa: E731
+    args = (view4(q), view4(k), view4(v), view4(dout), flat(lse2), flat(d_rows), flat(dq_acc), view4(dkv[0]),
+            view4(dkv[1]), cutlass.Float32(problem.scale), cutlass.Int32(window_right),
+            cutlass.Int32(-window_left), cutlass.Int32(group))
+    softcap = None if problem.softcap is None else cutlass.Float32(problem.softcap)
+    tail = (softcap, int32(cu_seqlens_q), int32(cu_seqlens_k), cutlass.Int32(max_seqlen_k),
+            cutlass.Int32(bottom_right_flag(problem)))
+    stream = current_stream()
+    fn = compile_kernel(_kernel_for(config).call_varlen, *args, stream, *tail,
+                        key=("attention.sm90_flash_bwd", "varlen", config))
+    fn(*args, stream, *tail)
+    dq = dq_acc.to(q.dtype).transpose(0, 1).contiguous()
+    dk, dv = dkv[0], dkv[1]
+    if config.dkv_fp32:
+        dk = dk.view(tk, hkv, group, d).sum(2).to(q.dtype)
+        dv = dv.view(tk, hkv, group, d).sum(2).to(q.dtype)
+    return dq, dk, dv

@@ -337,9 +337,17 @@ def _takes_deterministic(fn) -> bool:
     return "deterministic" in inspect.signature(fn).parameters
 
 
+def _varlen_backward_reason(rung, problem) -> str | None:
+    """Why `rung`'s varlen backward does not take `problem`, or None: its own
+    `supports_varlen_backward` where it has one, else its `supports_backward`."""
+    check = getattr(rung, "supports_varlen_backward", None) or getattr(rung, "supports_backward", None)
+    return None if check is None else check(problem)
+
+
 def _varlen_backward_rung(kernel: str, views, problem, who: str):
     """The rung whose `varlen_backward` runs: the named one, or for "auto" the highest rung
-    with a varlen backward that takes the problem (its `supports` and `supports_backward`).
+    with a varlen backward that takes the problem (its `supports` and `supports_varlen_backward`
+    or `supports_backward`).
     NotImplementedError where no rung has one for it; ValueError for an unknown name or a
     rung whose forward does not take the problem (`dispatch.resolve`)."""
     from .dispatch import resolve
@@ -351,8 +359,7 @@ def _varlen_backward_rung(kernel: str, views, problem, who: str):
                                   f"kernels with one: {list(with_bwd)}")
     if not with_bwd:
         raise NotImplementedError(f"{who}: no attention kernel has a varlen backward (a rung's varlen_backward) yet")
-    reasons = {name: rung.supports_backward(problem) if hasattr(rung, "supports_backward") else None
-               for name, rung in with_bwd.items()}
+    reasons = {name: _varlen_backward_reason(rung, problem) for name, rung in with_bwd.items()}
     able = {name: rung for name, rung in with_bwd.items() if reasons[name] is None}
     if kernel in reasons and reasons[kernel] is not None:
         raise NotImplementedError(f"{who}: the {kernel} backward does not take this problem: {reasons[kernel]}")

@@ -34,6 +34,8 @@ PATHS: dict[str, str] = {
     "sm90_bwd_head_split": "the Hopper attention backward at head dims 192 and 256: its two consumer warpgroups "
                            "share 64 keys and split the head dim (`attention.sm90_flash_bwd`, "
                            "`FlashSm90BwdConfig.head_split`) instead of handing the backward to sm80_flash",
+    "sm90_bwd_varlen": "the Hopper attention backward of packed sequences (`attention.sm90_flash_bwd."
+                       "varlen_backward`: ragged tensor maps, rows past a sequence masked) instead of sm80_flash's",
     "norm_backward_prefetch": "the RMSNorm / LayerNorm backward loads its next row block while it computes "
                               "the current one (`fused.norms`, `NormConfig.prefetch`)",
 }

@@ -423,3 +423,80 @@ def test_wide_head_dims_launch_the_head_split_kernel_once_the_path_is_on(host, d
     assert config.dkv_fp32 and not config.gqa_loop  # no SMs without CUDA: the grid does not fill
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     assert dq.dtype == dk.dtype == dv.dtype == q.dtype
+
+
+def test_varlen_backward_hands_the_kernel_packed_views_and_converts_its_buffers(host):
+    """The packed backward (unverified path `sm90_bwd_varlen` for routing; the function itself
+    is callable): q, k, v, dO and the dK, dV buffers go to the kernel as (1, H, T, D) views; lse2
+    (base 2, -inf -> +inf) and D = rowsum(dO O) as flat (Hq, Tq), D's start 16-byte aligned; the
+    fp32 (Hq, Tq, D) dQ accumulator comes back transposed to (Tq, Hq, D), GQA's per-query-head
+    fp32 dK, dV summed over each group; cu_seqlens, the longest key length and the bottom-right
+    flag trail the stream."""
+    lengths_q, lengths_k = (3, 0, 6), (5, 2, 6)  # Hq * Tq = 27 floats: D's start needs padding
+    hq, hkv, d = 3, 1, 64
+    tq, tk = sum(lengths_q), sum(lengths_k)
+    p = AttentionProblem(batch=3, heads_q=hq, heads_kv=hkv, seqlen_q=6, seqlen_k=6, head_dim=d, head_dim_v=d,
+                         dtype=torch.bfloat16, causal="bottom_right", scale=0.3, window_left=4)
+    g = torch.Generator().manual_seed(1)
+    q, dout, out = (torch.randn(tq, hq, d, generator=g).to(torch.bfloat16) for _ in range(3))
+    k, v = (torch.randn(tk, hkv, d, generator=g).to(torch.bfloat16) for _ in range(2))
+    lse = torch.randn(hq, tq, generator=g)
+    lse[1, 2] = -math.inf
+    cu_q = torch.tensor([0, 3, 3, 9], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 7, 13], dtype=torch.int32)
+    dq, dk, dv = bwd.varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, 6, 6, p)
+    ((name, args),) = host.launches
+    assert name == "bwd"
+    ((_, _, config),) = [c for c in host.compiles if c[:2] == ("attention.sm90_flash_bwd", "varlen")]
+    assert config.varlen and config.dkv_fp32 and config.causal and config.local and not config.head_split
+    tensors = [_unwrap(a) for a in args]
+    for i, t in ((0, q), (1, k), (2, v), (3, dout)):
+        assert tensors[i].shape == (1, t.shape[1], t.shape[0], d) and tensors[i].data_ptr() == t.data_ptr()
+    lse2, d_rows = tensors[4], tensors[5]
+    want_lse2 = torch.where(torch.isneginf(lse), math.inf, lse * math.log2(math.e))
+    torch.testing.assert_close(lse2.view(hq, tq), want_lse2)
+    torch.testing.assert_close(d_rows.view(hq, tq), (dout.float() * out.float()).sum(-1).t())
+    assert d_rows.data_ptr() % 16 == 0 and lse2.data_ptr() % 16 == 0
+    assert tensors[7].shape == (1, hq, tk, d) and tensors[7].dtype == torch.float32  # GQA: fp32 per query head
+    scalars = [getattr(a, "value", a) for a in args[9:13]]
+    assert scalars[0] == pytest.approx(0.3) and scalars[1:] == [0, -4, 3]  # window_right 0, -window_left, group
+    tail = args[14:]
+    assert [_unwrap(t).tolist() for t in tail[1:3]] == [cu_q.tolist(), cu_k.tolist()]
+    assert [getattr(t, "value", t) for t in tail[3:]] == [6, 1]
+    # The recorder's values (`_Host.kernel`): dQ accumulator i % 251 - 125, dK / dV i % 17 (+1).
+    acc = (torch.arange(hq * tq * d, dtype=torch.float32) % 251 - 125.0).view(hq, tq, d)
+    assert dq.shape == q.shape and dq.is_contiguous() and torch.equal(dq, acc.transpose(0, 1).to(torch.bfloat16))
+    per_head = (torch.arange(tk * hq * d, dtype=torch.float32) % 17).view(hq, tk, d).transpose(0, 1)
+    assert dk.shape == k.shape and dk.dtype == torch.bfloat16
+    torch.testing.assert_close(dk.float(), per_head.view(tk, hkv, hq, d).sum(2).to(torch.bfloat16).float())
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("d, hq, hkv, causal, window_left, softcap", [(128, 4, 4, "bottom_right", None, None),
+                                                                       (64, 4, 2, "top_left", 5, 30.0),
+                                                                       (256, 2, 2, None, None, None)])
+def test_varlen_backward_compiles_from_the_arguments_the_host_passes(monkeypatch, d, hq, hkv, causal, window_left,
+                                                                     softcap):
+    """The packed backward's own arguments (from_torch views of CPU tensors, the trailing
+    cu_seqlens and scalars) trace and compile for sm_90a; the launch is left out."""
+    from cute_kernels.runtime import fake_stream, unverified
+
+    real, keys = bwd.compile_kernel, []
+
+    def compile_only(fn, *args, key, options=None):
+        args = [fake_stream() if isinstance(a, str) and a == "stream" else a for a in args]
+        real(fn, *args, key=key, options=options)
+        keys.append(key)
+        return lambda *a: None
+
+    monkeypatch.setattr(bwd, "compile_kernel", compile_only)
+    monkeypatch.setattr(runtime, "current_stream", lambda: "stream")
+    p = AttentionProblem(batch=2, heads_q=hq, heads_kv=hkv, seqlen_q=9, seqlen_k=9, head_dim=d, head_dim_v=d,
+                         dtype=torch.bfloat16, causal=causal, scale=0.3, window_left=window_left, softcap=softcap)
+    q, dout, out = (torch.randn(12, hq, d).to(torch.bfloat16) for _ in range(3))
+    k, v = (torch.randn(13, hkv, d).to(torch.bfloat16) for _ in range(2))
+    cu_q, cu_k = torch.tensor([0, 3, 12], dtype=torch.int32), torch.tensor([0, 4, 13], dtype=torch.int32)
+    with unverified.allowing("sm90_bwd_head_split"):
+        bwd.varlen_backward(dout, q, k, v, out, torch.randn(hq, 12), cu_q, cu_k, 9, 9, p)
+    ((_, kind, config),) = keys
+    assert kind == "varlen" and config.varlen and config.head_split == (d == 256)

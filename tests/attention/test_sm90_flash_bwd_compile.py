@@ -13,7 +13,8 @@ pytestmark = pytest.mark.compile
 @pytest.mark.parametrize("config", ["d64_float16_causal", "d128_bfloat16_causal", "d128_float16_causal_gqa",
                                     "d128_bfloat16_tma", "d128_bfloat16_causal_tma_early_defer",
                                     "d64_float16_causal_gqa_tma_early_defer", "d64_float16_local",
-                                    "d128_bfloat16_causal_local_gqa"])
+                                    "d128_bfloat16_causal_local_gqa", "d128_bfloat16_causal_varlen",
+                                    "d64_float16_local_softcap_gqa_varlen"])
 def test_variant_uses_wgmma_tma_and_reductions_without_spills(config):
     pytest.importorskip("cutlass")
     from cute_kernels.runtime import check_variant, compile_variant, get_variant
@@ -50,7 +51,7 @@ def test_variant_uses_wgmma_tma_and_reductions_without_spills(config):
 
 @pytest.mark.parametrize("config", ["d192_bfloat16_causal", "d192_float16_gqa", "d256_bfloat16_causal",
                                     "d256_bfloat16_local_softcap_gqa_loop", "d256_float16_defer",
-                                    "d128_bfloat16_causal_split"])
+                                    "d128_bfloat16_causal_split", "d256_bfloat16_varlen"])
 def test_head_split_variant_shares_keys_and_splits_the_head_dim_without_spills(config):
     """`head_split`: both warpgroups take the same 64 keys; S^T and dP^T split by queries (N =
     32 each), dV, dK and dQ by the head dim (N = D / 2), all five GEMMs from shared memory; P^T

@@ -1,0 +1,125 @@
+"""sm90_flash's packed (varlen) backward (unverified path `sm90_bwd_varlen`) on an H100/H200,
+against the float32 references per sequence of `test_sm80_window_gpu` (every case there:
+empty and one-row sequences, Sq != Sk per sequence, both causal alignments, windows, GQA and
+D = 256, which takes the head-split kernel), NaN-poisoned memory; a NaN in one sequence stays
+in it; "auto" takes the Hopper backward only while the path is on; soft cap against sm80's."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cute_kernels.attention.api import AttentionProblem  # noqa: E402
+
+from .test_sm80_flash_bwd_gpu import poison_allocator  # noqa: E402
+from .test_sm80_window_gpu import VARLEN_CASES, _cu, check_grads, varlen_reference  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+_PATHS = ("sm90_bwd_varlen", "sm90_bwd_head_split")
+
+
+def _rungs():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm90_flash needs a Hopper (sm_90) GPU")
+    from cute_kernels.attention.registry import KERNELS
+
+    return KERNELS["sm80_flash"], KERNELS["sm90_flash"]
+
+
+def _problem(lengths_q, lengths_k, hq, hkv, d, causal, window, dtype, softcap=None):
+    return AttentionProblem(len(lengths_q), hq, hkv, max(lengths_q), max(lengths_k), d, d, dtype, causal,
+                            1.0 / math.sqrt(d), window[0], window[1], softcap=softcap)
+
+
+@pytest.mark.parametrize("lengths_q, lengths_k, hq, hkv, d, causal, window, dtype", VARLEN_CASES,
+                         ids=[f"case{i}" for i in range(len(VARLEN_CASES))])
+def test_varlen_backward_per_sequence(lengths_q, lengths_k, hq, hkv, d, causal, window, dtype):
+    from cute_kernels.runtime import unverified
+
+    sm80, sm90 = _rungs()
+    torch.manual_seed(sum(lengths_q) + d)
+    cu_q, cu_k = _cu(lengths_q), _cu(lengths_k)
+    problem = _problem(lengths_q, lengths_k, hq, hkv, d, causal, window, dtype)
+    q = torch.randn(sum(lengths_q), hq, d, device="cuda", dtype=dtype)
+    k, v = (torch.randn(sum(lengths_k), hkv, d, device="cuda", dtype=dtype) for _ in range(2))
+    out = torch.empty_like(q)
+    lse = torch.empty((hq, q.shape[0]), device="cuda", dtype=torch.float32)
+    sm80.varlen(q, k, v, cu_q, cu_k, max(lengths_q), out, lse, problem)
+    dout = torch.randn_like(out)
+    poison_allocator()
+    with unverified.allowing(*_PATHS):
+        assert sm90.supports_varlen_backward(problem) is None
+        grads = sm90.varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max(lengths_q), max(lengths_k), problem)
+    torch.cuda.synchronize()
+    _, _, ref_grads = varlen_reference(q, k, v, dout, lengths_q, lengths_k, causal, window)
+    for g, t in zip(grads, (q, k, v)):
+        assert g.shape == t.shape and g.dtype == t.dtype and g.is_contiguous()
+    check_grads(grads, ref_grads, dout, dtype)
+    oq = ok = 0
+    for sq, sk in zip(lengths_q, lengths_k):
+        if sk == 0:
+            assert (grads[0][oq:oq + sq] == 0).all()
+        if sq == 0:
+            assert (grads[1][ok:ok + sk] == 0).all() and (grads[2][ok:ok + sk] == 0).all()
+        oq, ok = oq + sq, ok + sk
+
+
+def test_varlen_backward_nan_stays_in_its_sequence():
+    from cute_kernels.runtime import unverified
+
+    sm80, sm90 = _rungs()
+    lengths = (40, 70, 33)
+    torch.manual_seed(5)
+    cu = _cu(lengths)
+    problem = AttentionProblem(3, 2, 2, 70, 70, 64, 64, torch.bfloat16, "top_left", 0.125)
+    q, k, v = (torch.randn(143, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    k[40 + 20, 1, 7] = math.nan  # sequence 1, key 20, head 1
+    out = torch.empty_like(q)
+    lse = torch.empty(2, 143, device="cuda")
+    sm80.varlen(q, k, v, cu, cu, 70, out, lse, problem)
+    with unverified.allowing(*_PATHS):
+        dq, dk, dv = sm90.varlen_backward(torch.randn_like(q), q, k, v, out, lse, cu, cu, 70, 70, problem)
+    torch.cuda.synchronize()
+    for g in (dq, dk, dv):
+        assert not g[:40].isnan().any() and not g[110:].isnan().any()
+        assert not g[40:110, 0].isnan().any()
+    assert dq[60:110, 1].isnan().all() and dk[60:110, 1].isnan().all()
+
+
+def test_softcap_matches_the_sm80_varlen_backward():
+    from cute_kernels.runtime import unverified
+
+    sm80, sm90 = _rungs()
+    lengths_q, lengths_k = (33, 1, 150), (60, 7, 150)
+    torch.manual_seed(11)
+    problem = _problem(lengths_q, lengths_k, 4, 2, 128, "bottom_right", (None, None), torch.bfloat16, softcap=20.0)
+    cu_q, cu_k = _cu(lengths_q), _cu(lengths_k)
+    q = torch.randn(sum(lengths_q), 4, 128, device="cuda", dtype=torch.bfloat16) * 3
+    k, v = (torch.randn(sum(lengths_k), 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    out = torch.empty_like(q)
+    lse = torch.empty(4, q.shape[0], device="cuda")
+    sm80.varlen(q, k, v, cu_q, cu_k, 150, out, lse, problem)
+    dout = torch.randn_like(out)
+    want = sm80.varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, 150, 150, problem)
+    with unverified.allowing(*_PATHS):
+        got = sm90.varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, 150, 150, problem)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        err = ((g.float() - w.float()).norm() / w.float().norm()).item()
+        assert not g.isnan().any() and err < 1e-2, f"{name}: {err:.3g}"
+
+
+def test_auto_takes_the_hopper_varlen_backward_only_while_the_path_is_on():
+    from cute_kernels.attention.varlen import _varlen_backward_rung
+    from cute_kernels.runtime import unverified
+
+    _rungs()
+    problem = AttentionProblem(2, 4, 2, 90, 90, 128, 128, torch.bfloat16, "bottom_right", 0.1)
+    views = [torch.empty(1, h, 180, 128, device="cuda", dtype=torch.bfloat16) for h in (4, 2, 2)]
+    with unverified.allowing("sm90_bwd_varlen", on=False):
+        assert _varlen_backward_rung("auto", views, problem, "test").name == "sm80_flash"
+    with unverified.allowing("sm90_bwd_varlen"):
+        assert _varlen_backward_rung("auto", views, problem, "test").name == "sm90_flash"
