@@ -145,32 +145,34 @@ class FlashAttentionSm90Bwd:
                  qhead_per_kvhead: cutlass.Int32, stream, softcap: cutlass.Float32 | None = None):
         """Launch over (key blocks, query heads, batch). softcap: the cap c (with `config.softcap`)."""
         self.launch(mQ, mK, mV, mdO, mLSE2, mDrow, mdQacc, mdK, mdV, softmax_scale, causal_offset, offset_lo,
-                    qhead_per_kvhead, stream, softcap, (None, None, None, None))
+                    qhead_per_kvhead, stream, softcap, (None, None, None, None, None))
 
     @cute.jit
     def call_varlen(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
                     mDrow: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
                     softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
                     qhead_per_kvhead: cutlass.Int32, stream, softcap: cutlass.Float32 | None,
-                    mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, max_seqlen_k: cutlass.Int32,
-                    bottom_right: cutlass.Int32):
+                    mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, mOrder: cute.Tensor,
+                    max_seqlen_k: cutlass.Int32, bottom_right: cutlass.Int32):
         """The packed launch (`config.varlen`; its own entry, so the dense one's parameter list,
         which TVM-FFI builds take whole, stays as it was): q, k, v, dO, dK, dV are the packed
         (T, H, D) tensors viewed (1, H, T, D); lse2 and D flat (Hq, Tq) (not padded: rows past a
         sequence are masked), the dQ accumulator flat (Hq, Tq, D); cu_seqlens (B + 1,) int32;
-        the grid covers max_seqlen_k's key blocks; both offsets relative to each sequence's base
-        bottom_right * (Sk_b - Sq_b)."""
+        mOrder (B,) int32 the sequences in launch order (the most work first); the grid covers
+        max_seqlen_k's key blocks; both offsets relative to each sequence's base bottom_right *
+        (Sk_b - Sq_b)."""
         self.launch(mQ, mK, mV, mdO, mLSE2, mDrow, mdQacc, mdK, mdV, softmax_scale, causal_offset, offset_lo,
-                    qhead_per_kvhead, stream, softcap, (mCuSeqlensQ, mCuSeqlensK, max_seqlen_k, bottom_right))
+                    qhead_per_kvhead, stream, softcap,
+                    (mCuSeqlensQ, mCuSeqlensK, mOrder, max_seqlen_k, bottom_right))
 
     @cute.jit
     def launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
                mDrow: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
                softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
                qhead_per_kvhead: cutlass.Int32, stream, softcap: cutlass.Float32 | None, varlen_args):
-        """Both entries' body; varlen_args: (cu_seqlens q, cu_seqlens k, max_seqlen_k,
-        bottom_right), or Nones."""
-        mCuSeqlensQ, mCuSeqlensK, max_seqlen_k, bottom_right = varlen_args
+        """Both entries' body; varlen_args: (cu_seqlens q, cu_seqlens k, launch order,
+        max_seqlen_k, bottom_right), or Nones."""
+        mCuSeqlensQ, mCuSeqlensK, mOrder, max_seqlen_k, bottom_right = varlen_args
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
         # (B, H, S, D) -> (S, D, H, B): a TMA box is a (rows, D) slab of one (head, batch).
@@ -258,7 +260,7 @@ class FlashAttentionSm90Bwd:
                     softmax_scale, exp_scale * LOG2_E, causal_offset, offset_lo, qhead_per_kvhead, rows_q,
                     smem_kv_layout, smem_qdo_layout, smem_ds_layout, smem_row_layout, smem_dq_layout, smem_dq_full,
                     mma_sdp0, mma_sdp, mma_dkv, mma_dq0, mma_dq, SharedStorage, score_scale, mCuSeqlensQ,
-                    mCuSeqlensK, bottom_right).launch(
+                    mCuSeqlensK, mOrder, bottom_right).launch(
                         grid=grid, block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # ---- device side ---------------------------------------------------------------------------
@@ -275,7 +277,7 @@ class FlashAttentionSm90Bwd:
                smem_dq_layout: cute.ComposedLayout, smem_dq_full: cute.ComposedLayout, mma_sdp0: cute.TiledMma,
                mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq0: cute.TiledMma, mma_dq: cute.TiledMma,
                SharedStorage: cutlass.Constexpr, score_scale: cutlass.Float32, mCuSeqlensQ: cute.Tensor | None,
-               mCuSeqlensK: cute.Tensor | None, bottom_right: cutlass.Int32 | None):
+               mCuSeqlensK: cute.Tensor | None, mOrder: cute.Tensor | None, bottom_right: cutlass.Int32 | None):
         """seqlen_q: Sq, or varlen the packed Tq (each sequence's own lengths come from cu_seqlens)."""
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
@@ -327,6 +329,7 @@ class FlashAttentionSm90Bwd:
             # This sequence's rows: lse2, D and the dQ accumulator are (Hq, Tq(, D)) flat, with no
             # padding (the consumers mask rows past the sequence).
             total_q = seqlen_q
+            batch = mOrder[batch]
             offset_q, offset_k = mCuSeqlensQ[batch], mCuSeqlensK[batch]
             seqlen_q = mCuSeqlensQ[batch + 1] - offset_q
             seqlen_k = mCuSeqlensK[batch + 1] - offset_k

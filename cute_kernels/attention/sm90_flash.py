@@ -708,10 +708,11 @@ class Sm90FlashRung:
         return self.supports_backward(problem)
 
     def varlen_backward(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
-                        max_seqlen_k: int, problem, *, deterministic: bool = False):
-        """(dq, dk, dv) of the packed forward (`varlen`); see `sm90_flash_bwd.varlen_backward`.
-        deterministic: dQ is summed with fp32 atomics here, so the call goes to sm80_flash's
-        varlen backward (a separate dQ pass), as the dense backward does."""
+                        max_seqlen_k: int, problem, *, deterministic: bool = False, offsets=None):
+        """(dq, dk, dv) of the packed forward (`varlen`); see `sm90_flash_bwd.varlen_backward`
+        (offsets: `varlen.HostOffsets`, for the launch order). deterministic: dQ is summed with
+        fp32 atomics here, so the call goes to sm80_flash's varlen backward (a separate dQ pass),
+        as the dense backward does."""
         args = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, problem)
         if deterministic:
             from .sm80_flash_bwd_launch import supports_backward as sm80_supports
@@ -723,7 +724,7 @@ class Sm90FlashRung:
             return sm80_varlen_backward(*args)
         from .sm90_flash_bwd import varlen_backward
 
-        return varlen_backward(*args)
+        return varlen_backward(*args, offsets=offsets)
 
     def backward_plan(self, dout, q, k, v, out, lse, problem, *, deterministic: bool = False):
         """The warm replay of `backward` for tensors of these layouts, or None; see

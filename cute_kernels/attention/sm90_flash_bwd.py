@@ -331,11 +331,11 @@ def _fake_args(config: FlashSm90BwdConfig, fake_tensor, fake_stream):
 
 
 def _varlen_tail(config: FlashSm90BwdConfig, fake_tensor) -> tuple:
-    """The varlen launch's trailing fake arguments (cu_seqlens q and k, the longest key length,
-    the bottom-right flag); none for a dense config."""
+    """The varlen launch's trailing fake arguments (cu_seqlens q and k, the launch order, the
+    longest key length, the bottom-right flag); none for a dense config."""
     if not config.varlen:
         return ()
-    cu = [fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4) for _ in range(2)]
+    cu = [fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4) for _ in range(3)]
     return (*cu, cutlass.Int32(1), cutlass.Int32(1))
 
 
@@ -557,6 +557,26 @@ def _launch_for(problem, config) -> _Launch:
     return _LAUNCHES.put(key, launch)
 
 
+def _compile_varlen_tvm_ffi(config: FlashSm90BwdConfig):
+    """The TVM-FFI build of the packed backward (`FlashAttentionSm90Bwd.call_varlen`) of
+    `config`, from fake tensors as `_compile_tvm_ffi`'s (the (1, H, T, D) views' strides outside
+    the head dim multiples of 8, which the ragged tensor maps need; int32 cu_seqlens and launch
+    order), kept in `_COMPILED`."""
+    from cute_kernels.runtime import TVM_FFI_OPTION, fake_stream, fake_tensor
+
+    t = _CUTLASS[config.dtype]
+    dkv_t = cutlass.Float32 if config.dkv_fp32 else t
+    q, k, v, do = [fake_tensor(t, 4, leading_dim=3, assumed_align=16, stride_divisibility=8) for _ in range(4)]
+    lse2, drow, dq = [fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=16) for _ in range(3)]
+    dk, dv = [fake_tensor(dkv_t, 4, leading_dim=3, assumed_align=16) for _ in range(2)]
+    fn = compile_kernel(_kernel_for(config).call_varlen, q, k, v, do, lse2, drow, dq, dk, dv, cutlass.Float32(1.0),
+                        cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1), fake_stream(tvm_ffi_env_stream=True),
+                        cutlass.Float32(30.0) if config.softcap else None, *_varlen_tail(config, fake_tensor),
+                        key=("attention.sm90_flash_bwd", "varlen", "tvm_ffi", config), options=TVM_FFI_OPTION)
+    _COMPILED[config] = fn
+    return fn
+
+
 def _dsl_args(launch: _Launch, q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h) -> tuple:
     """The kernel's arguments as DSL tensors and scalars (the path without TVM-FFI); lse2,
     d_rows and dq_flat are flat."""
@@ -712,7 +732,7 @@ def backward_plan(dout, q, k, v, out, lse, problem, *, deterministic: bool = Fal
 
 
 def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
-                    problem):
+                    problem, offsets=None):
     """(dq (Tq, Hq, D), dk, dv (Tk, Hkv, D)) of the packed forward: q, out, dout (Tq, Hq, D), k, v
     (Tk, Hkv, D), lse (Hq, Tq) fp32 as the varlen forward returns it, int32 cu_seqlens (B + 1,)
     and max lengths already validated by the caller (`varlen.attention_varlen_backward`);
@@ -721,7 +741,9 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     head, sequence). D and lse2 are (Hq, Tq) without padding (the kernel masks rows past each
     sequence) and dQ is summed in an fp32 (Hq, Tq, D) accumulator; with GQA dK and dV come per
     query head in fp32 and are summed here. dq, dk, dv are new contiguous tensors of q's dtype,
-    zero for rows of sequences with no key or no query."""
+    zero for rows of sequences with no key or no query. offsets: the validated cu_seqlens as the
+    host read them (`varlen.HostOffsets`): the sequences are then launched the most work first
+    (`sm90_flash.launch_order`), else in order."""
     import torch
 
     from cute_kernels.runtime import current_stream, from_torch
@@ -754,19 +776,35 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     # row sees stores zeros.
     dkv = torch.empty((2, tk, dkv_heads, d), dtype=dkv_dtype, device=q.device)
     window_left, window_right = varlen_window_scalars(problem)
-    view4 = lambda t: from_torch(t.permute(1, 0, 2).unsqueeze(0), assumed_align=16, leading_dim=3)  # noqa: E731
-    flat = lambda t: from_torch(t.view(-1), assumed_align=16, leading_dim=0)  # noqa: E731
-    int32 = lambda t: from_torch(t, assumed_align=4, leading_dim=0)  # noqa: E731
-    args = (view4(q), view4(k), view4(v), view4(dout), flat(lse2), flat(d_rows), flat(dq_acc), view4(dkv[0]),
-            view4(dkv[1]), cutlass.Float32(problem.scale), cutlass.Int32(window_right),
-            cutlass.Int32(-window_left), cutlass.Int32(group))
-    softcap = None if problem.softcap is None else cutlass.Float32(problem.softcap)
-    tail = (softcap, int32(cu_seqlens_q), int32(cu_seqlens_k), cutlass.Int32(max_seqlen_k),
-            cutlass.Int32(bottom_right_flag(problem)))
-    stream = current_stream()
-    fn = compile_kernel(_kernel_for(config).call_varlen, *args, stream, *tail,
-                        key=("attention.sm90_flash_bwd", "varlen", config))
-    fn(*args, stream, *tail)
+    if offsets is not None:
+        from .sm90_flash import _order_tensor
+
+        order = _order_tensor(offsets, q.device)
+    else:
+        order = torch.arange(problem.batch, dtype=torch.int32, device=q.device)
+    packed = lambda t: t.permute(1, 0, 2).unsqueeze(0)  # noqa: E731  (T, H, D) -> (1, H, T, D)
+    tensors = (packed(q), packed(k), packed(v), packed(dout), lse2.view(-1), d_rows.view(-1), dq_acc.view(-1),
+               packed(dkv[0]), packed(dkv[1]))
+    scalars = (problem.scale, window_right, -window_left, group)
+    varlen_args = (cu_seqlens_q, cu_seqlens_k, order, max_seqlen_k, bottom_right_flag(problem))
+    if tvm_ffi_available():
+        if any(t.requires_grad for t in tensors[:4]):
+            tensors = tuple(t.detach() for t in tensors)  # DLPack export refuses tensors that require grad
+        fn = _COMPILED.get(config)
+        if fn is None:
+            fn = _compile_varlen_tvm_ffi(config)
+        fn(*tensors, *scalars, problem.softcap, *varlen_args)
+    else:
+        wrap4 = lambda t: from_torch(t, assumed_align=16, leading_dim=3)  # noqa: E731
+        wrap1 = lambda t, align=16: from_torch(t, assumed_align=align, leading_dim=0)  # noqa: E731
+        args = (*map(wrap4, tensors[:4]), *map(wrap1, tensors[4:7]), *map(wrap4, tensors[7:]),
+                cutlass.Float32(scalars[0]), *map(cutlass.Int32, scalars[1:]))
+        softcap = None if problem.softcap is None else cutlass.Float32(problem.softcap)
+        tail = (softcap, *(wrap1(t, 4) for t in varlen_args[:3]), *map(cutlass.Int32, varlen_args[3:]))
+        stream = current_stream()
+        fn = compile_kernel(_kernel_for(config).call_varlen, *args, stream, *tail,
+                            key=("attention.sm90_flash_bwd", "varlen", config))
+        fn(*args, stream, *tail)
     dq = dq_acc.to(q.dtype).transpose(0, 1).contiguous()
     dk, dv = dkv[0], dkv[1]
     if config.dkv_fp32:

@@ -312,16 +312,18 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
                                   "(`attention.paged_prefill.packed_keys`, differentiable) and pass them packed")
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    problem = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
-                                  scale=scale, window_size=window_size, who=who,
-                                  given={"out": out, "dout": dout, "lse": lse}, softcap=softcap, sinks=sinks,
-                                  seqused_k=seqused_k)
+    problem, offsets = checked_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                             causal=causal, scale=scale, window_size=window_size, who=who,
+                                             given={"out": out, "dout": dout, "lse": lse}, softcap=softcap,
+                                             sinks=sinks, seqused_k=seqused_k)
     if q.shape[0] * q.shape[1] == 0 or max_seqlen_k == 0:
         # No query row or no key: out does not depend on q, k, v.
         grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
     else:
         rung = _varlen_backward_rung(kernel, [t.permute(1, 0, 2).unsqueeze(0) for t in (q, k, v)], problem, who)
-        options = {"deterministic": True} if deterministic and _takes_deterministic(rung.varlen_backward) else {}
+        options = {"deterministic": True} if deterministic and _accepts(rung.varlen_backward, "deterministic") else {}
+        if _accepts(rung.varlen_backward, "offsets"):
+            options["offsets"] = offsets
         if seqused_k is not None:
             options["seqused_k"] = seqused_k
         grads = tuple(rung.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -331,10 +333,18 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     return grads
 
 
-def _takes_deterministic(fn) -> bool:
-    import inspect
+def _accepts(fn, name: str) -> bool:
+    """Whether `fn` (a rung's bound method) has a parameter `name`; remembered per function."""
+    key = (getattr(fn, "__func__", fn), name)
+    known = _ACCEPTS.get(key)
+    if known is None:
+        import inspect
 
-    return "deterministic" in inspect.signature(fn).parameters
+        known = _ACCEPTS[key] = name in inspect.signature(fn).parameters
+    return known
+
+
+_ACCEPTS: dict = {}
 
 
 def _varlen_backward_reason(rung, problem) -> str | None:

@@ -307,7 +307,7 @@ def _signature(fn, args) -> list:
     called with `args` (CPU tensors: it expects CUDA ones and names its whole parameter list)."""
     with pytest.raises(ValueError, match="expected device_type=cuda") as err:
         fn(*args)
-    params = re.search(r"__call__\((.*)\)`", str(err.value)).group(1)
+    params = re.search(r"(?:__call__|call_varlen)\((.*)\)`", str(err.value)).group(1)
     return [(len(m.group(3).split(",")), m.group(4)) if m.group(3) is not None else (0, m.group(2))
             for m in _PARAM.finditer(params)]
 
@@ -425,13 +425,15 @@ def test_wide_head_dims_launch_the_head_split_kernel_once_the_path_is_on(host, d
     assert dq.dtype == dk.dtype == dv.dtype == q.dtype
 
 
-def test_varlen_backward_hands_the_kernel_packed_views_and_converts_its_buffers(host):
+@pytest.mark.parametrize("tvm", [True, False], ids=["tvm_ffi", "from_torch"])
+def test_varlen_backward_hands_the_kernel_packed_views_and_converts_its_buffers(host, tvm):
     """The packed backward (unverified path `sm90_bwd_varlen` for routing; the function itself
     is callable): q, k, v, dO and the dK, dV buffers go to the kernel as (1, H, T, D) views; lse2
     (base 2, -inf -> +inf) and D = rowsum(dO O) as flat (Hq, Tq), D's start 16-byte aligned; the
     fp32 (Hq, Tq, D) dQ accumulator comes back transposed to (Tq, Hq, D), GQA's per-query-head
     fp32 dK, dV summed over each group; cu_seqlens, the longest key length and the bottom-right
-    flag trail the stream."""
+    flag trail the soft cap (both host paths: TVM-FFI takes no stream argument)."""
+    host.use_tvm_ffi(tvm)
     lengths_q, lengths_k = (3, 0, 6), (5, 2, 6)  # Hq * Tq = 27 floats: D's start needs padding
     hq, hkv, d = 3, 1, 64
     tq, tk = sum(lengths_q), sum(lengths_k)
@@ -447,7 +449,7 @@ def test_varlen_backward_hands_the_kernel_packed_views_and_converts_its_buffers(
     dq, dk, dv = bwd.varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, 6, 6, p)
     ((name, args),) = host.launches
     assert name == "bwd"
-    ((_, _, config),) = [c for c in host.compiles if c[:2] == ("attention.sm90_flash_bwd", "varlen")]
+    ((*_, config),) = [c for c in host.compiles if c[:2] == ("attention.sm90_flash_bwd", "varlen")]
     assert config.varlen and config.dkv_fp32 and config.causal and config.local and not config.head_split
     tensors = [_unwrap(a) for a in args]
     for i, t in ((0, q), (1, k), (2, v), (3, dout)):
@@ -460,9 +462,16 @@ def test_varlen_backward_hands_the_kernel_packed_views_and_converts_its_buffers(
     assert tensors[7].shape == (1, hq, tk, d) and tensors[7].dtype == torch.float32  # GQA: fp32 per query head
     scalars = [getattr(a, "value", a) for a in args[9:13]]
     assert scalars[0] == pytest.approx(0.3) and scalars[1:] == [0, -4, 3]  # window_right 0, -window_left, group
-    tail = args[14:]
-    assert [_unwrap(t).tolist() for t in tail[1:3]] == [cu_q.tolist(), cu_k.tolist()]
-    assert [getattr(t, "value", t) for t in tail[3:]] == [6, 1]
+    tail = args[13 if tvm else 14:]
+    assert [_unwrap(t).tolist() for t in tail[1:4]] == [cu_q.tolist(), cu_k.tolist(), [0, 1, 2]]
+    assert [getattr(t, "value", t) for t in tail[4:]] == [6, 1]
+    # With the host's offsets, the sequences launch the most work first (9 x ... rows: 2, 0, 1).
+    from cute_kernels.attention.varlen import HostOffsets
+
+    host.launches.clear()
+    bwd.varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, 6, 6, p,
+                        offsets=HostOffsets(tuple(cu_q.tolist()), tuple(cu_k.tolist()), None))
+    assert _unwrap(host.launches[0][1][(13 if tvm else 14) + 3]).tolist() == [2, 0, 1]
     # The recorder's values (`_Host.kernel`): dQ accumulator i % 251 - 125, dK / dV i % 17 (+1).
     acc = (torch.arange(hq * tq * d, dtype=torch.float32) % 251 - 125.0).view(hq, tq, d)
     assert dq.shape == q.shape and dq.is_contiguous() and torch.equal(dq, acc.transpose(0, 1).to(torch.bfloat16))
@@ -472,15 +481,20 @@ def test_varlen_backward_hands_the_kernel_packed_views_and_converts_its_buffers(
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("d, hq, hkv, causal, window_left, softcap", [(128, 4, 4, "bottom_right", None, None),
-                                                                       (64, 4, 2, "top_left", 5, 30.0),
-                                                                       (256, 2, 2, None, None, None)])
+@pytest.mark.parametrize("d, hq, hkv, causal, window_left, softcap, tvm", [
+    (128, 4, 4, "bottom_right", None, None, False), (64, 4, 2, "top_left", 5, 30.0, False),
+    (256, 2, 2, None, None, None, False), (64, 4, 2, "top_left", 5, 30.0, True)])
 def test_varlen_backward_compiles_from_the_arguments_the_host_passes(monkeypatch, d, hq, hkv, causal, window_left,
-                                                                     softcap):
+                                                                     softcap, tvm):
     """The packed backward's own arguments (from_torch views of CPU tensors, the trailing
-    cu_seqlens and scalars) trace and compile for sm_90a; the launch is left out."""
+    cu_seqlens and scalars; or the TVM-FFI build's fake ones) trace and compile for sm_90a; the
+    launch is left out."""
     from cute_kernels.runtime import fake_stream, unverified
 
+    if tvm:
+        pytest.importorskip("tvm_ffi")
+    monkeypatch.setattr(bwd, "tvm_ffi_available", lambda: tvm)
+    monkeypatch.setattr(bwd, "_COMPILED", {})
     real, keys = bwd.compile_kernel, []
 
     def compile_only(fn, *args, key, options=None):
@@ -498,5 +512,34 @@ def test_varlen_backward_compiles_from_the_arguments_the_host_passes(monkeypatch
     cu_q, cu_k = torch.tensor([0, 3, 12], dtype=torch.int32), torch.tensor([0, 4, 13], dtype=torch.int32)
     with unverified.allowing("sm90_bwd_head_split"):
         bwd.varlen_backward(dout, q, k, v, out, torch.randn(hq, 12), cu_q, cu_k, 9, 9, p)
-    ((_, kind, config),) = keys
-    assert kind == "varlen" and config.varlen and config.head_split == (d == 256)
+    ((_, kind, *rest),) = keys
+    assert kind == "varlen" and rest[-1].varlen and rest[-1].head_split == (d == 256)
+    assert rest[:-1] == (["tvm_ffi"] if tvm else [])
+
+
+@pytest.mark.compile
+def test_varlen_tvm_ffi_build_takes_what_the_host_passes(monkeypatch):
+    """The real TVM-FFI build of the packed backward (GQA, window, soft cap) names the same
+    parameter list (rank and dtype each) as the arguments `varlen_backward` hands it."""
+    pytest.importorskip("tvm_ffi")
+    import tvm_ffi
+
+    monkeypatch.setattr(bwd, "_COMPILED", {})
+    monkeypatch.setattr(bwd, "tvm_ffi_available", lambda: True)
+    calls = []
+    real = bwd._compile_varlen_tvm_ffi
+
+    def build(config):
+        fn = real(config)
+        assert isinstance(fn, tvm_ffi.Function)
+        return lambda *args: calls.append((fn, args))
+
+    monkeypatch.setattr(bwd, "_compile_varlen_tvm_ffi", build)
+    p = AttentionProblem(batch=2, heads_q=4, heads_kv=2, seqlen_q=9, seqlen_k=9, head_dim=64, head_dim_v=64,
+                         dtype=torch.bfloat16, causal="top_left", scale=0.3, window_left=5, softcap=30.0)
+    q, dout, out = (torch.randn(12, 4, 64).to(torch.bfloat16) for _ in range(3))
+    k, v = (torch.randn(13, 2, 64).to(torch.bfloat16) for _ in range(2))
+    cu_q, cu_k = torch.tensor([0, 3, 12], dtype=torch.int32), torch.tensor([0, 4, 13], dtype=torch.int32)
+    bwd.varlen_backward(dout, q, k, v, out, torch.randn(4, 12), cu_q, cu_k, 9, 9, p)
+    ((fn, args),) = calls
+    assert _signature(fn, args) == _passed(args)
