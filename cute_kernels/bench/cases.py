@@ -611,6 +611,68 @@ class VarlenCase:
         return out
 
 
+@dataclass(frozen=True)
+class VarlenBwdCase(VarlenCase):
+    """The backward pass of a `VarlenCase`: (dq, dk, dv) for an output gradient dout (T, Hq, D).
+
+    As `AttentionBwdCase`: the result compared is the three gradients flattened and
+    concatenated, against float32 autograd per sequence; FLOPs 2.5x the forward's (the five
+    GEMMs of the FlashAttention backward); tolerance twice the forward's."""
+
+    family = "attention_varlen_bwd"
+
+    @property
+    def flops(self) -> float:
+        return 2.5 * super().flops
+
+    @property
+    def bytes(self) -> float:
+        """Compulsory traffic: read q, k, v, out, dout once and write dq, dk, dv once."""
+        return float(ELEMENT_BYTES[self.dtype] * sum(self.lengths) * self.d * (4 * self.hq + 4 * self.hkv))
+
+    @property
+    def tolerance(self) -> float:
+        return 2 * TOLERANCE[self.dtype]
+
+    @classmethod
+    def parse(cls, text: str, dtype: str = "bf16") -> VarlenBwdCase:
+        base = VarlenCase.parse(text, dtype)
+        return cls(base.lengths, base.hq, base.hkv, base.d, base.causal, base.dtype)
+
+    def make_inputs(self, device: str, seed: int = 0) -> dict[str, Any]:
+        inputs = super().make_inputs(device, seed)
+        inputs["dout"] = _randn(tuple(inputs["q"].shape), self.dtype, device, _generator(device, seed + 1))
+        return inputs
+
+    def empty_out(self, inputs: dict[str, Any]):
+        return None
+
+    def reference(self, inputs: dict[str, Any]):
+        """cat(dq, dk, dv) flattened, float32 autograd per sequence and key/value head."""
+        import torch
+
+        q, k, v, dout = (inputs[n] for n in ("q", "k", "v", "dout"))
+        g, scale = self.hq // self.hkv, 1.0 / math.sqrt(self.d)
+        grads = [torch.empty(t.shape, dtype=torch.float32, device=q.device) for t in (q, k, v)]
+        start = 0
+        with _fp32_highest(), torch.enable_grad():
+            for s in self.lengths:
+                rows = slice(start, start + s)
+                keep = torch.ones(s, s, dtype=torch.bool, device=q.device).tril() if self.causal else None
+                for h in range(self.hkv):
+                    heads = slice(h * g, (h + 1) * g)
+                    qs = q[rows, heads].float().transpose(0, 1).requires_grad_()  # (g, S, D)
+                    ks, vs = (t[rows, h].float().requires_grad_() for t in (k, v))  # (S, D)
+                    scores = torch.matmul(qs, ks.transpose(-1, -2)) * scale
+                    if keep is not None:
+                        scores = scores.masked_fill(~keep, float("-inf"))
+                    o = torch.matmul(torch.softmax(scores, dim=-1), vs)
+                    dq, dk, dv = torch.autograd.grad(o, (qs, ks, vs), dout[rows, heads].float().transpose(0, 1))
+                    grads[0][rows, heads], grads[1][rows, h], grads[2][rows, h] = dq.transpose(0, 1), dk, dv
+                start += s
+        return torch.cat([t.flatten() for t in grads])
+
+
 def gather_pages(cache, block_table, rows=slice(None)):
     """The contiguous (n, max_pages·page, H, D) keys (or values) of sequences `rows`:
     cache[block_table[b, t // page], t % page] at [b, t]."""

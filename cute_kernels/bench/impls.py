@@ -562,6 +562,44 @@ def varlen_impls() -> dict[str, Impl]:
     return impls
 
 
+def _varlen_leaves(inputs):
+    return tuple(inputs[n].detach().clone().requires_grad_() for n in ("q", "k", "v"))
+
+
+def _prepare_varlen_bwd_kernel(name: str, case, inputs) -> Prepared:
+    """Our packed backward through the differentiable varlen operator, forward rung `name` (its
+    backward: that rung's `varlen_backward`, where it takes the problem)."""
+    from cute_kernels.ops import sdpa_varlen
+
+    cu, smax = inputs["cu_seqlens"], inputs["max_seqlen"]
+    causal = "bottom_right" if case.causal else None
+
+    def forward(q, k, v):
+        return sdpa_varlen(q, k, v, cu, cu, smax, smax, causal, None, -1, -1, rung=name)[0]
+
+    return _bwd_prepared(forward, _varlen_leaves(inputs), inputs["dout"], _flat_grads)
+
+
+def _prepare_fa4_varlen_bwd(case, inputs) -> Prepared:
+    from flash_attn.cute import flash_attn_varlen_func
+
+    cu, smax = inputs["cu_seqlens"], inputs["max_seqlen"]
+
+    def forward(q, k, v):
+        r = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=smax, max_seqlen_k=smax,
+                                   causal=case.causal)
+        return r[0] if isinstance(r, tuple) else r
+
+    return _bwd_prepared(forward, _varlen_leaves(inputs), inputs["dout"], _flat_grads)
+
+
+def varlen_bwd_impls() -> dict[str, Impl]:
+    """Ours (every attention rung with a varlen backward) then FlashAttention-4's varlen backward."""
+    impls = _our_attention_with("varlen_backward", _prepare_varlen_bwd_kernel)
+    impls["fa4"] = Impl("fa4", "peer", _prepare_fa4_varlen_bwd, _needs_module("flash_attn.cute"))
+    return impls
+
+
 FAMILY_IMPLS: dict[str, Callable[[], dict[str, Impl]]] = {
     "fused": _fused_impls,
     "gemm": gemm_impls,
@@ -570,4 +608,5 @@ FAMILY_IMPLS: dict[str, Callable[[], dict[str, Impl]]] = {
     "copy": copy_impls,
     "decode": decode_impls,
     "attention_varlen": varlen_impls,
+    "attention_varlen_bwd": varlen_bwd_impls,
 }

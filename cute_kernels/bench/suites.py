@@ -5,6 +5,7 @@
 | `gemm` | the 7 bf16 shapes of the device README, C = A·Bᵀ | our rungs except the slow ones, every GEMM peer |
 | `attention` | the 8 bf16 forward cases (B, H, S, D) × causal | ours, sdpa_flash, sdpa_cudnn, fa4 |
 | `attention_varlen` | ragged batches packed without padding (varlen: 1/17/1000/4096; eight chat-length prompts with GQA 32/8; long GQA documents; 32 ViT-length sequences), causal forward | ours with a varlen launch, fa4 (flash_attn_varlen_func) |
+| `attention_varlen_bwd` | the `attention_varlen` batches, backward (dq, dk, dv through autograd), with `peak_mib` | ours with a varlen backward (`sdpa_varlen`), fa4 (flash_attn_varlen_func) |
 | `attention_bwd` | the same 8 cases, backward (dq, dk, dv through autograd), then D 96 and 192, GQA 32/8 heads and S 1000 (causal), with `peak_mib` (forward + backward) per record | ours with a backward, sdpa_flash, sdpa_cudnn, fa4 (SDPA on grouped cases: k, v expanded at prepare, as repeat_kv) |
 | `copy` | 16 MiB to 1 GiB bf16 | cute_kernels (our vectorized copy), torch_copy |
 | `skinny` | M ∈ {16, 64, 128}, N = K = 8192, bf16 | as `gemm` |
@@ -22,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cute_kernels.bench.cases import AttentionBwdCase, AttentionCase, Case, CopyCase, DecodeCase, GemmCase, VarlenCase
+from cute_kernels.bench.cases import (AttentionBwdCase, AttentionCase, Case, CopyCase, DecodeCase, GemmCase, VarlenBwdCase,
+                                      VarlenCase)
 from cute_kernels.bench.fused_cases import FusedCase
 from cute_kernels.bench.impls import FAMILY_IMPLS, Impl
 from cute_kernels.bench.model_shapes import gemm_shape_cases
@@ -76,7 +78,8 @@ class Suite:
         """Cases from a comma list of case names, each optionally suffixed `:dtype`
         (e.g. `1024x1024x1024:fp32`); without a suffix, the suite's first case's dtype."""
         kind = {"gemm": GemmCase, "attention": AttentionCase, "attention_bwd": AttentionBwdCase, "copy": CopyCase,
-                "decode": DecodeCase, "fused": FusedCase, "attention_varlen": VarlenCase}[self.family]
+                "decode": DecodeCase, "fused": FusedCase, "attention_varlen": VarlenCase,
+                "attention_varlen_bwd": VarlenBwdCase}[self.family]
         default_dtype = self.cases[0].dtype if self.cases else "bf16"
         names = [s.strip() for s in spec.split(",") if s.strip()]
         if not names:
@@ -156,6 +159,11 @@ SUITES: dict[str, Suite] = {
                               tuple(VarlenCase(lengths, hq, hkv, d, True, "bf16") for lengths, hq, hkv, d in VARLEN_CASES),
                               "bf16 varlen (packed ragged batch) attention forward, causal, vs FlashAttention-4's "
                               "varlen", _everything),
+    "attention_varlen_bwd": Suite("attention_varlen_bwd", "attention_varlen_bwd",
+                                  tuple(VarlenBwdCase(lengths, hq, hkv, d, True, "bf16")
+                                        for lengths, hq, hkv, d in VARLEN_CASES),
+                                  "bf16 varlen (packed ragged batch) attention backward, causal, vs FlashAttention-4's "
+                                  "varlen backward; peak memory of forward + backward per record", _everything),
     "copy": Suite("copy", "copy", tuple(CopyCase((mib << 20) // 2, "bf16") for mib in COPY_MIB),
                   "device-to-device copy (memory side of the roofline), GB/s", _everything),
     "skinny": Suite("skinny", "gemm", tuple(GemmCase(m, 8192, 8192, "bf16") for m in (16, 64, 128)),

@@ -24,11 +24,11 @@ import sys
 
 from .errors import CliError
 
-SUITE_NAMES = ("gemm", "gemm_shapes", "attention", "attention_bwd", "attention_varlen", "copy", "skinny", "fp8", "ladder",
+SUITE_NAMES = ("gemm", "gemm_shapes", "attention", "attention_bwd", "attention_varlen", "attention_varlen_bwd", "copy", "skinny", "fp8", "ladder",
                "decode", "fused", "overhead")
 # Ceilings each suite's percentages need (the HBM bandwidth is always measured).
 SUITE_CEILING_DTYPES = {"gemm": {"bf16"}, "gemm_shapes": {"bf16"}, "attention": {"bf16"}, "attention_bwd": {"bf16"},
-                        "attention_varlen": {"bf16"}, "copy": set(), "skinny": {"bf16"}, "fp8": {"fp8_e4m3"},
+                        "attention_varlen": {"bf16"}, "attention_varlen_bwd": {"bf16"}, "copy": set(), "skinny": {"bf16"}, "fp8": {"fp8_e4m3"},
                         "ladder": {"fp32", "fp16", "bf16"}, "decode": set(), "fused": {"bf16"}, "overhead": set()}
 
 

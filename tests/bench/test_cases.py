@@ -213,3 +213,37 @@ def test_varlen_case_names_counts_and_reference_in_float64():
         start += s
     want = torch.cat(want)
     assert got.shape == want.shape and ((got.double() - want).norm() / want.norm()).item() < 1e-5
+
+
+def test_varlen_bwd_case_names_flops_and_reference_gradients_in_float64():
+    import torch.nn.functional as F
+
+    from cute_kernels.bench.cases import VarlenBwdCase, VarlenCase
+
+    c = VarlenBwdCase((3, 17, 5), 4, 2, 16, True)
+    assert c.name == "L3-17-5_Hq4_Hkv2_D16_causal" and VarlenBwdCase.parse(c.name) == c
+    assert c.family == "attention_varlen_bwd" and c.flops == 2.5 * VarlenCase((3, 17, 5), 4, 2, 16, True).flops
+    assert c.bytes == 2 * 25 * 16 * (4 * 4 + 4 * 2)
+    inputs = c.make_inputs("cpu", seed=3)
+    assert inputs["dout"].shape == inputs["q"].shape and c.empty_out(inputs) is None
+    got = c.reference(inputs)
+    start, want = 0, [[], [], []]
+    for s in c.lengths:
+        q, k, v = (inputs[n][start:start + s].double().transpose(0, 1).requires_grad_() for n in ("q", "k", "v"))
+        o = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 0), v.repeat_interleave(2, 0), is_causal=True)
+        grads = torch.autograd.grad(o, (q, k, v), inputs["dout"][start:start + s].double().transpose(0, 1))
+        for acc, g in zip(want, grads):
+            acc.append(g.transpose(0, 1))
+        start += s
+    want = torch.cat([torch.cat(w).flatten() for w in want])
+    assert got.shape == want.shape and ((got.double() - want).norm() / want.norm()).item() < 1e-5
+
+
+def test_varlen_bwd_suite_lists_the_varlen_batches_and_its_impls():
+    from cute_kernels.bench.suites import SUITES
+
+    fwd, bwd = SUITES["attention_varlen"], SUITES["attention_varlen_bwd"]
+    assert [c.name for c in bwd.cases] == [c.name for c in fwd.cases]
+    assert all(c.family == "attention_varlen_bwd" for c in bwd.cases)
+    assert bwd.parse_cases("L3-5_Hq4_Hkv2_D64_causal")[0].lengths == (3, 5)
+    assert "fa4" in bwd.impls()
