@@ -47,6 +47,8 @@ _DS_BARRIER = 2
 _DQ_BARRIER = 3
 # With one dS^T (and P^T) buffer: "both consumers are done reading last step's", before the writes.
 _FREE_BARRIER = 5
+# Deterministic dQ: "this CTA's turn at the Q block has come" and "its additions are issued".
+_TURN_BARRIER = 6
 
 
 def mn_offsets(n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -145,7 +147,20 @@ class FlashAttentionSm90Bwd:
                  qhead_per_kvhead: cutlass.Int32, stream, softcap: cutlass.Float32 | None = None):
         """Launch over (key blocks, query heads, batch). softcap: the cap c (with `config.softcap`)."""
         self.launch(mQ, mK, mV, mdO, mLSE2, mDrow, mdQacc, mdK, mdV, softmax_scale, causal_offset, offset_lo,
-                    qhead_per_kvhead, stream, softcap, (None, None, None, None, None))
+                    qhead_per_kvhead, stream, softcap, (None, None, None, None, None), None)
+
+    @cute.jit
+    def call_deterministic(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+                           mLSE2: cute.Tensor, mDrow: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor,
+                           mdV: cute.Tensor, softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32,
+                           offset_lo: cutlass.Int32, qhead_per_kvhead: cutlass.Int32, stream,
+                           softcap: cutlass.Float32 | None, mTurns: cute.Tensor):
+        """The dense launch with dQ added in a fixed order (`config.deterministic`): mTurns, int32
+        zeros, one per (batch, query head, Q block), counts the key blocks whose dQ_blk has been
+        added to that Q block; the CTA of key block n adds its own when the count is n minus
+        the block's first key block, then counts itself."""
+        self.launch(mQ, mK, mV, mdO, mLSE2, mDrow, mdQacc, mdK, mdV, softmax_scale, causal_offset, offset_lo,
+                    qhead_per_kvhead, stream, softcap, (None, None, None, None, None), mTurns)
 
     @cute.jit
     def call_varlen(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
@@ -163,15 +178,16 @@ class FlashAttentionSm90Bwd:
         (Sk_b - Sq_b)."""
         self.launch(mQ, mK, mV, mdO, mLSE2, mDrow, mdQacc, mdK, mdV, softmax_scale, causal_offset, offset_lo,
                     qhead_per_kvhead, stream, softcap,
-                    (mCuSeqlensQ, mCuSeqlensK, mOrder, max_seqlen_k, bottom_right))
+                    (mCuSeqlensQ, mCuSeqlensK, mOrder, max_seqlen_k, bottom_right), None)
 
     @cute.jit
     def launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
                mDrow: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
                softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32, offset_lo: cutlass.Int32,
-               qhead_per_kvhead: cutlass.Int32, stream, softcap: cutlass.Float32 | None, varlen_args):
-        """Both entries' body; varlen_args: (cu_seqlens q, cu_seqlens k, launch order,
-        max_seqlen_k, bottom_right), or Nones."""
+               qhead_per_kvhead: cutlass.Int32, stream, softcap: cutlass.Float32 | None, varlen_args,
+               mTurns: cute.Tensor | None):
+        """The entries' body; varlen_args: (cu_seqlens q, cu_seqlens k, launch order,
+        max_seqlen_k, bottom_right), or Nones; mTurns: the deterministic dQ's counters, or None."""
         mCuSeqlensQ, mCuSeqlensK, mOrder, max_seqlen_k, bottom_right = varlen_args
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
@@ -260,7 +276,7 @@ class FlashAttentionSm90Bwd:
                     softmax_scale, exp_scale * LOG2_E, causal_offset, offset_lo, qhead_per_kvhead, rows_q,
                     smem_kv_layout, smem_qdo_layout, smem_ds_layout, smem_row_layout, smem_dq_layout, smem_dq_full,
                     mma_sdp0, mma_sdp, mma_dkv, mma_dq0, mma_dq, SharedStorage, score_scale, mCuSeqlensQ,
-                    mCuSeqlensK, mOrder, bottom_right).launch(
+                    mCuSeqlensK, mOrder, bottom_right, mTurns).launch(
                         grid=grid, block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # ---- device side ---------------------------------------------------------------------------
@@ -277,7 +293,8 @@ class FlashAttentionSm90Bwd:
                smem_dq_layout: cute.ComposedLayout, smem_dq_full: cute.ComposedLayout, mma_sdp0: cute.TiledMma,
                mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq0: cute.TiledMma, mma_dq: cute.TiledMma,
                SharedStorage: cutlass.Constexpr, score_scale: cutlass.Float32, mCuSeqlensQ: cute.Tensor | None,
-               mCuSeqlensK: cute.Tensor | None, mOrder: cute.Tensor | None, bottom_right: cutlass.Int32 | None):
+               mCuSeqlensK: cute.Tensor | None, mOrder: cute.Tensor | None, bottom_right: cutlass.Int32 | None,
+               mTurns: cute.Tensor | None):
         """seqlen_q: Sq, or varlen the packed Tq (each sequence's own lengths come from cu_seqlens)."""
         c = self.config
         d, bm, bn = c.head_dim, c.block_m, c.block_n
@@ -367,7 +384,8 @@ class FlashAttentionSm90Bwd:
                          (sdS, sP), pipe_kv, pipe_qdo,
                          sLSE, sDrow, mdQacc, gdK, gdV, scale,
                          (scale_log2, score_scale), (causal_offset, offset_lo), n_block, seqlen_q, seqlen_k,
-                         m_block_min, m_count, (head_row, q_heads, dq_rows), tidx - THREADS_PER_WARPGROUP)
+                         m_block_min, m_count, (head_row, q_heads, dq_rows), tidx - THREADS_PER_WARPGROUP,
+                         None if mTurns is None else (mTurns, sq_pad // bm, offset_lo))
 
     @cute.jit
     def produce(self, tma_k, gK, sK, tma_v, gV, sV, tma_q, mQ, sQ, tma_do, mdO, sdO, tma_lse, mLSE2, sLSE,
@@ -428,12 +446,13 @@ class FlashAttentionSm90Bwd:
                 sLSE, sDrow, gdQacc, gdK, gdV, scale: cutlass.Float32, scales,
                 offsets, n_block: cutlass.Int32, seqlen_q: cutlass.Int32,
                 seqlen_k: cutlass.Int32, m_block_min: cutlass.Int32, m_count: cutlass.Int32,
-                rows, ctidx: cutlass.Int32):
+                rows, ctidx: cutlass.Int32, turns):
         """Consumer warpgroups (ctidx in [0, 256): keys 64 (ctidx // 128) .. + 63 of the block;
         with head_split all 64 keys, queries and head dim columns 32 and D / 2 (ctidx // 128) on).
         score_smem: the dS^T and P^T buffers. rows: (the first query head's index among the
         (batch, query head) pairs, the query heads this CTA walks, (its first dQ accumulator
-        row, the rows from one query head's to the next's))."""
+        row, the rows from one query head's to the next's)). turns: the deterministic dQ's
+        (counters, Q blocks per head, offset_lo), or None."""
         head_row, q_heads, (dq_row0, dq_head_rows) = rows
         sdS, sP = score_smem
         c = self.config
@@ -500,6 +519,9 @@ class FlashAttentionSm90Bwd:
         dq_red = (tma_dq, mdQ3, sdQ, thr_dq.partition_C(sdQ_full[None, None, 0]),
                   [pipeline.NamedBarrier(barrier_id=_DQ_BARRIER + i, num_threads=THREADS_PER_WARPGROUP)
                    for i in (0, 1)], wg, issuer_warp)
+        if cutlass.const_expr(turns is not None):
+            turns = (*turns, n_block, pipeline.NamedBarrier(barrier_id=_TURN_BARRIER, num_threads=_CONSUMER_THREADS),
+                     ctidx == 0)
 
         pipe_kv.consumer_wait(hpipe.consumer_state(1))
         state = hpipe.consumer_state(c.stages)
@@ -515,7 +537,7 @@ class FlashAttentionSm90Bwd:
                               stmatrix, (sdS, sP), (ds_ready, smem_free), pipe_qdo, sLSE, sDrow, gdQacc, scale,
                               scales,
                               offsets, key_base, (head_row + h, dq_row0 + h * dq_head_rows), seqlen_q, seqlen_k,
-                              dq_red)
+                              dq_red, turns)
         if cutlass.const_expr(c.defer_dkv_wait):
             wgmma.wait_group(0)  # the last dV, dK GEMMs
             if q_heads * m_count > 0:
@@ -539,7 +561,7 @@ class FlashAttentionSm90Bwd:
              t_p, t_ds, s_mn, dp_mn, coord_s, coord_dq, thr_r2s, stmatrix, score_smem, barriers, pipe_qdo,
              sLSE, sDrow, gdQacc, scale: cutlass.Float32, scales,
              offsets, key_base: cutlass.Int32, head_rows, seqlen_q: cutlass.Int32,
-             seqlen_k: cutlass.Int32, dq_red):
+             seqlen_k: cutlass.Int32, dq_red, turns=None):
         """Q block m against this CTA's keys; dS^T (and with head_split P^T) goes through smem
         buffer `buf` (score_smem: both buffers; barriers: "dS^T is written", "last step's
         buffer is free"). Returns the advanced pipeline state and this step's (whose slot a
@@ -547,7 +569,9 @@ class FlashAttentionSm90Bwd:
         in log2 units, the soft cap's pre-tanh scale); head_rows: the (batch, query head) pair's
         index and its first row of the dQ accumulator (head_row * Sq, varlen h * Tq + the
         sequence's first row). Varlen: rows past the sequence (whose lse2 and D are the next
-        sequence's) are masked in P^T and dS^T."""
+        sequence's) are masked in P^T and dS^T. turns: the deterministic dQ's (counters, Q blocks
+        per head, offset_lo, this CTA's key block, the consumers' barrier, whether this thread
+        waits and counts), or None."""
         head_row, dq_row = head_rows
         c = self.config
         scale_log2, score_scale = scales
@@ -672,16 +696,48 @@ class FlashAttentionSm90Bwd:
             base = gdQacc.iterator + (cutlass.Int64(dq_row + row_base + t_q) * c.head_dim + t_d)
             room = seqlen_q - row_base - t_q  # this thread's rows r exist while r < room
             dq_offs = acc_offsets(c.head_dim // 2, c.head_dim)
+            if cutlass.const_expr(turns is not None):
+                turn = self.wait_turn(turns, head_row, m)
             for p in cutlass.range_constexpr(cute.size(acc_dq) // 2):
                 if cutlass.Int32(dq_offs[2 * p] // c.head_dim) < room:
                     cute.arch.red(base + dq_offs[2 * p], _f32x2(acc_dq[2 * p] * scale, acc_dq[2 * p + 1] * scale),
                                   op="add", dtype=cutlass.Float32, sem="relaxed", scope="gpu")
+            if cutlass.const_expr(turns is not None):
+                self.end_turn(turns, turn)
         if cutlass.const_expr(not c.defer_dkv_wait):
             wgmma.wait_group(0)
             pipe_qdo.consumer_release(state)
         prev = state.clone()
         state.advance()
         return state, prev
+
+    @cute.jit
+    def wait_turn(self, turns, head_row: cutlass.Int32, m: cutlass.Int32):
+        """Deterministic dQ: wait until the key blocks before this one that see Q block m (from
+        the block's first, `block_info.n_block_min`: the blocks that see a Q block are
+        consecutive) have added their dQ_blk to it. One thread polls the block's counter with
+        acquire loads, then the consumers meet. Returns the counter's address. Key block n
+        waits only on blocks n' < n, launched before it, so the wait always ends."""
+        mTurns, m_blocks, offset_lo, n_block, bar, waiter = turns
+        c = self.config
+        first = block_info.n_block_min(m, offset_lo, block_m=c.block_m, block_n=c.block_n, local=c.local,
+                                       maximum=cutlass.max)
+        turn = mTurns.iterator + (head_row * m_blocks + m)
+        if waiter:
+            while cute.arch.load(turn, cutlass.Int32, sem="acquire", scope="gpu") != n_block - first:
+                pass
+        bar.arrive_and_wait()
+        return turn
+
+    @cute.jit
+    def end_turn(self, turns, turn):
+        """Every consumer's additions are issued (the barrier); one thread then makes them
+        visible at gpu scope before the count (fence, then a release add)."""
+        _, _, _, _, bar, waiter = turns
+        bar.arrive_and_wait()
+        if waiter:
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.red(turn, cutlass.Int32(1), op="add", dtype=cutlass.Int32, sem="release", scope="gpu")
 
     @cute.jit
     def reduce_dq_tma(self, acc_dq, scale: cutlass.Float32, m: cutlass.Int32, head_row: cutlass.Int32, dq_red):

@@ -183,7 +183,10 @@ class FlashSm90BwdConfig:
     step's writes never wait for the other warpgroup's reads of the last step, 1 where shared
     memory is short (D = 256), with a barrier before the writes instead; varlen: packed
     sequences delimited by cu_seqlens (`varlen_backward`): a CTA per (key block of the longest
-    sequence, head, sequence), each sequence's rows read through ragged tensor maps.
+    sequence, head, sequence), each sequence's rows read through ragged tensor maps;
+    deterministic: each Q block's dQ_blk additions happen in key-block order (a counter per
+    (batch, query head, Q block) that a CTA waits on, then advances), so dQ is the same bits on
+    every run.
     """
 
     head_dim: int = 128
@@ -205,6 +208,7 @@ class FlashSm90BwdConfig:
     head_split: bool = False
     ds_buffers: int = 2
     varlen: bool = False
+    deterministic: bool = False
 
     def validate(self) -> "FlashSm90BwdConfig":
         if self.head_dim not in HEAD_DIMS:
@@ -212,7 +216,7 @@ class FlashSm90BwdConfig:
         if self.dtype not in _CUTLASS:
             raise ValueError(f"FlashSm90BwdConfig.dtype must be one of {tuple(_CUTLASS)}, got {self.dtype!r}")
         for name in ("causal", "local", "dkv_fp32", "dq_tma_reduce", "defer_dkv_wait", "early_dv", "prep_kernel",
-                     "softcap", "gqa_loop", "head_split", "varlen"):
+                     "softcap", "gqa_loop", "head_split", "varlen", "deterministic"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FlashSm90BwdConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.gqa_loop and self.dkv_fp32:
@@ -242,6 +246,9 @@ class FlashSm90BwdConfig:
         if self.varlen and (self.dq_tma_reduce or self.gqa_loop):
             raise ValueError("FlashSm90BwdConfig: varlen takes neither dq_tma_reduce (the packed dQ accumulator "
                              "has no per-sequence tensor map) nor gqa_loop")
+        if self.deterministic and (self.dq_tma_reduce or self.varlen):
+            raise ValueError("FlashSm90BwdConfig: deterministic orders the dQ reductions from registers of the "
+                             "dense launch; it takes neither dq_tma_reduce nor varlen")
         if self.ds_buffers not in (1, 2):
             raise ValueError(f"FlashSm90BwdConfig.ds_buffers must be 1 or 2, got {self.ds_buffers!r}")
         if self.stages not in (1, 2, 3):
@@ -294,14 +301,14 @@ def block_n_for(head_dim: int) -> int:
 
 def bwd_config_for(head_dim: int, dtype: str, causal: bool, *, dkv_fp32: bool = False,
                    local: bool = False, softcap: bool = False, gqa_loop: bool = False,
-                   varlen: bool = False) -> FlashSm90BwdConfig:
+                   varlen: bool = False, deterministic: bool = False) -> FlashSm90BwdConfig:
     """The tile for a head dim: 64 Q rows per step against `block_n_for(head_dim)` keys per CTA;
     at D = 256 one dS^T / P^T buffer each (two would need 232 KB of shared memory)."""
     split = head_dim not in _WHOLE_HEAD_DIMS
     return FlashSm90BwdConfig(head_dim=head_dim, dtype=dtype, causal=causal, local=local,
                               dkv_fp32=dkv_fp32, softcap=softcap, gqa_loop=gqa_loop, head_split=split,
                               block_n=block_n_for(head_dim), ds_buffers=1 if head_dim > 192 else 2,
-                              varlen=varlen).validate()
+                              varlen=varlen, deterministic=deterministic).validate()
 
 
 # ---- compile-only variants ------------------------------------------------------------------------
@@ -314,9 +321,16 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = F
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
     config = replace(bwd_config_for(head_dim, dtype, causal, dkv_fp32=dkv_fp32, local=local), **tile).validate()
+    return CompileJob(_entry(config), _fake_args(config, fake_tensor, fake_stream), ("attention.sm90_flash_bwd", config))
+
+
+def _entry(config: FlashSm90BwdConfig):
+    """The jit entry of `config`'s kernel: the dense `__call__`, `call_varlen` or
+    `call_deterministic` (each with its own parameter list)."""
     kernel = _kernel_for(config)
-    return CompileJob(kernel.call_varlen if config.varlen else kernel, _fake_args(config, fake_tensor, fake_stream),
-                      ("attention.sm90_flash_bwd", config))
+    if config.varlen:
+        return kernel.call_varlen
+    return kernel.call_deterministic if config.deterministic else kernel
 
 
 def _fake_args(config: FlashSm90BwdConfig, fake_tensor, fake_stream):
@@ -327,7 +341,13 @@ def _fake_args(config: FlashSm90BwdConfig, fake_tensor, fake_stream):
     dk, dv = [fake_tensor(dkv_t, 4, leading_dim=3, assumed_align=16) for _ in range(2)]
     return (q, k, v, do, lse2, drow, dq, dk, dv, cutlass.Float32(1.0 / math.sqrt(config.head_dim)),
             cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1), fake_stream(),
-            cutlass.Float32(30.0) if config.softcap else None, *_varlen_tail(config, fake_tensor))
+            cutlass.Float32(30.0) if config.softcap else None, *_varlen_tail(config, fake_tensor),
+            *_turns_tail(config, fake_tensor))
+
+
+def _turns_tail(config: FlashSm90BwdConfig, fake_tensor) -> tuple:
+    """The deterministic launch's trailing fake argument (the int32 counters); none otherwise."""
+    return (fake_tensor(cutlass.Int32, 1, leading_dim=0, assumed_align=4),) if config.deterministic else ()
 
 
 def _varlen_tail(config: FlashSm90BwdConfig, fake_tensor) -> tuple:
@@ -390,6 +410,11 @@ BWD_VARIANT_CONFIGS["d64_float16_local_softcap_gqa_varlen"] = {
     "varlen": True}
 BWD_VARIANT_CONFIGS["d256_bfloat16_varlen"] = {"head_dim": 256, "dtype": "bfloat16", "causal": False,
                                                "varlen": True}
+# dQ added in key-block order (deterministic), with a window's first key block per Q block.
+BWD_VARIANT_CONFIGS["d128_bfloat16_causal_deterministic"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True,
+                                                             "deterministic": True}
+BWD_VARIANT_CONFIGS["d64_float16_local_gqa_loop_deterministic"] = {
+    "head_dim": 64, "dtype": "float16", "causal": False, "local": True, "gqa_loop": True, "deterministic": True}
 BWD_VARIANT_CONFIGS["d128_bfloat16_causal_split"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True,
                                                      "head_split": True, "block_n": 64}
 
@@ -459,9 +484,9 @@ def _compile_tvm_ffi(config: FlashSm90BwdConfig):
     q, k, v, do = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(4)]
     lse2, drow, dq = [fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=16) for _ in range(3)]
     dk, dv = [fake_tensor(dkv_t, 4, leading_dim=3, assumed_align=16) for _ in range(2)]
-    fn = compile_kernel(_kernel_for(config), q, k, v, do, lse2, drow, dq, dk, dv, cutlass.Float32(1.0),
+    fn = compile_kernel(_entry(config), q, k, v, do, lse2, drow, dq, dk, dv, cutlass.Float32(1.0),
                         cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1), fake_stream(tvm_ffi_env_stream=True),
-                        cutlass.Float32(30.0) if config.softcap else None,
+                        cutlass.Float32(30.0) if config.softcap else None, *_turns_tail(config, fake_tensor),
                         key=("attention.sm90_flash_bwd", "tvm_ffi", config), options=TVM_FFI_OPTION)
     _COMPILED[config] = fn
     return fn
@@ -521,12 +546,13 @@ def _sm_count() -> int:
     return sm_count() if torch.cuda.is_available() else 0
 
 
-def _launch_for(problem, config) -> _Launch:
-    """The `_Launch` of `problem` with `config` (None: `bwd_config_for` the problem), cached in
-    `_LAUNCHES` (at most `_MAX_LAUNCHES` entries; it then starts afresh). The key leaves out the
-    device: its SM count only chooses between two schedules that compute the same gradients
-    (`gqa_loop_fills`), so a warm call asks the driver nothing."""
-    key = (problem, config)
+def _launch_for(problem, config, deterministic: bool = False) -> _Launch:
+    """The `_Launch` of `problem` with `config` (None: `bwd_config_for` the problem, with dQ
+    added in a fixed order when `deterministic`), cached in `_LAUNCHES` (at most `_MAX_LAUNCHES`
+    entries; it then starts afresh). The key leaves out the device: its SM count only chooses
+    between two schedules that compute the same gradients (`gqa_loop_fills`), so a warm call
+    asks the driver nothing."""
+    key = (problem, config, deterministic)
     launch = _LAUNCHES.get(key)
     if launch is not None:
         return launch
@@ -545,7 +571,7 @@ def _launch_for(problem, config) -> _Launch:
     else:
         loop = group > 1 and gqa_loop_fills(problem, sms)
         config = bwd_config_for(problem.head_dim, dtype_name, upper, dkv_fp32=group > 1 and not loop, local=local,
-                                softcap=softcap, gqa_loop=loop)
+                                softcap=softcap, gqa_loop=loop, deterministic=deterministic)
     scale, offset, _ = launch_scalars(problem)
     offset_lo, _ = window_scalars(problem)
     b, hq, sq, sk, d = problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k, problem.head_dim
@@ -601,7 +627,9 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
     dv sum over the query heads sharing a key/value head.
 
     dQ is summed with fp32 atomics, so its rounding may differ from run to run; with
-    `deterministic=True` the call goes to the sm80 backward (a separate dQ pass, no atomics).
+    `deterministic=True` each Q block's additions happen in key-block order
+    (`FlashSm90BwdConfig.deterministic`, unverified path 'sm90_bwd_deterministic'; while it is
+    off the call goes to the sm80 backward: a separate dQ pass, no atomics).
     `config`: a `FlashSm90BwdConfig` to use instead of `bwd_config_for` (benchmarks, bisection);
     its head dim, dtype, mask flags (causal, local) and dkv_fp32 must match the problem.
     Sliding windows (`problem.window_left` / `window_right`) are taken as the forward takes them.
@@ -614,7 +642,7 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
     import torch
 
     _check_supported(problem)
-    if deterministic:
+    if deterministic and not unverified.enabled("sm90_bwd_deterministic"):
         from .sm80_flash_bwd import backward as sm80_backward
         from .sm80_flash_bwd import supports_backward as sm80_supports
 
@@ -623,7 +651,7 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
             raise ValueError(f"deterministic backward unavailable: {why}")
         return sm80_backward(dout, q, k, v, out, lse, problem)
 
-    launch = _launch_for(problem, config)
+    launch = _launch_for(problem, config, deterministic)
     config = launch.config
     tvm = tvm_ffi_available()
     q, k, v, dout = rows_aligned(q), rows_aligned(k), rows_aligned(v), rows_aligned(dout)
@@ -651,15 +679,18 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
     dk_h, dv_h = _dkv_buffers(launch, q)
     if tvm:
         _main_function(launch)(q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h, launch.scale, launch.offset,
-                               launch.offset_lo, group, launch.softcap)
+                               launch.offset_lo, group, launch.softcap, *_turns(launch, q))
     else:
         from cute_kernels.runtime import current_stream
 
         args = _dsl_args(launch, q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h)
         stream = current_stream()
-        fn = compile_kernel(_kernel_for(launch.kernel_config), *args, stream, _softcap_arg(launch),
+        from cute_kernels.runtime import from_torch
+
+        turns = tuple(from_torch(t, assumed_align=4, leading_dim=0) for t in _turns(launch, q))
+        fn = compile_kernel(_entry(launch.kernel_config), *args, stream, _softcap_arg(launch), *turns,
                             key=("attention.sm90_flash_bwd", launch.kernel_config))
-        fn(*args, stream, _softcap_arg(launch))
+        fn(*args, stream, _softcap_arg(launch), *turns)
     return _post(launch, dq_acc, dk_h, dv_h, q.dtype, problem.heads_kv)
 
 
@@ -667,6 +698,17 @@ def _main_function(launch: _Launch):
     """The TVM-FFI build of `launch`'s kernel config, compiled on first use."""
     fn = _COMPILED.get(launch.kernel_config)
     return fn if fn is not None else _compile_tvm_ffi(launch.kernel_config)
+
+
+def _turns(launch: _Launch, q) -> tuple:
+    """The deterministic launch's zeroed int32 counters, one per (batch, query head, Q block)
+    (`FlashAttentionSm90Bwd.call_deterministic`), as a one-tuple; () otherwise."""
+    if not launch.config.deterministic:
+        return ()
+    import torch
+
+    blocks = q.shape[0] * q.shape[1] * (launch.sq_pad // launch.config.block_m)  # q: (B, Hq, Sq, D)
+    return (torch.zeros(blocks, dtype=torch.int32, device=q.device),)
 
 
 def _dkv_buffers(launch: _Launch, q):
@@ -700,7 +742,7 @@ def _run_prepped(launch: _Launch, prep_fn, fn, dout, q, k, v, out, lse, heads_kv
     d_rows, lse2, dq_flat, dq_acc = _prep.run_prepped(prep_fn, dout, out, lse, launch.sq_pad)
     dk_h, dv_h = _dkv_buffers(launch, q)
     fn(q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h, launch.scale, launch.offset, launch.offset_lo, launch.group,
-       launch.softcap)
+       launch.softcap, *_turns(launch, q))
     return _post(launch, dq_acc, dk_h, dv_h, q.dtype, heads_kv)
 
 

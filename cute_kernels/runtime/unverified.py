@@ -36,6 +36,9 @@ PATHS: dict[str, str] = {
                            "`FlashSm90BwdConfig.head_split`) instead of handing the backward to sm80_flash",
     "sm90_bwd_varlen": "the Hopper attention backward of packed sequences (`attention.sm90_flash_bwd."
                        "varlen_backward`: ragged tensor maps, rows past a sequence masked) instead of sm80_flash's",
+    "sm90_bwd_deterministic": "the Hopper attention backward with deterministic=True: dQ added in key-block "
+                              "order under a counter per Q block (`FlashSm90BwdConfig.deterministic`) instead of "
+                              "handing the call to sm80_flash's backward",
     "norm_backward_prefetch": "the RMSNorm / LayerNorm backward loads its next row block while it computes "
                               "the current one (`fused.norms`, `NormConfig.prefetch`)",
 }

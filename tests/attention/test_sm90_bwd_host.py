@@ -136,6 +136,8 @@ PROBLEMS = {
     "torch_prep_gqa": (_problem(hq=6, hkv=2, sq=70, sk=64, causal="top_left"),
                        replace(bwd.bwd_config_for(64, "bfloat16", True, dkv_fp32=True), prep_kernel=False)),
     "softcap_sinks": (_problem(causal="top_left", softcap=20.0, sinks=True), None),
+    "deterministic": (_problem(hq=6, hkv=2, sq=150, sk=200, causal="bottom_right"),
+                      bwd.bwd_config_for(64, "bfloat16", True, gqa_loop=True, deterministic=True)),
 }
 
 
@@ -154,7 +156,9 @@ def test_both_paths_pass_identical_arguments(host, name):
     assert strip(tvm) == strip(dsl)
     # The DSL path wraps the 4-D tensors with the head dim as the unit mode, the flat ones on mode 0.
     bwd_dsl = dict(dsl)["bwd"]
-    assert [x[4]["leading_dim"] for x in bwd_dsl if x[0] == "tensor"] == [3, 3, 3, 3, 0, 0, 0, 3, 3]
+    # (A deterministic launch's int32 counters trail the rest, flat.)
+    counters = [0] if config is not None and config.deterministic else []
+    assert [x[4]["leading_dim"] for x in bwd_dsl if x[0] == "tensor"] == [3, 3, 3, 3, 0, 0, 0, 3, 3] + counters
     # The scalars: scale, the upper offset (Sk - Sq bottom-right, + window_right), offset_lo, group.
     base = p.seqlen_k - p.seqlen_q if p.causal == "bottom_right" or p.causal is None else 0
     expect_offset = base + (p.window_right or 0)
@@ -167,7 +171,8 @@ def test_both_paths_pass_identical_arguments(host, name):
     flat = [x[1] for x in dict(tvm)["bwd"] if x[0] == "tensor" and len(x[1]) == 1]
     n = p.batch * p.heads_q * sq_pad
     # D and lse2 padded to whole Q blocks, the dQ accumulator unpadded (Sq rows per head)
-    assert flat == [(n,), (n,), (p.batch * p.heads_q * p.seqlen_q * p.head_dim,)]
+    # (and a deterministic launch's counters: one per Q block of each (batch, query head))
+    assert flat == [(n,), (n,), (p.batch * p.heads_q * p.seqlen_q * p.head_dim,)] + [(n // 64,)] * len(counters)
     for a, b in zip(dsl_grads, tvm_grads):
         assert torch.equal(a, b)
 
@@ -307,7 +312,7 @@ def _signature(fn, args) -> list:
     called with `args` (CPU tensors: it expects CUDA ones and names its whole parameter list)."""
     with pytest.raises(ValueError, match="expected device_type=cuda") as err:
         fn(*args)
-    params = re.search(r"(?:__call__|call_varlen)\((.*)\)`", str(err.value)).group(1)
+    params = re.search(r"(?:__call__|call_\w+)\((.*)\)`", str(err.value)).group(1)
     return [(len(m.group(3).split(",")), m.group(4)) if m.group(3) is not None else (0, m.group(2))
             for m in _PARAM.finditer(params)]
 
@@ -325,7 +330,7 @@ def _passed(args) -> list:
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("name", ["causal_br_padded", "gqa_window", "gqa_loop"])
+@pytest.mark.parametrize("name", ["causal_br_padded", "gqa_window", "gqa_loop", "deterministic"])
 def test_tvm_ffi_builds_compile_and_take_what_the_host_passes(monkeypatch, name):
     pytest.importorskip("tvm_ffi")
     import tvm_ffi
@@ -543,3 +548,25 @@ def test_varlen_tvm_ffi_build_takes_what_the_host_passes(monkeypatch):
     bwd.varlen_backward(dout, q, k, v, out, torch.randn(4, 12), cu_q, cu_k, 9, 9, p)
     ((fn, args),) = calls
     assert _signature(fn, args) == _passed(args)
+
+
+def test_deterministic_backward_orders_dq_on_hopper_once_the_path_is_on(host):
+    """deterministic=True with `sm90_bwd_deterministic` on: the Hopper kernel's deterministic
+    entry, with zeroed int32 counters, one per (batch, query head, Q block), after the other
+    arguments; without deterministic, the plain entry and no counters."""
+    from cute_kernels.runtime import unverified
+
+    host.use_tvm_ffi(True)
+    p = _problem(b=2, hq=4, hkv=4, sq=100, sk=130)
+    dout, q, k, v, o, lse = _inputs(p)
+    with unverified.allowing("sm90_bwd_deterministic"):
+        bwd.backward(dout, q, k, v, o, lse, p, deterministic=True)
+    ((*_, config),) = [c for c in host.compiles if c[0] == "bwd"]
+    assert config.deterministic and not config.dq_tma_reduce
+    ((name, args),) = [x for x in host.launches if x[0] == "bwd"]
+    turns = args[-1]
+    assert turns.dtype == torch.int32 and turns.numel() == 2 * 4 * 2 and not turns.any()  # 100 rows: 2 blocks
+    host.launches.clear()
+    bwd.backward(dout, q, k, v, o, lse, p)  # not deterministic: the plain entry, no counters
+    ((name, args),) = [x for x in host.launches if x[0] == "bwd"]
+    assert not isinstance(args[-1], torch.Tensor) or args[-1].dtype != torch.int32

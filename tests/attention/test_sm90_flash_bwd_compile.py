@@ -180,3 +180,27 @@ def test_the_default_tile_per_head_dim():
         64: (128, False, 2), 96: (128, False, 2), 128: (128, False, 2), 192: (64, True, 2), 256: (64, True, 1)}
     assert all(c.smem_bytes <= _SMEM_LIMIT for c in tiles.values())
     assert tiles[192].s_cols == 32 and tiles[128].s_cols == 64
+
+
+@pytest.mark.parametrize("config", ["d128_bfloat16_causal_deterministic", "d64_float16_local_gqa_loop_deterministic"])
+def test_deterministic_variant_waits_for_its_turn_and_counts_itself(config):
+    """`deterministic`: before a step's dQ reductions one thread polls the Q block's counter
+    with acquire loads (LDG.E.STRONG.GPU, L1 invalidated), the consumers meet; after them a
+    gpu-scope fence and one release add of 1 (REDG.E.ADD.S32); no spills."""
+    pytest.importorskip("cutlass")
+    from cute_kernels.runtime import check_variant, compile_variant, get_variant
+
+    report = compile_variant("attention.sm90_flash_bwd", config)
+    assert check_variant(report, get_variant("attention.sm90_flash_bwd")) == []
+    assert report.spill_store_bytes == 0 and report.local_memory == 0
+    ops = report.kernels[0].sass.opcodes
+    count = lambda prefix: sum(v for op, v in ops.items() if op.startswith(prefix))  # noqa: E731
+    assert count("LDG.E.STRONG.GPU") == 1 and count("REDG.E.ADD.S32.STRONG.GPU") == 1
+    assert count("MEMBAR.ALL.GPU") >= 1 and count("CCTL.IVALL") >= 1
+    d = int(config.split("_")[0][1:])
+    assert count("REDG.E.ADD.F32x2") == 8 * d // 64  # dQ's reductions themselves unchanged
+    lines = report.sass.splitlines()
+    poll = next(i for i, line in enumerate(lines) if "LDG.E.STRONG.GPU" in line)
+    # The poll is a loop: a branch back to its label within a few instructions.
+    label = next(line.strip().rstrip(":") for line in reversed(lines[:poll]) if line.strip().startswith(".L_"))
+    assert any("BRA" in line and label in line for line in lines[poll:poll + 8])

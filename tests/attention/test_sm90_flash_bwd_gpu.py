@@ -256,3 +256,63 @@ def test_head_dim_256_backward_stays_on_sm80_until_verified_then_runs_on_sm90():
     _, _, *ref = reference(q, k, v, dout, "bottom_right")
     for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
         assert not got.isnan().any() and rel_err(got, want) < TOL[torch.bfloat16], name
+
+
+# deterministic=True on Hopper (unverified path `sm90_bwd_deterministic`): each Q block's dQ
+# additions in key-block order under a counter; bitwise the same on every run.
+DETERMINISTIC_CASES = [(2, 4, 2, 257, 200, 128, "bottom_right", torch.bfloat16),
+                       (1, 2, 2, 300, 1000, 64, None, torch.float16),
+                       (2, 8, 2, 513, 513, 64, "top_left", torch.bfloat16)]
+
+
+@pytest.mark.parametrize("case", DETERMINISTIC_CASES, ids=lambda c: f"{c[1]}/{c[2]}x{c[3]}x{c[4]}xd{c[5]}-{c[6]}")
+@pytest.mark.parametrize("schedule", [{}, dict(gqa_loop=True, dkv_fp32=False), dict(defer_dkv_wait=True)],
+                         ids=["default", "gqa_loop", "defer"])
+def test_deterministic_hopper_backward_repeats_bitwise_and_matches_float32(case, schedule):
+    from cute_kernels.runtime import unverified
+
+    if schedule.get("gqa_loop") and case[1] == case[2]:
+        pytest.skip("gqa_loop needs GQA")
+    with unverified.allowing("sm90_bwd_deterministic"):
+        runs = [_run(case, deterministic=True, **{"deterministic": True, **schedule}) for _ in range(3)]
+    dout, grads, ref, dtype = runs[0]
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
+        assert not got.isnan().any(), name
+        assert rel_err(got, want, 1e-3 * dout.float().norm()) < TOL[dtype], name
+    for _, again, _, _ in runs[1:]:
+        for name, a, b in zip(("dq", "dk", "dv"), grads, again):
+            assert torch.equal(a, b), f"{name} differs between runs"
+
+
+def test_deterministic_algorithms_reach_the_hopper_kernel_through_the_public_entry():
+    """torch.use_deterministic_algorithms(True) through `attention_backward` ("auto"): with the
+    path on, sm90_flash's deterministic kernel (not sm80's) computes it, repeatably."""
+    _sm90()
+    from cute_kernels.attention import sm90_flash_bwd
+    from cute_kernels.attention.api import attention_backward, attention_forward
+    from cute_kernels.runtime import unverified
+
+    torch.manual_seed(9)
+    q, k, v, dout = (torch.randn(2, 4, 333, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    seen = []
+    real = sm90_flash_bwd._launch_for
+
+    def spy(problem, config, deterministic=False):
+        launch = real(problem, config, deterministic)
+        seen.append(launch.config.deterministic)
+        return launch
+
+    previous = torch.are_deterministic_algorithms_enabled()
+    try:
+        sm90_flash_bwd._launch_for = spy
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with unverified.allowing("sm90_bwd_deterministic"):
+            out, lse = attention_forward(q, k, v, causal="top_left")
+            first = attention_backward(dout, q, k, v, out, lse, causal="top_left")
+            second = attention_backward(dout, q, k, v, out, lse, causal="top_left")
+    finally:
+        sm90_flash_bwd._launch_for = real
+        torch.use_deterministic_algorithms(previous)
+    assert seen and all(seen)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
