@@ -8,7 +8,7 @@ compute S^T, dP^T, P^T, dS^T, dV, dK in registers and dQ_blk = dS K through shar
 add scale * dQ_blk to the fp32 dQ accumulator (8-byte `red.global.add.v2.f32`, or one TMA
 reduce-add per warpgroup). Masks: keys past Sk, the upper diagonal j <= i + offset (`causal`)
 and a window's lower bound j >= i + offset_lo (`local`), as selects on P^T. With `head_split`
-(head dims 192, 256) the CTA owns 64 keys, each consumer 32 of the queries of S^T and dP^T and
+(head dims above 128) the CTA owns 64 keys, each consumer 32 of the queries of S^T and dP^T and
 half the head dim of dV, dK and dQ_blk; P^T joins dS^T in shared memory as the A of dV.
 
 Soft cap (`config.softcap`, the cap c a runtime argument): S^T is turned into t = tanh(S^T *

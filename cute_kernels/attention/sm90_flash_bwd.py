@@ -8,7 +8,7 @@ D_i = sum_d dO[i, d] O[i, d], dP = dO V^T and dS = P * (dP - D):
 
 One kernel, `FlashAttentionSm90Bwd` (`sm90_bwd_mainloop`; this module holds its config, the
 host entry point and the compile-only variants): a CTA owns `block_n` = 128 keys of one (query
-head, batch) (64 at head dims 192 and 256: `head_split`, at the end) and is three warpgroups
+head, batch) (64 at head dims above 128: `head_split`, at the end) and is three warpgroups
 (`hopper.warp_roles`):
 
     producer   warpgroup 0 gives registers back; one warp TMA-loads K and V once, then for
@@ -97,9 +97,12 @@ split then falls on whole atoms; added 2026-12-05: its GPU tests pass on an H200
 S2048 it runs 0.37 / 0.28 ms (causal) against sm80_flash's 1.49 / 1.15, 0.91x / 0.86x cuDNN and
 1.09x / 1.31x FA4 in the same run).
 
-Head dims 192 and 256 (`head_split`, 2026-12-05, built without a GPU: unverified path
-`sm90_bwd_head_split`, until then `supports_backward` refuses them and "auto" hands the
-backward to sm80_flash, 0.26-0.35x FA4). A warpgroup's dK and dV of 64 keys x D take D fp32
+Other head dims (2026-12-05, built without a GPU: unverified path `sm90_bwd_head_dims`; until
+then `supports_backward` refuses them and "auto" hands the backward to sm80_flash, 0.26-0.35x
+FA4 at 192 and 256). Every multiple of 16 up to 256 compiles for sm_90a without spills. Up to
+128 the layout is the default one: `split_atom` picks the swizzle whose rows half the head dim
+divides (no swizzle, 16-byte rows, at D = 80 and 112, whose halves of 40 and 56 columns are
+dQ's m64n40 and m64n56). Above 128 (`head_split`): a warpgroup's dK and dV of 64 keys x D take D fp32
 registers a thread, too many beside S^T and dP^T above D = 128. So the CTA takes 64 keys and
 both consumer warpgroups work on all of them: S^T and dP^T split by queries (m64n32 each), P^T
 and dS^T go to shared memory (stmatrix), and dV += P^T dO, dK += dS^T Q and dQ_blk = dS K split
@@ -142,10 +145,12 @@ from .sm90_bwd_mainloop import FlashAttentionSm90Bwd
 __all__ = ["FlashSm90BwdConfig", "bwd_config_for", "FlashAttentionSm90Bwd", "supports_backward", "backward",
            "build_variant", "BWD_VARIANT_CONFIGS", "HEAD_DIMS"]
 
-HEAD_DIMS = (64, 96, 128, 192, 256)
+HEAD_DIMS = tuple(range(16, 257, 16))
 # Head dims whose dK and dV accumulators of 64 keys fit one warpgroup's registers; the wider ones
 # need `head_split` (the two consumer warpgroups share 64 keys and split the head dim).
-_WHOLE_HEAD_DIMS = (64, 96, 128)
+_WHOLE_HEAD_DIMS = tuple(range(16, 129, 16))
+# Those whose GPU tests have passed; the others are the unverified path 'sm90_bwd_head_dims'.
+_VERIFIED_HEAD_DIMS = (64, 96, 128)
 _REGS = 65536
 _SMEM_LIMIT = 227 * 1024
 
@@ -154,7 +159,7 @@ _SMEM_LIMIT = 227 * 1024
 class FlashSm90BwdConfig:
     """The static shape of one compiled backward kernel.
 
-    head_dim: D of Q, K, V (one of `HEAD_DIMS`); dtype: "float16" | "bfloat16"; causal: whether
+    head_dim: D of Q, K, V (a multiple of 16 up to 256, `HEAD_DIMS`); dtype: "float16" | "bfloat16"; causal: whether
     the upper bound j <= i + offset is tested (causality or a window's right bound; the offset
     is a runtime value); local: whether a window's lower bound j >= i + offset_lo is tested
     (runtime offset_lo; the dK/dV CTA then also stops at the last Q block that sees its keys);
@@ -178,7 +183,7 @@ class FlashSm90BwdConfig:
     per query head (more CTAs for small problems); head_split: the two consumer warpgroups
     share block_n = 64 keys, split S^T and dP^T by queries (32 columns each) and dV, dK by the
     head dim, with P^T and dS^T going through shared memory as the A of dV and dK (the layout
-    of head dims 192 and 256, whose dK and dV of 64 keys x D overflow one warpgroup's
+    of head dims above 128, whose dK and dV of 64 keys x D overflow one warpgroup's
     registers); ds_buffers: smem buffers of dS^T (and with head_split of P^T), 2 so that a
     step's writes never wait for the other warpgroup's reads of the last step, 1 where shared
     memory is short (D = 256), with a barrier before the writes instead; varlen: packed
@@ -212,7 +217,8 @@ class FlashSm90BwdConfig:
 
     def validate(self) -> "FlashSm90BwdConfig":
         if self.head_dim not in HEAD_DIMS:
-            raise ValueError(f"FlashSm90BwdConfig.head_dim must be one of {HEAD_DIMS}, got {self.head_dim!r}")
+            raise ValueError(f"FlashSm90BwdConfig.head_dim must be a multiple of 16 in [16, 256], got "
+                             f"{self.head_dim!r}")
         if self.dtype not in _CUTLASS:
             raise ValueError(f"FlashSm90BwdConfig.dtype must be one of {tuple(_CUTLASS)}, got {self.dtype!r}")
         for name in ("causal", "local", "dkv_fp32", "dq_tma_reduce", "defer_dkv_wait", "early_dv", "prep_kernel",
@@ -295,7 +301,7 @@ class FlashSm90BwdConfig:
 
 def block_n_for(head_dim: int) -> int:
     """Keys per CTA at a head dim: 128 (64 a consumer warpgroup), 64 where the warpgroups split
-    the head dim (192 and 256)."""
+    the head dim (above 128)."""
     return 128 if head_dim in _WHOLE_HEAD_DIMS else 64
 
 
@@ -392,7 +398,7 @@ BWD_VARIANT_CONFIGS["d128_bfloat16_causal_gqa_loop"] = {"head_dim": 128, "dtype"
                                                         "gqa_loop": True}
 BWD_VARIANT_CONFIGS["d64_float16_local_gqa_loop_tma"] = {"head_dim": 64, "dtype": "float16", "causal": False,
                                                          "local": True, "gqa_loop": True, "dq_tma_reduce": True}
-# Head dims 192 and 256: the two consumer warpgroups share 64 keys and split the head dim
+# Head dims above 128: the two consumer warpgroups share 64 keys and split the head dim
 # (`head_split`; one dS^T / P^T buffer at 256), and the same layout at 128, where the GPU tests
 # compare it with the default one.
 BWD_VARIANT_CONFIGS["d192_bfloat16_causal"] = {"head_dim": 192, "dtype": "bfloat16", "causal": True}
@@ -402,6 +408,10 @@ BWD_VARIANT_CONFIGS["d256_bfloat16_local_softcap_gqa_loop"] = {
     "head_dim": 256, "dtype": "bfloat16", "causal": True, "local": True, "softcap": True, "gqa_loop": True}
 BWD_VARIANT_CONFIGS["d256_float16_defer"] = {"head_dim": 256, "dtype": "float16", "causal": False,
                                              "defer_dkv_wait": True}
+# Other head dims: 80 (16-byte rows: dQ's halves of 40 columns), 32 with GQA, 160 split.
+BWD_VARIANT_CONFIGS["d80_bfloat16_causal"] = {"head_dim": 80, "dtype": "bfloat16", "causal": True}
+BWD_VARIANT_CONFIGS["d32_float16_gqa"] = {"head_dim": 32, "dtype": "float16", "causal": False, "dkv_fp32": True}
+BWD_VARIANT_CONFIGS["d160_float16_causal"] = {"head_dim": 160, "dtype": "float16", "causal": True}
 # Packed sequences (varlen): ragged tensor maps per sequence, rows past a sequence masked.
 BWD_VARIANT_CONFIGS["d128_bfloat16_causal_varlen"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True,
                                                       "varlen": True}
@@ -443,10 +453,10 @@ def supports_backward(problem) -> str | None:
         return f"the sm90_flash backward takes float16 and bfloat16, not {problem.dtype}"
     d = problem.head_dim
     if d not in HEAD_DIMS:
-        return f"the sm90_flash backward takes head dims {HEAD_DIMS}, not {d}"
-    if d not in _WHOLE_HEAD_DIMS and not unverified.enabled("sm90_bwd_head_split"):
-        return (f"the sm90_flash backward at head dim {d} (consumer warpgroups splitting the head dim) has not "
-                "run on a GPU yet (runtime.unverified path 'sm90_bwd_head_split')")
+        return f"the sm90_flash backward takes head dims that are multiples of 16 up to 256, not {d}"
+    if d not in _VERIFIED_HEAD_DIMS and not unverified.enabled("sm90_bwd_head_dims"):
+        return (f"the sm90_flash backward at head dim {d} has not run on a GPU yet (runtime.unverified path "
+                "'sm90_bwd_head_dims')")
     if problem.head_dim_v != d:
         return f"the sm90_flash backward needs the value head dim ({problem.head_dim_v}) equal to D ({d})"
     if not (math.isfinite(problem.scale) and problem.scale > 0):

@@ -224,9 +224,10 @@ def _c_values(n: int) -> Layout:
 
 
 def accumulator_value_layout(n: int) -> Layout:
-    """The value mode of the m64nN accumulator TV layout: (2, 2, N/8) -> m + 64 n."""
-    if n % 16 or not 16 <= n <= 256:
-        raise ValueError(f"the re-view needs N a multiple of 16 in [16, 256], got {n}")
+    """The value mode of the m64nN accumulator TV layout: (2, 2, N/8) -> m + 64 n (N a
+    multiple of 8, as wgmma's)."""
+    if n % 8 or not 8 <= n <= 256:
+        raise ValueError(f"the accumulator needs N a multiple of 8 in [8, 256], got {n}")
     return _c_values(n)
 
 
@@ -234,6 +235,9 @@ def a_value_layout(n: int) -> Layout:
     """The register A of `n / 16` m64k16 steps side by side: ((2, 2, 2), k step) -> m + 64 k,
     k counted over the n columns (step kb starts at column 16 kb)."""
     from cute_kernels.layouts.atoms_sm90 import rs_a_layout
+
+    if n % 16 or not 16 <= n <= 256:
+        raise ValueError(f"the re-view needs N a multiple of 16 in [16, 256] (whole k16 steps), got {n}")
 
     a = rs_a_layout(16)[1]
     return Layout((a.shape, n // 16), (a.stride, 64 * 16))

@@ -31,9 +31,9 @@ PATHS: dict[str, str] = {
                      "in background worker processes while the program runs (`runtime.compile_ahead`)",
     "linear_ce_wide_chunk": "fused linear + cross-entropy takes tokens in chunks of up to 256 MiB of logits "
                             "(`fused.linear_ce.default_chunk`) instead of Liger's x-sized chunks",
-    "sm90_bwd_head_split": "the Hopper attention backward at head dims 192 and 256: its two consumer warpgroups "
-                           "share 64 keys and split the head dim (`attention.sm90_flash_bwd`, "
-                           "`FlashSm90BwdConfig.head_split`) instead of handing the backward to sm80_flash",
+    "sm90_bwd_head_dims": "the Hopper attention backward at head dims other than 64, 96 and 128 (any multiple of "
+                          "16 up to 256; above 128 its two consumer warpgroups share 64 keys and split the head "
+                          "dim, `FlashSm90BwdConfig.head_split`) instead of handing the backward to sm80_flash",
     "sm90_bwd_varlen": "the Hopper attention backward of packed sequences (`attention.sm90_flash_bwd."
                        "varlen_backward`: ragged tensor maps, rows past a sequence masked) instead of sm80_flash's",
     "sm90_bwd_deterministic": "the Hopper attention backward with deterministic=True: dQ added in key-block "

@@ -285,8 +285,8 @@ def test_bad_config_is_refused_on_every_call_and_the_problem_cache_is_bounded(ho
             _launch(host, p, wrong)
     assert host.launches == []
     for _ in range(2):  # a refusal is never remembered as a pass
-        with pytest.raises(ValueError, match="not 80"):
-            _launch(host, replace(p, head_dim=80, head_dim_v=80))
+        with pytest.raises(ValueError, match="not 72"):
+            _launch(host, replace(p, head_dim=72, head_dim_v=72))
         with pytest.raises(ValueError, match="must be finite"):
             _launch(host, replace(p, scale=math.nan))
     assert host.launches == []
@@ -412,16 +412,16 @@ def test_tvm_ffi_and_from_torch_paths_agree_on_gpu(monkeypatch, name):
 
 @pytest.mark.parametrize("d", [192, 256])
 def test_wide_head_dims_launch_the_head_split_kernel_once_the_path_is_on(host, d):
-    """D = 192 and 256 (unverified path `sm90_bwd_head_split`): refused while the path is off;
+    """D = 192 and 256 (unverified path `sm90_bwd_head_dims`): refused while the path is off;
     on, the default config is the head-split one (64 keys a CTA) with the same outputs' shapes
     and dtypes, and GQA keeps its per-query-head fp32 buffers where the grid would not fill."""
     host.use_tvm_ffi(True)
     p = _problem(hq=4, hkv=2, d=d)
-    with runtime.unverified.allowing("sm90_bwd_head_split", on=False):
-        with pytest.raises(ValueError, match="sm90_bwd_head_split"):
+    with runtime.unverified.allowing("sm90_bwd_head_dims", on=False):
+        with pytest.raises(ValueError, match="sm90_bwd_head_dims"):
             _launch(host, p)
     assert host.launches == []
-    with runtime.unverified.allowing("sm90_bwd_head_split"):
+    with runtime.unverified.allowing("sm90_bwd_head_dims"):
         (dq, dk, dv), (dout, q, k, v, *_) = _launch(host, p)
     (config,) = [c for kind, _, c in (x for x in host.compiles if x[0] == "bwd")]
     assert config.head_split and config.block_n == 64 and config.ds_buffers == (1 if d == 256 else 2)
@@ -515,7 +515,7 @@ def test_varlen_backward_compiles_from_the_arguments_the_host_passes(monkeypatch
     q, dout, out = (torch.randn(12, hq, d).to(torch.bfloat16) for _ in range(3))
     k, v = (torch.randn(13, hkv, d).to(torch.bfloat16) for _ in range(2))
     cu_q, cu_k = torch.tensor([0, 3, 12], dtype=torch.int32), torch.tensor([0, 4, 13], dtype=torch.int32)
-    with unverified.allowing("sm90_bwd_head_split"):
+    with unverified.allowing("sm90_bwd_head_dims"):
         bwd.varlen_backward(dout, q, k, v, out, torch.randn(hq, 12), cu_q, cu_k, 9, 9, p)
     ((_, kind, *rest),) = keys
     assert kind == "varlen" and rest[-1].varlen and rest[-1].head_split == (d == 256)

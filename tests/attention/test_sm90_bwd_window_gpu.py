@@ -80,7 +80,7 @@ def test_window_gradients_match_float64(case, schedule):
     _check_window(case, schedule)
 
 
-# Head dims 192 and 256 (unverified path `sm90_bwd_head_split`: the consumer warpgroups split the
+# Head dims 192 and 256 (unverified path `sm90_bwd_head_dims`: the consumer warpgroups split the
 # head dim), with both bounds, GQA and rows that see no key.
 SPLIT_CASES = [
     (1, 2, 2, 300, 300, 256, None, (64, 32), torch.bfloat16),
@@ -94,7 +94,7 @@ SPLIT_CASES = [
 def test_head_split_window_gradients_match_float64(case, schedule):
     from cute_kernels.runtime import unverified
 
-    with unverified.allowing("sm90_bwd_head_split"):
+    with unverified.allowing("sm90_bwd_head_dims"):
         _check_window(case, schedule)
 
 

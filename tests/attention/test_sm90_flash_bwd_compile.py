@@ -14,7 +14,8 @@ pytestmark = pytest.mark.compile
                                     "d128_bfloat16_tma", "d128_bfloat16_causal_tma_early_defer",
                                     "d64_float16_causal_gqa_tma_early_defer", "d64_float16_local",
                                     "d128_bfloat16_causal_local_gqa", "d128_bfloat16_causal_varlen",
-                                    "d64_float16_local_softcap_gqa_varlen"])
+                                    "d64_float16_local_softcap_gqa_varlen", "d80_bfloat16_causal",
+                                    "d32_float16_gqa"])
 def test_variant_uses_wgmma_tma_and_reductions_without_spills(config):
     pytest.importorskip("cutlass")
     from cute_kernels.runtime import check_variant, compile_variant, get_variant
@@ -51,7 +52,7 @@ def test_variant_uses_wgmma_tma_and_reductions_without_spills(config):
 
 @pytest.mark.parametrize("config", ["d192_bfloat16_causal", "d192_float16_gqa", "d256_bfloat16_causal",
                                     "d256_bfloat16_local_softcap_gqa_loop", "d256_float16_defer",
-                                    "d128_bfloat16_causal_split", "d256_bfloat16_varlen"])
+                                    "d128_bfloat16_causal_split", "d256_bfloat16_varlen", "d160_float16_causal"])
 def test_head_split_variant_shares_keys_and_splits_the_head_dim_without_spills(config):
     """`head_split`: both warpgroups take the same 64 keys; S^T and dP^T split by queries (N =
     32 each), dV, dK and dQ by the head dim (N = D / 2), all five GEMMs from shared memory; P^T
@@ -112,12 +113,14 @@ def test_supports_backward_names_what_it_refuses():
     from cute_kernels.runtime import unverified
 
     assert supports_backward(_problem(64)) is None and supports_backward(_problem(128)) is None
-    assert "not 80" in supports_backward(_problem(80))
-    with unverified.allowing("sm90_bwd_head_split", on=False):
-        assert "'sm90_bwd_head_split'" in supports_backward(_problem(256))
+    assert "multiples of 16" in supports_backward(_problem(72))
+    with unverified.allowing("sm90_bwd_head_dims", on=False):
+        assert "'sm90_bwd_head_dims'" in supports_backward(_problem(256))
         assert "has not run on a GPU" in supports_backward(_problem(192))
-    with unverified.allowing("sm90_bwd_head_split"):
-        assert supports_backward(_problem(256)) is None and supports_backward(_problem(192)) is None
+        assert "has not run on a GPU" in supports_backward(_problem(80))
+    with unverified.allowing("sm90_bwd_head_dims"):
+        for d in (32, 80, 160, 192, 256):
+            assert supports_backward(_problem(d)) is None, d
     assert supports_backward(_problem(96)) is None  # Phi-3's head dim (32-byte swizzled operands)
     assert "value head dim" in supports_backward(_problem(128, dv=64))
     assert "float32" in supports_backward(_problem(128, dtype_name="float32"))
@@ -147,8 +150,8 @@ def test_config_validation_is_clear():
     pytest.importorskip("cutlass")
     from cute_kernels.attention.sm90_flash_bwd import FlashSm90BwdConfig
 
-    with pytest.raises(ValueError, match="head_dim must be one of"):
-        FlashSm90BwdConfig(head_dim=80).validate()
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 16"):
+        FlashSm90BwdConfig(head_dim=72).validate()
     with pytest.raises(ValueError, match="stages must be 1 to 3"):
         FlashSm90BwdConfig(stages=5).validate()
     with pytest.raises(ValueError, match="block_n must be 128"):

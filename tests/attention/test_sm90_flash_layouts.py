@@ -47,7 +47,10 @@ def test_p_as_a_is_the_k_split_of_the_third_value_mode():
     assert derive_p_as_a(128) == Layout(((2, 2, 2), 8), ((1, 2, 4), 8))
     assert p_as_a_layout(64) == Layout(((2, 2, 2), 1, 4), ((1, 2, 4), 0, 8))
     with pytest.raises(ValueError, match="multiple of 16"):
-        accumulator_value_layout(72)
+        derive_p_as_a(72)  # P as A needs whole k16 steps; the accumulator itself takes N = 72
+    assert accumulator_value_layout(72).shape == (2, 2, 9)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        accumulator_value_layout(36)
 
 
 @pytest.mark.parametrize("n", (8, 64, 128, 256))

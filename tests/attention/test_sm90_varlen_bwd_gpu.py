@@ -19,7 +19,7 @@ from .test_sm80_window_gpu import VARLEN_CASES, _cu, check_grads, varlen_referen
 
 pytestmark = pytest.mark.gpu
 
-_PATHS = ("sm90_bwd_varlen", "sm90_bwd_head_split")
+_PATHS = ("sm90_bwd_varlen", "sm90_bwd_head_dims")
 
 
 def _rungs():
