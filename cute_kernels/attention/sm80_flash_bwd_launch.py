@@ -86,20 +86,20 @@ def _check(problem):
 def backward(dout, q, k, v, out, lse, problem):
     """(dq, dk, dv) for 4-D q (B, Hq, Sq, D), k, v (B, Hkv, Sk, D), the forward's out and lse
     (natural log, -inf for rows that saw no key) and the output gradient dout, on torch's
-    current stream. dq, dk, dv are new contiguous tensors of q's dtype; with GQA dk and dv sum
-    over the query heads sharing a key/value head. Raises ValueError for an unsupported problem."""
-    import torch
-
+    current stream. dq, dk, dv are new tensors of q's dtype, stored (B, S, H, D) as the forward's
+    out (`api.new_out`); with GQA dk and dv sum over the query heads sharing a key/value head.
+    Raises ValueError for an unsupported problem."""
     from cute_kernels.runtime import compile_kernel, current_stream, from_torch
+
+    from .api import new_out
 
     _check(problem)
     config = config_for_problem(problem)
     dout = rows_aligned(dout)
     d_rows, lse_b = _prep(dout, out, lse)
     d_rows = d_rows.contiguous()
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    # Stored (B, S, H, D) as the forward's out (`api.new_out`); the kernels write any strides.
+    dq, dk, dv = (new_out(tuple(t.shape), t.dtype, t.device) for t in (q, k, v))
     t4 = lambda t: from_torch(t, assumed_align=16, leading_dim=3)  # noqa: E731
     t3 = lambda t: from_torch(t, assumed_align=4, leading_dim=2)  # noqa: E731
     scale, offset, group = launch_scalars(problem)

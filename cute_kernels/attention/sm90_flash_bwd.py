@@ -633,8 +633,9 @@ def _softcap_arg(launch: _Launch):
 def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, config=None):
     """(dq, dk, dv) for 4-D q (B, Hq, Sq, D), k, v (B, Hkv, Sk, D), the forward's out and lse
     (B, Hq, Sq) (natural log, -inf for rows that saw no key) and the output gradient dout, on
-    torch's current stream. dq, dk, dv are new contiguous tensors of q's dtype; with GQA dk and
-    dv sum over the query heads sharing a key/value head.
+    torch's current stream. dq, dk, dv are new tensors of q's dtype stored (B, S, H, D) as the
+    forward's out (`api.new_out`); with GQA dk and dv sum over the query heads sharing a
+    key/value head.
 
     dQ is summed with fp32 atomics, so its rounding may differ from run to run; with
     `deterministic=True` each Q block's additions happen in key-block order
@@ -723,25 +724,31 @@ def _turns(launch: _Launch, q) -> tuple:
 
 def _dkv_buffers(launch: _Launch, q):
     """The kernel's dK, dV outputs: fp32 per query head in one buffer (they never leave the
-    call: `_post` sums each group), or the results themselves in q's dtype."""
+    call: `_post` sums each group), or the results themselves in q's dtype, stored (B, Sk, H, D)
+    as the forward's out (`api.new_out`)."""
     import torch
+
+    from .api import new_out
 
     if launch.config.dkv_fp32:
         dkv_h = torch.empty((2, *launch.dkv_shape), dtype=torch.float32, device=q.device)
         return dkv_h[0], dkv_h[1]
-    return (torch.empty(launch.dkv_shape, dtype=q.dtype, device=q.device),
-            torch.empty(launch.dkv_shape, dtype=q.dtype, device=q.device))
+    return new_out(launch.dkv_shape, q.dtype, q.device), new_out(launch.dkv_shape, q.dtype, q.device)
 
 
 def _post(launch: _Launch, dq_acc, dk_h, dv_h, dtype, heads_kv: int):
-    """Post-processing: dQ to the inputs' dtype (one contiguous, vectorized pass: the
-    accumulator holds just the Sq rows); GQA's per-query-head fp32 dK, dV summed over each group."""
-    dq = dq_acc.to(dtype)
+    """Post-processing: dQ to the inputs' dtype (one pass over the accumulator, which holds just
+    the Sq rows); GQA's per-query-head fp32 dK, dV summed over each group. Every result is stored
+    (B, S, H, D) as the forward's out (`api.new_out`)."""
+    from .api import new_out
+
+    dq = new_out(tuple(dq_acc.shape), dtype, dq_acc.device).copy_(dq_acc)
     if not launch.config.dkv_fp32:
         return dq, dk_h, dv_h
     b, _, sk, d = launch.dkv_shape
-    dk = dk_h.view(b, heads_kv, launch.group, sk, d).sum(2).to(dtype)
-    dv = dv_h.view(b, heads_kv, launch.group, sk, d).sum(2).to(dtype)
+    shape = (b, heads_kv, sk, d)
+    dk = new_out(shape, dtype, dq.device).copy_(dk_h.view(b, heads_kv, launch.group, sk, d).sum(2))
+    dv = new_out(shape, dtype, dq.device).copy_(dv_h.view(b, heads_kv, launch.group, sk, d).sum(2))
     return dq, dk, dv
 
 

@@ -212,7 +212,8 @@ def sdpa_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor
                   window_left: int = -1, window_right: int = -1, rung: str = "auto",
                   fallback: str = "none", softcap: Optional[float] = None,
                   sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) of `sdpa`'s out given its (out, lse); contiguous, shaped and typed as q, k, v.
+    """(dq, dk, dv) of `sdpa`'s out given its (out, lse); shaped and typed as q, k, v, stored
+    (B, S, H, D) as `sdpa`'s out is (`_new_out`).
     `rung` is the forward's (the backward of that rung runs); softcap and sinks as the forward
     took them (the sinks' own gradient is `features.sinks_gradient`, see the module docstring).
     Raises NotImplementedError naming the missing kernel when no attention backward exists for
@@ -233,7 +234,7 @@ def _sdpa_backward(grad_out, q, k, v, out, lse, causal, scale, enable_gqa, windo
     features = _features("sdpa_backward", q, softcap, sinks)
     if fallback == "torch" and not on_cuda(grad_out, q, k, v):
         note_fallback("sdpa_backward", f"inputs on {q.device}")
-        return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa, window, softcap, sinks)
+        return _grads_stored(reference.backward(grad_out, q, k, v, causal, scale, enable_gqa, window, softcap, sinks))
     if sinks is not None:
         features["sinks"] = sinks.detach()
     try:
@@ -244,8 +245,17 @@ def _sdpa_backward(grad_out, q, k, v, out, lse, causal, scale, enable_gqa, windo
         if fallback != "torch":
             raise_unsupported("sdpa_backward", err)
         note_fallback("sdpa_backward", str(err))
-        return reference.backward(grad_out, q, k, v, causal, scale, enable_gqa, window, softcap, sinks)
-    return tuple(g.contiguous() for g in grads[:3])
+        return _grads_stored(reference.backward(grad_out, q, k, v, causal, scale, enable_gqa, window, softcap, sinks))
+    return _grads_stored(grads[:3])
+
+
+def _grads_stored(grads) -> tuple:
+    """(dq, dk, dv) stored (B, S, H, D) as the kernels store theirs (`attention.api.
+    stored_like_out`; a copy only for a path that returned another layout), so that the op's
+    every path and its fake agree on strides."""
+    from cute_kernels.attention.api import stored_like_out
+
+    return tuple(stored_like_out(g) for g in grads)
 
 
 @sdpa_backward.register_fake
@@ -254,7 +264,7 @@ def _sdpa_backward_fake(grad_out, q, k, v, out, lse, causal=None, scale=None, en
     _check_causal("sdpa_backward", causal)
     _window("sdpa_backward", causal, window_left, window_right)
     _features("sdpa_backward", q, softcap, sinks)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return tuple(_new_out(t.shape, t.dtype, t.device) for t in (q, k, v))
 
 
 # ---- sdpa_varlen ---------------------------------------------------------------------------------

@@ -87,7 +87,7 @@ class SdpaBackwardPlan(Plan):
         if _deterministic() != self.deterministic:
             return attention_ops._sdpa_backward(grad_out, q, k, v, out, lse, *options)
         dq, dk, dv = self.replay(grad_out.detach(), q.detach(), k.detach(), v.detach(), out.detach(), lse)
-        return dq.contiguous(), dk.contiguous(), dv.contiguous()  # as the op's body returns them
+        return attention_ops._grads_stored((dq, dk, dv))  # as the op's body returns them
 
 
 def _build_sdpa_backward(result, grad_out, q, k, v, out, lse, causal, scale, enable_gqa, window_left, window_right,

@@ -100,6 +100,8 @@ def test_gradients_match_float32_autograd(case):
     floor = 1e-3 * dout.float().norm()
     for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
         assert got.shape == want.shape and got.dtype == dtype, name
+        # Stored (B, S, H, D) as the forward's out: a model's transpose(1, 2).reshape is a view.
+        assert got.transpose(1, 2).is_contiguous(), f"{name} strides {got.stride()}"
         assert not got.isnan().any(), f"{name} has unwritten (NaN) elements"
         err = rel_err(got, want, floor)
         assert err < TOL[dtype], f"{name}: relative error {err:.3g}"

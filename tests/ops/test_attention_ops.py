@@ -95,6 +95,7 @@ def test_sdpa_fakes():
     dq, dk, dv = ops.sdpa_backward(meta(2, 8, 33, 32), meta(2, 8, 33, 64), meta(2, 2, 40, 64), meta(2, 2, 40, 32),
                                    out, lse, enable_gqa=True)
     assert (dq.shape, dk.shape, dv.shape) == ((2, 8, 33, 64), (2, 2, 40, 64), (2, 2, 40, 32))
+    assert all(g.transpose(1, 2).is_contiguous() for g in (dq, dk, dv))  # stored (B, S, H, D), as out
     with pytest.raises(ValueError, match="causal must be one of"):
         ops.sdpa(meta(1, 1, 4, 16), meta(1, 1, 4, 16), meta(1, 1, 4, 16), "lower")
     with pytest.raises(ValueError, match="must all be 4-D"):

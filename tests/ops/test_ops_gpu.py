@@ -201,6 +201,12 @@ def test_opcheck_on_cuda():
                           {"activation": "silu"})
     qkv = (randn(2, 4, 128, 64, grad=True), randn(2, 4, 128, 64, grad=True), randn(2, 4, 128, 64, grad=True))
     torch.library.opcheck(ops.sdpa, qkv, {"causal": "top_left", "fallback": "torch"})
+    # The backward op itself: its gradients stored (B, S, H, D) on every path, as its fake says.
+    q, k, v = (t.detach() for t in qkv)
+    out, lse = ops.sdpa(q, k, v, "top_left")
+    torch.library.opcheck(ops.sdpa_backward, (torch.randn_like(out), q, k, v, out, lse), {"causal": "top_left"})
+    dq, dk, dv = ops.sdpa_backward(torch.randn_like(out), q, k, v, out, lse, "top_left")
+    assert all(g.transpose(1, 2).is_contiguous() for g in (dq, dk, dv))
 
 
 # ---- torch.compile, CUDA graphs, streams --------------------------------------------------------------
