@@ -21,9 +21,10 @@ from cute_kernels.bench.ceilings import HBM_KEY
 from cute_kernels.bench.records import BenchResult
 
 MAX_PNG_BYTES = 200_000
-# A plot's few colours and their anti-aliased edges fit 64 palette entries: the plots of the
-# results came out 18% smaller than with 256 (the tracked tree has a size cap).
-PALETTE_COLORS = 64
+# A plot's few colours and their anti-aliased edges fit a small palette: 64 entries made the
+# results' plots 18% smaller than 256, and 32 (with 84 dpi, from 90) another 20% (the tracked
+# tree has a size cap; 2026-12-05).
+PALETTE_COLORS = 32
 # Suites with FLOPs whose bars are GB/s against the HBM ceiling: memory-bound by design. The
 # fused suite's records have no FLOPs but one (the linear + cross-entropy), so it is listed too,
 # and its right pane is GB/s against traffic, as a suite without FLOPs draws it.
@@ -187,7 +188,7 @@ def plot_result(result: BenchResult, path: str | Path, *, max_bytes: int = MAX_P
 
 
 def save_png(fig, path: str | Path, *, max_bytes: int = MAX_PNG_BYTES, what: str = "figure",
-             dpis: tuple[int, ...] = (90, 72, 56)) -> Path:
+             dpis: tuple[int, ...] = (84, 72, 56)) -> Path:
     """Write matplotlib figure `fig` as a `PALETTE_COLORS`-colour palette PNG of at most
     `max_bytes` (the first of `dpis` that fits), close it, and return the path; RuntimeError if
     none fits."""
