@@ -203,7 +203,11 @@ def test_varlen_forward_and_backward_per_sequence(lengths_q, lengths_k, hq, hkv,
     assert (out.transpose(0, 1)[empty] == 0).all()
     torch.testing.assert_close(lse[~empty], ref_lse[~empty], atol=2e-3, rtol=1e-3)
     check_grads(grads, ref_grads, dout, dtype)
-    # Rows of sequences with no key (or keys no query sees) get exact zeros, not leftovers.
+    check_empty_sequences(grads, lengths_q, lengths_k)
+
+
+def check_empty_sequences(grads, lengths_q, lengths_k):
+    """Rows of sequences with no key (or keys no query sees) get exact zeros, not leftovers."""
     oq = ok = 0
     for sq, sk in zip(lengths_q, lengths_k):
         if sk == 0:
