@@ -63,11 +63,24 @@ def _draw_length(rng: random.Random) -> int:
     return int(round(math.exp(rng.uniform(math.log(16), math.log(700)))))
 
 
-def draw_problem(rng: random.Random, name: str) -> dict:
-    """One random problem of class `name` (sizes, mask, feature values)."""
+# The Hopper backward paths built without a GPU (`runtime.unverified`): other head dims (the
+# head-split layout above 128, 16-byte rows at 80 and 112) and the deterministic dQ, each
+# class's backward on (name: as CLASSES, then whether the backward is deterministic).
+UNVERIFIED_CLASSES = {
+    "bf16_d256_causal_softcap_gqa": (torch.bfloat16, 256, "upper", True, False, True, "auto", True, False),
+    "fp16_d192_window_sinks": (torch.float16, 192, "upper+local", False, True, False, "auto", True, False),
+    "bf16_d80_plain_gqa": (torch.bfloat16, 80, "none", False, False, True, "auto", True, False),
+    "fp16_d160_causal": (torch.float16, 160, "upper", False, False, False, "auto", True, False),
+    "bf16_d128_causal_gqa_deterministic": (torch.bfloat16, 128, "upper", False, False, True, "auto", True, True),
+    "fp16_d64_window_deterministic": (torch.float16, 64, "upper+local", False, False, False, "auto", True, True),
+}
+
+
+def draw_problem(rng: random.Random, name: str, classes: dict = CLASSES) -> dict:
+    """One random problem of class `name` of `classes` (sizes, mask, feature values)."""
     from cute_kernels.attention.dense_decode import DENSE_MAX_QUERIES, DENSE_MIN_KEYS
 
-    dtype, d, bounds, softcap, sinks, gqa, kernel, backward = CLASSES[name]
+    dtype, d, bounds, softcap, sinks, gqa, kernel, backward, *deterministic = classes[name]
     hkv = rng.randint(1, 4)
     group = rng.choice((2, 3, 4, 8)) if gqa else 1
     sq, sk = _draw_length(rng), _draw_length(rng)
@@ -78,7 +91,8 @@ def draw_problem(rng: random.Random, name: str) -> dict:
     p = dict(name=name, dtype=dtype, d=d, b=rng.randint(1, 3), hkv=hkv, hq=hkv * group, sq=sq,
              sk=sk, kernel=kernel, backward=backward, causal=None, window=None,
              scale=None if rng.random() < 0.7 else rng.uniform(0.03, 0.3),
-             softcap=rng.uniform(1.0, 60.0) if softcap else None, sinks=sinks)
+             softcap=rng.uniform(1.0, 60.0) if softcap else None, sinks=sinks,
+             deterministic=bool(deterministic and deterministic[0]))
     left = rng.choice((0, 1, rng.randint(2, 64), rng.randint(64, 400)))
     if bounds == "upper":
         if rng.random() < 0.8:
@@ -172,7 +186,7 @@ def check(p: dict, device="cuda") -> tuple[list[str], float]:
     grads = None
     if p["backward"]:
         torch.empty(1 << 24, device=device).fill_(math.nan)  # poison the allocator's free blocks
-        grads = attention_backward(dout, q, k, v, out, lse, **kw)
+        grads = attention_backward(dout, q, k, v, out, lse, deterministic=p.get("deterministic", False), **kw)
     want = exact(q, k, v, dout, sinks, p)
     emul = emulate(q, k, v, dout, sinks, p)
     failed, worst = [], 0.0
@@ -233,3 +247,39 @@ def test_attention_fuzz(tmp_path):
     assert n >= 1000 or "CUTE_KERNELS_FUZZ_CASES" in os.environ
     assert total.wrong == 0, (f"{total.wrong} of {n} problems wrong (seed {seed}); first: "
                               + "; ".join(f"{f['problem']}: {f['why']}" for f in total.failures))
+
+
+def test_attention_fuzz_of_the_unverified_backward_paths():
+    """The fuzz over `UNVERIFIED_CLASSES` with those paths on (CUTE_KERNELS_FUZZ_CASES_UNVERIFIED,
+    default 300 problems): every class's backward reaches sm90_flash and none is wrong against
+    float64 (the deterministic classes' bitwise repetition is `test_sm90_flash_bwd_gpu`'s)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs a Hopper (sm_90) GPU")
+    from cute_kernels.attention import sm90_flash_bwd
+    from cute_kernels.runtime import unverified
+
+    n = int(os.environ.get("CUTE_KERNELS_FUZZ_CASES_UNVERIFIED", "300"))
+    seed = int(os.environ.get("CUTE_KERNELS_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
+    print(f"attention fuzz (unverified paths): seed {seed}")
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    names, wrong, ran = list(UNVERIFIED_CLASSES), [], []
+    real = sm90_flash_bwd._launch_for
+
+    def spy(problem, config, deterministic=False):
+        ran.append(problem.head_dim)
+        return real(problem, config, deterministic)
+
+    sm90_flash_bwd._launch_for = spy
+    try:
+        with unverified.allowing("sm90_bwd_head_dims", "sm90_bwd_deterministic"):
+            for i in range(n):
+                p = draw_problem(rng, names[i % len(names)], UNVERIFIED_CLASSES)
+                failed, _ = check(p)
+                if failed:
+                    wrong.append(f"{describe(p)}: {', '.join(failed)}")
+    finally:
+        sm90_flash_bwd._launch_for = real
+    print(f"attention fuzz (unverified paths): {n} problems, {len(wrong)} wrong")
+    assert set(ran) >= {64, 80, 128, 160, 192, 256}, sorted(set(ran))  # each class reached sm90_flash
+    assert not wrong, f"{len(wrong)} of {n} wrong (seed {seed}); first: " + "; ".join(wrong[:3])
