@@ -171,8 +171,9 @@ class FlashAttentionSm90Bwd:
                     max_seqlen_k: cutlass.Int32, bottom_right: cutlass.Int32):
         """The packed launch (`config.varlen`; its own entry, so the dense one's parameter list,
         which TVM-FFI builds take whole, stays as it was): q, k, v, dO, dK, dV are the packed
-        (T, H, D) tensors viewed (1, H, T, D); lse2 and D flat (Hq, Tq) (not padded: rows past a
-        sequence are masked), the dQ accumulator flat (Hq, Tq, D); cu_seqlens (B + 1,) int32;
+        (T, H, D) tensors viewed (1, H, T, D); lse2 and D flat (Hq, Tq padded to whole Q blocks:
+        the prep pass of the (1, H, T, D) views; rows past a sequence are masked), the dQ
+        accumulator flat (Hq, Tq, D); cu_seqlens (B + 1,) int32;
         mOrder (B,) int32 the sequences in launch order (the most work first); the grid covers
         max_seqlen_k's key blocks; both offsets relative to each sequence's base bottom_right *
         (Sk_b - Sq_b)."""
@@ -343,8 +344,9 @@ class FlashAttentionSm90Bwd:
         seq = None
         gdK, gdV = mdK[None, None, head, batch], mdV[None, None, head, batch]
         if cutlass.const_expr(c.varlen):
-            # This sequence's rows: lse2, D and the dQ accumulator are (Hq, Tq(, D)) flat, with no
-            # padding (the consumers mask rows past the sequence).
+            # This sequence's rows: lse2 and D are flat (Hq, Tq padded to whole Q blocks, as the prep
+            # pass writes them), the dQ accumulator (Hq, Tq, D); rows past the sequence are the
+            # next sequence's, which the consumers mask.
             total_q = seqlen_q
             batch = mOrder[batch]
             offset_q, offset_k = mCuSeqlensQ[batch], mCuSeqlensK[batch]
@@ -352,7 +354,7 @@ class FlashAttentionSm90Bwd:
             seqlen_k = mCuSeqlensK[batch + 1] - offset_k
             base = bottom_right * (seqlen_k - seqlen_q)
             causal_offset, offset_lo = causal_offset + base, offset_lo + base
-            seq = (offset_q, seqlen_q, total_q)
+            seq = (offset_q, seqlen_q, sq_pad)
             dq_rows = (q_head0 * total_q + offset_q, total_q)
             gdK = cute.domain_offset((offset_k, 0), mdK[None, None, head, 0])
             gdV = cute.domain_offset((offset_k, 0), mdV[None, None, head, 0])
@@ -394,9 +396,9 @@ class FlashAttentionSm90Bwd:
         """Producer warp: K and V once (one barrier), then for each query head of the CTA
         (`heads`: first head, count, batch, Q blocks per head) Q[m], dO[m], lse2[m], D[m] for m
         ascending (lse2 and D are flat: block m of the h-th head is box row_block_base + h *
-        blocks per head + m). seq: varlen's (first row, rows, packed rows Tq) of the sequence
-        (its Q, dO rows through the ragged views; its lse2, D boxes start at row h * Tq + first
-        row), else None."""
+        blocks per head + m). seq: varlen's (first row, rows, lse2 / D rows a head) of the
+        sequence (its Q, dO rows through the ragged views; its lse2, D boxes start at row h *
+        those rows + its first row), else None."""
         q_head0, q_heads, batch, head_blocks = heads
         tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
                                            cute.group_modes(gK, 0, 2))
@@ -414,10 +416,10 @@ class FlashAttentionSm90Bwd:
             mQ_h, mdO_h = mQ[None, None, q_head0 + h, batch], mdO[None, None, q_head0 + h, batch]
             mL_h, mD_h, rb = mLSE2, mDrow, row_block_base + h * head_blocks
             if cutlass.const_expr(seq is not None):
-                first, rows, total = seq
+                first, rows, head_stride = seq
                 mQ_h, mdO_h = seq_rows(mQ, q_head0 + h, first, rows), seq_rows(mdO, q_head0 + h, first, rows)
-                mL_h = cute.domain_offset(((q_head0 + h) * total + first,), mLSE2)
-                mD_h = cute.domain_offset(((q_head0 + h) * total + first,), mDrow)
+                mL_h = cute.domain_offset(((q_head0 + h) * head_stride + first,), mLSE2)
+                mD_h = cute.domain_offset(((q_head0 + h) * head_stride + first,), mDrow)
                 rb = cutlass.Int32(0)
             gQ = cute.local_tile(mQ_h, (bm, d), (None, 0))
             gdO = cute.local_tile(mdO_h, (bm, d), (None, 0))

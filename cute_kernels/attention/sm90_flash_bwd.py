@@ -119,8 +119,9 @@ and at D = 128 with the default layout's problems.
 Packed sequences (`varlen_backward`, `FlashSm90BwdConfig.varlen`, 2026-12-05, built without a
 GPU: unverified path `sm90_bwd_varlen`, until then "auto" runs sm80_flash's varlen backward): a
 CTA per (key block of the longest sequence, query head, sequence); Q, dO, K and V through ragged
-tensor maps (`sm90_bwd_mainloop.ragged`), lse2 and D flat (Hq, Tq) without padding (rows past a
-sequence are masked in P^T and dS^T), dQ summed into a flat (Hq, Tq, D) fp32 accumulator.
+tensor maps (`sm90_bwd_mainloop.ragged`), lse2, D and the dQ accumulator from the dense prep
+pass over the packed tensors viewed (1, H, T, D) (rows past a sequence, the next one's, are
+masked in P^T and dS^T), dQ summed into that flat (Hq, Tq, D) fp32 accumulator.
 """
 
 from __future__ import annotations
@@ -795,10 +796,11 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     """(dq (Tq, Hq, D), dk, dv (Tk, Hkv, D)) of the packed forward: q, out, dout (Tq, Hq, D), k, v
     (Tk, Hkv, D), lse (Hq, Tq) fp32 as the varlen forward returns it, int32 cu_seqlens (B + 1,)
     and max lengths already validated by the caller (`varlen.attention_varlen_backward`);
-    causal alignment and window per sequence (`problem`: batch = number of sequences). One
-    launch (`FlashSm90BwdConfig.varlen`): a CTA per (key block of the longest sequence, query
-    head, sequence). D and lse2 are (Hq, Tq) without padding (the kernel masks rows past each
-    sequence) and dQ is summed in an fp32 (Hq, Tq, D) accumulator; with GQA dK and dV come per
+    causal alignment and window per sequence (`problem`: batch = number of sequences). Two
+    launches: the dense backward's prep pass (`sm90_bwd_prep`) over the packed tensors viewed
+    (1, H, T, D), whose D and lse2 rows run past each sequence into the next (the kernel masks
+    them), then the backward (`FlashSm90BwdConfig.varlen`): a CTA per (key block of the longest
+    sequence, query head, sequence), dQ summed in the prep's zeroed fp32 (Hq, Tq, D) accumulator; with GQA dK and dV come per
     query head in fp32 and are summed here. dq, dk, dv are new contiguous tensors of q's dtype,
     zero for rows of sequences with no key or no query. offsets: the validated cu_seqlens as the
     host read them (`varlen.HostOffsets`): the sequences are then launched the most work first
@@ -818,18 +820,17 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     upper, local = mask_flags(problem)
     config = bwd_config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), upper, dkv_fp32=group > 1,
                             local=local, softcap=problem.softcap is not None, varlen=True)
-    q, k, v, dout, out = (rows_aligned(t) for t in (q, k, v, dout, out))
+    # Detached: DLPack export refuses tensors that require grad (detached aliases share storage).
+    q, k, v, dout, out = (rows_aligned(t).detach() for t in (q, k, v, dout, out))
+    lse = lse.detach()
     tq, hq, d = q.shape
     tk, hkv, _ = k.shape
-    # lse2 (base 2, rows that saw no key +inf so that their P is 0) and D, (Hq, Tq) each, in one
-    # buffer whose second half starts on 16 bytes (a TMA base).
-    span = -(-hq * tq // 4) * 4
-    flat_rows = torch.empty((2, span), dtype=torch.float32, device=q.device)
-    lse2, d_rows = (flat_rows[i, :hq * tq].view(hq, tq) for i in (0, 1))
-    torch.mul(lse, LOG2_E, out=lse2)
-    lse2.masked_fill_(torch.isneginf(lse), math.inf)
-    torch.sum(dout.float() * out.float(), -1, out=d_rows.t())
-    dq_acc = torch.zeros((hq, tq, d), dtype=torch.float32, device=q.device)
+    packed = lambda t: t.permute(1, 0, 2).unsqueeze(0)  # noqa: E731  (T, H, D) -> (1, H, T, D)
+    # The dense backward's prep pass over the (1, H, T, D) views: lse2 (base 2, +inf for rows that
+    # saw no key) and D, (Hq, Tq padded to whole Q blocks) each, and the zeroed (Hq, Tq, D) fp32
+    # dQ accumulator, in one launch that reads dO and O once.
+    d_rows, lse2, dq_flat, _ = _prep.preprocess_flat(packed(dout), packed(out), lse.unsqueeze(0), config.block_m,
+                                                     tvm_ffi_available())
     dkv_heads, dkv_dtype = (hq, torch.float32) if config.dkv_fp32 else (hkv, q.dtype)
     # Every key row is written: the grid covers the longest sequence's key blocks, and a block no
     # row sees stores zeros.
@@ -841,14 +842,10 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
         order = _order_tensor(offsets, q.device)
     else:
         order = torch.arange(problem.batch, dtype=torch.int32, device=q.device)
-    packed = lambda t: t.permute(1, 0, 2).unsqueeze(0)  # noqa: E731  (T, H, D) -> (1, H, T, D)
-    tensors = (packed(q), packed(k), packed(v), packed(dout), lse2.view(-1), d_rows.view(-1), dq_acc.view(-1),
-               packed(dkv[0]), packed(dkv[1]))
+    tensors = (packed(q), packed(k), packed(v), packed(dout), lse2, d_rows, dq_flat, packed(dkv[0]), packed(dkv[1]))
     scalars = (problem.scale, window_right, -window_left, group)
     varlen_args = (cu_seqlens_q, cu_seqlens_k, order, max_seqlen_k, bottom_right_flag(problem))
     if tvm_ffi_available():
-        if any(t.requires_grad for t in tensors[:4]):
-            tensors = tuple(t.detach() for t in tensors)  # DLPack export refuses tensors that require grad
         fn = _COMPILED.get(config)
         if fn is None:
             fn = _compile_varlen_tvm_ffi(config)
@@ -864,7 +861,7 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
         fn = compile_kernel(_kernel_for(config).call_varlen, *args, stream, *tail,
                             key=("attention.sm90_flash_bwd", "varlen", config))
         fn(*args, stream, *tail)
-    dq = dq_acc.to(q.dtype).transpose(0, 1).contiguous()
+    dq = dq_flat.view(hq, tq, d).to(q.dtype).transpose(0, 1).contiguous()
     dk, dv = dkv[0], dkv[1]
     if config.dkv_fp32:
         dk = dk.view(tk, hkv, group, d).sum(2).to(q.dtype)

@@ -435,13 +435,14 @@ def test_wide_head_dims_launch_the_head_split_kernel_once_the_path_is_on(host, d
 @pytest.mark.parametrize("tvm", [True, False], ids=["tvm_ffi", "from_torch"])
 def test_varlen_backward_hands_the_kernel_packed_views_and_converts_its_buffers(host, tvm):
     """The packed backward (unverified path `sm90_bwd_varlen` for routing; the function itself
-    is callable): q, k, v, dO and the dK, dV buffers go to the kernel as (1, H, T, D) views; lse2
-    (base 2, -inf -> +inf) and D = rowsum(dO O) as flat (Hq, Tq), D's start 16-byte aligned; the
-    fp32 (Hq, Tq, D) dQ accumulator comes back transposed to (Tq, Hq, D), GQA's per-query-head
-    fp32 dK, dV summed over each group; cu_seqlens, the longest key length and the bottom-right
-    flag trail the soft cap (both host paths: TVM-FFI takes no stream argument)."""
+    is callable): first the dense prep pass over dO and O viewed (1, H, T, D) with Tq padded to
+    whole Q blocks, then the kernel, which takes q, k, v, dO and the dK, dV buffers as (1, H, T,
+    D) views and the prep's lse2, D and dQ accumulator; that fp32 (Hq, Tq, D) accumulator comes
+    back transposed to (Tq, Hq, D), GQA's per-query-head fp32 dK, dV summed over each group;
+    cu_seqlens, the launch order, the longest key length and the bottom-right flag trail the
+    soft cap (both host paths: TVM-FFI takes no stream argument)."""
     host.use_tvm_ffi(tvm)
-    lengths_q, lengths_k = (3, 0, 6), (5, 2, 6)  # Hq * Tq = 27 floats: D's start needs padding
+    lengths_q, lengths_k = (3, 0, 6), (5, 2, 6)
     hq, hkv, d = 3, 1, 64
     tq, tk = sum(lengths_q), sum(lengths_k)
     p = AttentionProblem(batch=3, heads_q=hq, heads_kv=hkv, seqlen_q=6, seqlen_k=6, head_dim=d, head_dim_v=d,
@@ -454,18 +455,20 @@ def test_varlen_backward_hands_the_kernel_packed_views_and_converts_its_buffers(
     cu_q = torch.tensor([0, 3, 3, 9], dtype=torch.int32)
     cu_k = torch.tensor([0, 5, 7, 13], dtype=torch.int32)
     dq, dk, dv = bwd.varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, 6, 6, p)
-    ((name, args),) = host.launches
-    assert name == "bwd"
+    assert [n for n, _ in host.launches] == ["prep", "bwd"]
+    prep_args, (_, args) = [_unwrap(a) for a in host.launches[0][1]], host.launches[1]
+    packed = lambda t: t.permute(1, 0, 2).unsqueeze(0)  # noqa: E731
+    assert torch.equal(prep_args[0], packed(dout)) and torch.equal(prep_args[1], packed(out))
+    assert torch.equal(prep_args[2].view(hq, tq), lse)
+    assert [getattr(a, "value", a) for a in prep_args[6:8]] == [tq, 64]  # Tq rows, padded to a Q block
     ((*_, config),) = [c for c in host.compiles if c[:2] == ("attention.sm90_flash_bwd", "varlen")]
     assert config.varlen and config.dkv_fp32 and config.causal and config.local and not config.head_split
     tensors = [_unwrap(a) for a in args]
     for i, t in ((0, q), (1, k), (2, v), (3, dout)):
         assert tensors[i].shape == (1, t.shape[1], t.shape[0], d) and tensors[i].data_ptr() == t.data_ptr()
-    lse2, d_rows = tensors[4], tensors[5]
-    want_lse2 = torch.where(torch.isneginf(lse), math.inf, lse * math.log2(math.e))
-    torch.testing.assert_close(lse2.view(hq, tq), want_lse2)
-    torch.testing.assert_close(d_rows.view(hq, tq), (dout.float() * out.float()).sum(-1).t())
-    assert d_rows.data_ptr() % 16 == 0 and lse2.data_ptr() % 16 == 0
+    # The prep's buffers: (D, lse2, dQ accumulator) there, (lse2, D, dQ accumulator) here.
+    assert [t.data_ptr() for t in tensors[4:7]] == [prep_args[i].data_ptr() for i in (4, 3, 5)]
+    assert tensors[4].numel() == tensors[5].numel() == hq * 64 and tensors[6].numel() == hq * tq * d
     assert tensors[7].shape == (1, hq, tk, d) and tensors[7].dtype == torch.float32  # GQA: fp32 per query head
     scalars = [getattr(a, "value", a) for a in args[9:13]]
     assert scalars[0] == pytest.approx(0.3) and scalars[1:] == [0, -4, 3]  # window_right 0, -window_left, group
@@ -478,13 +481,24 @@ def test_varlen_backward_hands_the_kernel_packed_views_and_converts_its_buffers(
     host.launches.clear()
     bwd.varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, 6, 6, p,
                         offsets=HostOffsets(tuple(cu_q.tolist()), tuple(cu_k.tolist()), None))
-    assert _unwrap(host.launches[0][1][(13 if tvm else 14) + 3]).tolist() == [2, 0, 1]
+    assert _unwrap(host.launches[1][1][(13 if tvm else 14) + 3]).tolist() == [2, 0, 1]
     # The recorder's values (`_Host.kernel`): dQ accumulator i % 251 - 125, dK / dV i % 17 (+1).
     acc = (torch.arange(hq * tq * d, dtype=torch.float32) % 251 - 125.0).view(hq, tq, d)
     assert dq.shape == q.shape and dq.is_contiguous() and torch.equal(dq, acc.transpose(0, 1).to(torch.bfloat16))
     per_head = (torch.arange(tk * hq * d, dtype=torch.float32) % 17).view(hq, tk, d).transpose(0, 1)
     assert dk.shape == k.shape and dk.dtype == torch.bfloat16
     torch.testing.assert_close(dk.float(), per_head.view(tk, hkv, hq, d).sum(2).to(torch.bfloat16).float())
+
+
+def _stub_prep(monkeypatch):
+    """The prep pass as buffers of its shapes, launching nothing (on CPU tensors a TVM-FFI
+    function refuses to run)."""
+    def prep_buffers(dout, out, lse, block_m, tvm_ffi):
+        b, h, sq, dh = dout.shape
+        rows = -(-sq // block_m) * block_m
+        return torch.zeros(b * h * rows), torch.zeros(b * h * rows), torch.zeros(b * h * sq * dh), None
+
+    monkeypatch.setattr(prep, "preprocess_flat", prep_buffers)
 
 
 @pytest.mark.compile
@@ -512,6 +526,7 @@ def test_varlen_backward_compiles_from_the_arguments_the_host_passes(monkeypatch
 
     monkeypatch.setattr(bwd, "compile_kernel", compile_only)
     monkeypatch.setattr(runtime, "current_stream", lambda: "stream")
+    _stub_prep(monkeypatch)
     p = AttentionProblem(batch=2, heads_q=hq, heads_kv=hkv, seqlen_q=9, seqlen_k=9, head_dim=d, head_dim_v=d,
                          dtype=torch.bfloat16, causal=causal, scale=0.3, window_left=window_left, softcap=softcap)
     q, dout, out = (torch.randn(12, hq, d).to(torch.bfloat16) for _ in range(3))
@@ -542,6 +557,7 @@ def test_varlen_tvm_ffi_build_takes_what_the_host_passes(monkeypatch):
         return lambda *args: calls.append((fn, args))
 
     monkeypatch.setattr(bwd, "_compile_varlen_tvm_ffi", build)
+    _stub_prep(monkeypatch)
     p = AttentionProblem(batch=2, heads_q=4, heads_kv=2, seqlen_q=9, seqlen_k=9, head_dim=64, head_dim_v=64,
                          dtype=torch.bfloat16, causal="top_left", scale=0.3, window_left=5, softcap=30.0)
     q, dout, out = (torch.randn(12, 4, 64).to(torch.bfloat16) for _ in range(3))
