@@ -212,17 +212,23 @@ def new_out(shape: tuple, dtype, device):
     return torch.empty((*b, s, h, d), dtype=dtype, device=device).transpose(-3, -2)
 
 
-def stored_like_out(t):
-    """`t` itself when it is stored as `new_out` stores (the (B, H, S, D) view of a contiguous
-    (B, S, H, D) tensor), else a copy so stored. The backward's dq, dk, dv leave every path
-    stored so: the models' `q.transpose(1, 2).reshape(B, S, H * D)` of their gradient is then a
-    view, and an op's real result and its fake agree on strides."""
-    *b, h, s, d = t.shape
+def _out_strides(shape) -> tuple:
+    """The strides `new_out` gives a tensor of `shape` (B..., H, S, D): those of a contiguous
+    (B..., S, H, D) tensor, read in (B..., H, S, D) order (size-1 modes included)."""
+    *b, h, s, d = shape
     strides, step = [], h * s * d
     for n in reversed(b):
         strides.insert(0, step)
         step *= n
-    if t.stride() == (*strides, d, h * d, 1):  # new_out's exactly, size-1 modes included (as the fake's)
+    return (*strides, d, h * d, 1)
+
+
+def stored_like_out(t):
+    """`t` itself when it is stored as `new_out` stores (the (B, H, S, D) view of a contiguous
+    (B, S, H, D) tensor), else a copy so stored. The backward's dq, dk, dv leave every path
+    stored so: the models' `q.transpose(1, 2).reshape(B, S, H * D)` of their gradient is then a
+    view, and an op's real result and its fake agree on strides (size-1 modes included)."""
+    if t.stride() == _out_strides(t.shape):
         return t
     return new_out(tuple(t.shape), t.dtype, t.device).copy_(t)
 

@@ -33,6 +33,7 @@ from cute_kernels.hopper import pipeline as hpipe
 from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP, WarpRoles
 
 from . import block_info
+from .ragged import ragged, seq_rows
 from .softmax import LOG2_E, softcap_tanh
 from .sm90_layouts import accumulator_value_layout, mn_view_layout
 from .sm90_softmax import acc_as_a, acc_mn_view
@@ -78,23 +79,6 @@ def _transposed(t: cute.Tensor, rows: int, cols: int, stages: int) -> cute.Tenso
     """(rows, cols, stages) smem tensor viewed (cols, rows, stages): an operand read MN-major
     (e.g. dO as the B of dV += P^T dO, N = head dim) from a buffer filled row-major."""
     return cute.composition(t, cute.make_layout((cols, rows, stages), stride=(rows, 1, rows * cols)))
-
-
-def ragged(t: cute.Tensor) -> cute.Tensor:
-    """A packed (T, D, H, 1) tensor as the ragged (T, D, H, T + 1) view whose TMA clips each
-    sequence at its own end: the last mode has the row stride and the pointer moves back T rows,
-    so row r of a sequence at offset o of length S is element (T - S + r, :, h, o + S), at the
-    address of row o + r, and rows r >= S fall past mode 0 (zero-filled loads). `seq_rows`
-    takes a sequence's (S, D) view of one head."""
-    rows, row_stride = t.shape[0], t.stride[0]
-    layout = cute.make_layout((rows, t.shape[1], t.shape[2], rows + 1),
-                              stride=(row_stride, t.stride[1], t.stride[2], row_stride))
-    return cute.make_tensor(t.iterator - cutlass.Int64(rows) * row_stride, layout)
-
-
-def seq_rows(t: cute.Tensor, head, offset, length) -> cute.Tensor:
-    """Head `head`'s rows of the sequence at `offset` of `length` rows, from a `ragged` view."""
-    return cute.domain_offset((t.shape[0] - length, 0), t[None, None, head, offset + length])
 
 
 def split_atom(dtype, head_dim: int):

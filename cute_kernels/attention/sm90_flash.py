@@ -60,7 +60,7 @@ Varlen (`config.varlen`, `Sm90FlashRung.varlen`): packed sequences delimited by 
 seqused_k), one CTA per (q tile of max_seqlen_q, head, sequence slot), the slots mapped to
 sequences by an order of decreasing work (`launch_order`, from the offsets the host validated,
 kept on the device per batch: the longest launched first; within a sequence the last Q tile
-first). Q, K, V and O go through ragged tensor maps (`_ragged`): each sequence's boxes are
+first). Q, K, V and O go through ragged tensor maps (`ragged`): each sequence's boxes are
 clipped at its own end, so loads past it read zeros (a neighbour's rows, NaN or not, never
 enter) and the TMA store of O writes only its rows.
 
@@ -88,6 +88,7 @@ from . import block_info
 from .features import feature_reason
 from .forward_host import compile_tvm_ffi
 from .problem_checks import common_reason, config_of, launch_scalars, softcap_scalars, window_scalars
+from .ragged import ragged, seq_rows
 from .softmax import LOG2_E, apply_softcap
 from .sm90_layouts import FlashSm90Config, config_for, short_rows
 from .sm90_softmax import Sm90Softmax, acc_as_a, acc_mn_view, mask_scores, to_16bit
@@ -101,18 +102,6 @@ _TURN_THREADS = 2 * THREADS_PER_WARPGROUP
 # all consumer warpgroups is 1; warpgroup w's turn to issue GEMMs is 2 + w.
 _EPILOGUE_BARRIER = 1
 _TURN_BARRIER = 2
-
-
-def _ragged(t: cute.Tensor) -> cute.Tensor:
-    """A packed (T, D, H, 1) tensor as the ragged (T, D, H, T + 1) view its TMA clips per
-    sequence: the last mode has the row stride and the pointer moves back T rows, so row r of a
-    sequence at offset o of length S is element (T - S + r, :, h, o + S), at the address of row
-    o + r. Rows r >= S fall past mode 0 (T - S + r >= T): zero-filled loads, dropped stores.
-    Every in-bounds box the kernel asks for lies inside the sequence's own rows."""
-    rows, row_stride = t.shape[0], t.stride[0]
-    layout = cute.make_layout((rows, t.shape[1], t.shape[2], rows + 1),
-                              stride=(row_stride, t.stride[1], t.stride[2], row_stride))
-    return cute.make_tensor(t.iterator - cutlass.Int64(rows) * row_stride, layout)
 
 
 def _transposed(t: cute.Tensor, rows: int, cols: int, stages: int) -> cute.Tensor:
@@ -162,8 +151,8 @@ class FlashAttentionSm90:
         # tensor map clips rows past S (zero-filled loads, dropped stores).
         qkvo = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 3, 1, 0])) for t in (mQ, mK, mV, mO)]
         if cutlass.const_expr(c.varlen):
-            # Ragged views (`_ragged`): the tensor map then clips each sequence's rows at its end.
-            qkvo = [_ragged(t) for t in qkvo]
+            # Ragged views (`ragged`): the tensor map then clips each sequence's rows at its end.
+            qkvo = [ragged(t) for t in qkvo]
         mQ, mK, mV, mO = qkvo
         mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
 
@@ -258,10 +247,8 @@ class FlashAttentionSm90:
             base = bottom_right * (seqlen_k - seqlen_q)
             causal_offset, offset_lo = causal_offset + base, offset_lo + base
             # Row r of the sequence is row T - S_b + r of its ragged view, at its last mode's offset + S_b.
-            mQ_s = cute.domain_offset((mQ.shape[0] - seqlen_q, 0), mQ[None, None, head, offset_q + seqlen_q])
-            mO_s = cute.domain_offset((mO.shape[0] - seqlen_q, 0), mO[None, None, head, offset_q + seqlen_q])
-            mK_s = cute.domain_offset((mK.shape[0] - seqlen_k, 0), mK[None, None, kv_head, offset_k + seqlen_k])
-            mV_s = cute.domain_offset((mV.shape[0] - seqlen_k, 0), mV[None, None, kv_head, offset_k + seqlen_k])
+            mQ_s, mO_s = seq_rows(mQ, head, offset_q, seqlen_q), seq_rows(mO, head, offset_q, seqlen_q)
+            mK_s, mV_s = seq_rows(mK, kv_head, offset_k, seqlen_k), seq_rows(mV, kv_head, offset_k, seqlen_k)
             mLSE_s = cute.domain_offset((offset_q,), mLSE[None, head, 0])
         else:
             mQ_s, mO_s, mLSE_s = mQ[None, None, head, batch], mO[None, None, head, batch], mLSE[None, head, batch]

@@ -119,7 +119,7 @@ and at D = 128 with the default layout's problems.
 Packed sequences (`varlen_backward`, `FlashSm90BwdConfig.varlen`, 2026-12-05, built without a
 GPU: unverified path `sm90_bwd_varlen`, until then "auto" runs sm80_flash's varlen backward): a
 CTA per (key block of the longest sequence, query head, sequence); Q, dO, K and V through ragged
-tensor maps (`sm90_bwd_mainloop.ragged`), lse2, D and the dQ accumulator from the dense prep
+tensor maps (`attention.ragged`), lse2, D and the dQ accumulator from the dense prep
 pass over the packed tensors viewed (1, H, T, D) (rows past a sequence, the next one's, are
 masked in P^T and dS^T), dQ summed into that flat (Hq, Tq, D) fp32 accumulator.
 """
@@ -160,8 +160,8 @@ _SMEM_LIMIT = 227 * 1024
 class FlashSm90BwdConfig:
     """The static shape of one compiled backward kernel.
 
-    head_dim: D of Q, K, V (a multiple of 16 up to 256, `HEAD_DIMS`); dtype: "float16" | "bfloat16"; causal: whether
-    the upper bound j <= i + offset is tested (causality or a window's right bound; the offset
+    head_dim: D of Q, K, V (a multiple of 16 up to 256, `HEAD_DIMS`); dtype: "float16" |
+    "bfloat16"; causal: whether the upper bound j <= i + offset is tested (causality or a window's right bound; the offset
     is a runtime value); local: whether a window's lower bound j >= i + offset_lo is tested
     (runtime offset_lo; the dK/dV CTA then also stops at the last Q block that sees its keys);
     block_m: Q rows per
@@ -288,8 +288,9 @@ class FlashSm90BwdConfig:
         (block_m x D) with `dq_tma_reduce`; lse2 and D per stage; barriers and alignment slack."""
         d = self.head_dim
         score_tiles = self.ds_buffers * (2 if self.head_split else 1)
-        return (2 * (2 * self.block_n * d + 2 * self.stages * self.block_m * d + score_tiles * self.block_n * self.block_m)
-                + (4 * self.block_m * d if self.dq_tma_reduce else 0) + 2 * 4 * self.block_m * self.stages + 2048)
+        tiles = 2 * self.block_n * d + 2 * self.stages * self.block_m * d + score_tiles * self.block_n * self.block_m
+        return (2 * tiles + (4 * self.block_m * d if self.dq_tma_reduce else 0) + 2 * 4 * self.block_m * self.stages
+                + 2048)
 
     @property
     def tx_bytes_kv(self) -> int:
@@ -328,7 +329,8 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = F
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
     config = replace(bwd_config_for(head_dim, dtype, causal, dkv_fp32=dkv_fp32, local=local), **tile).validate()
-    return CompileJob(_entry(config), _fake_args(config, fake_tensor, fake_stream), ("attention.sm90_flash_bwd", config))
+    return CompileJob(_entry(config), _fake_args(config, fake_tensor, fake_stream),
+                      ("attention.sm90_flash_bwd", config))
 
 
 def _entry(config: FlashSm90BwdConfig):
@@ -487,18 +489,24 @@ def _compile_tvm_ffi(config: FlashSm90BwdConfig):
     unit-stride mode, 16-byte alignment; q, k, v, dO and dK, dV 4-D with the head dim
     contiguous, lse2, D and the dQ accumulator flat fp32); sizes and other strides are runtime
     values, so the config is the whole compile key. The function takes torch tensors and
-    Python scalars and launches on torch's current stream."""
+    Python scalars and launches on torch's current stream. The entry is the config's
+    (`_entry`): a varlen build's (1, H, T, D) views have strides outside the head dim that are
+    multiples of 8 (the ragged tensor maps need it; checked per call) and trailing int32
+    cu_seqlens and launch order; a deterministic build's trailing counters."""
     from cute_kernels.runtime import TVM_FFI_OPTION, fake_stream, fake_tensor
 
     t = _CUTLASS[config.dtype]
     dkv_t = cutlass.Float32 if config.dkv_fp32 else t
-    q, k, v, do = [fake_tensor(t, 4, leading_dim=3, assumed_align=16) for _ in range(4)]
+    divisible = 8 if config.varlen else 1
+    q, k, v, do = [fake_tensor(t, 4, leading_dim=3, assumed_align=16, stride_divisibility=divisible)
+                   for _ in range(4)]
     lse2, drow, dq = [fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=16) for _ in range(3)]
     dk, dv = [fake_tensor(dkv_t, 4, leading_dim=3, assumed_align=16) for _ in range(2)]
     fn = compile_kernel(_entry(config), q, k, v, do, lse2, drow, dq, dk, dv, cutlass.Float32(1.0),
                         cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1), fake_stream(tvm_ffi_env_stream=True),
-                        cutlass.Float32(30.0) if config.softcap else None, *_turns_tail(config, fake_tensor),
-                        key=("attention.sm90_flash_bwd", "tvm_ffi", config), options=TVM_FFI_OPTION)
+                        cutlass.Float32(30.0) if config.softcap else None, *_varlen_tail(config, fake_tensor),
+                        *_turns_tail(config, fake_tensor), key=("attention.sm90_flash_bwd", "tvm_ffi", config),
+                        options=TVM_FFI_OPTION)
     _COMPILED[config] = fn
     return fn
 
@@ -528,8 +536,10 @@ class _Launch:
 
 def _check_supported(problem) -> None:
     """`supports_backward`, raising ValueError with its reason; a pass is remembered per (dtype,
-    head dim, value head dim, scale, features) (bounded, as `_LAUNCHES`)."""
-    key = (problem.dtype, problem.head_dim, problem.head_dim_v, problem.scale, problem.softcap, problem.seqused_k)
+    head dim, value head dim, scale, features, whether unverified head dims are on) (bounded, as
+    `_LAUNCHES`)."""
+    key = (problem.dtype, problem.head_dim, problem.head_dim_v, problem.scale, problem.softcap, problem.seqused_k,
+           problem.head_dim in _VERIFIED_HEAD_DIMS or unverified.enabled("sm90_bwd_head_dims"))
     if key in _SUPPORTED:
         return
     why = supports_backward(problem)
@@ -592,26 +602,6 @@ def _launch_for(problem, config, deterministic: bool = False) -> _Launch:
                      prep=config.prep_kernel and b * hq * sq_pad * d < 2**31,
                      dkv_shape=(b, hq if config.dkv_fp32 else problem.heads_kv, sk, d))
     return _LAUNCHES.put(key, launch)
-
-
-def _compile_varlen_tvm_ffi(config: FlashSm90BwdConfig):
-    """The TVM-FFI build of the packed backward (`FlashAttentionSm90Bwd.call_varlen`) of
-    `config`, from fake tensors as `_compile_tvm_ffi`'s (the (1, H, T, D) views' strides outside
-    the head dim multiples of 8, which the ragged tensor maps need; int32 cu_seqlens and launch
-    order), kept in `_COMPILED`."""
-    from cute_kernels.runtime import TVM_FFI_OPTION, fake_stream, fake_tensor
-
-    t = _CUTLASS[config.dtype]
-    dkv_t = cutlass.Float32 if config.dkv_fp32 else t
-    q, k, v, do = [fake_tensor(t, 4, leading_dim=3, assumed_align=16, stride_divisibility=8) for _ in range(4)]
-    lse2, drow, dq = [fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=16) for _ in range(3)]
-    dk, dv = [fake_tensor(dkv_t, 4, leading_dim=3, assumed_align=16) for _ in range(2)]
-    fn = compile_kernel(_kernel_for(config).call_varlen, q, k, v, do, lse2, drow, dq, dk, dv, cutlass.Float32(1.0),
-                        cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1), fake_stream(tvm_ffi_env_stream=True),
-                        cutlass.Float32(30.0) if config.softcap else None, *_varlen_tail(config, fake_tensor),
-                        key=("attention.sm90_flash_bwd", "varlen", "tvm_ffi", config), options=TVM_FFI_OPTION)
-    _COMPILED[config] = fn
-    return fn
 
 
 def _dsl_args(launch: _Launch, q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h) -> tuple:
@@ -693,12 +683,10 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
         _main_function(launch)(q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h, launch.scale, launch.offset,
                                launch.offset_lo, group, launch.softcap, *_turns(launch, q))
     else:
-        from cute_kernels.runtime import current_stream
+        from cute_kernels.runtime import current_stream, from_torch
 
         args = _dsl_args(launch, q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h)
         stream = current_stream()
-        from cute_kernels.runtime import from_torch
-
         turns = tuple(from_torch(t, assumed_align=4, leading_dim=0) for t in _turns(launch, q))
         fn = compile_kernel(_entry(launch.kernel_config), *args, stream, _softcap_arg(launch), *turns,
                             key=("attention.sm90_flash_bwd", launch.kernel_config))
@@ -800,8 +788,8 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     launches: the dense backward's prep pass (`sm90_bwd_prep`) over the packed tensors viewed
     (1, H, T, D), whose D and lse2 rows run past each sequence into the next (the kernel masks
     them), then the backward (`FlashSm90BwdConfig.varlen`): a CTA per (key block of the longest
-    sequence, query head, sequence), dQ summed in the prep's zeroed fp32 (Hq, Tq, D) accumulator; with GQA dK and dV come per
-    query head in fp32 and are summed here. dq, dk, dv are new contiguous tensors of q's dtype,
+    sequence, query head, sequence), dQ summed in the prep's zeroed fp32 (Hq, Tq, D)
+    accumulator; with GQA dK and dV come per query head in fp32 and are summed here. dq, dk, dv are new contiguous tensors of q's dtype,
     zero for rows of sequences with no key or no query. offsets: the validated cu_seqlens as the
     host read them (`varlen.HostOffsets`): the sequences are then launched the most work first
     (`sm90_flash.launch_order`), else in order."""
@@ -817,9 +805,7 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     if max_seqlen_q == 0 or max_seqlen_k == 0 or 0 in (q.shape[0], q.shape[1], k.shape[0], problem.batch):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     group = problem.heads_q // problem.heads_kv
-    upper, local = mask_flags(problem)
-    config = bwd_config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), upper, dkv_fp32=group > 1,
-                            local=local, softcap=problem.softcap is not None, varlen=True)
+    config = memo(_VARLEN_CONFIGS, problem, _varlen_config, problem)
     # Detached: DLPack export refuses tensors that require grad (detached aliases share storage).
     q, k, v, dout, out = (rows_aligned(t).detach() for t in (q, k, v, dout, out))
     lse = lse.detach()
@@ -848,7 +834,7 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     if tvm_ffi_available():
         fn = _COMPILED.get(config)
         if fn is None:
-            fn = _compile_varlen_tvm_ffi(config)
+            fn = _compile_tvm_ffi(config)
         fn(*tensors, *scalars, problem.softcap, *varlen_args)
     else:
         wrap4 = lambda t: from_torch(t, assumed_align=16, leading_dim=3)  # noqa: E731
@@ -861,9 +847,22 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
         fn = compile_kernel(_kernel_for(config).call_varlen, *args, stream, *tail,
                             key=("attention.sm90_flash_bwd", "varlen", config))
         fn(*args, stream, *tail)
-    dq = dq_flat.view(hq, tq, d).to(q.dtype).transpose(0, 1).contiguous()
+    dq = torch.empty_like(q).copy_(dq_flat.view(hq, tq, d).transpose(0, 1))  # converted and transposed at once
     dk, dv = dkv[0], dkv[1]
     if config.dkv_fp32:
         dk = dk.view(tk, hkv, group, d).sum(2).to(q.dtype)
         dv = dv.view(tk, hkv, group, d).sum(2).to(q.dtype)
     return dq, dk, dv
+
+
+# problem -> the varlen config (bounded, as `_LAUNCHES`: problems vary with every batch's lengths).
+_VARLEN_CONFIGS = WarmCache("attention.sm90_flash_bwd.varlen_configs", _MAX_LAUNCHES)
+
+
+def _varlen_config(problem) -> FlashSm90BwdConfig:
+    """The packed backward's config of `problem`: its mask flags and features; GQA's dK, dV as
+    fp32 per query head (no `gqa_loop` for varlen)."""
+    upper, local = mask_flags(problem)
+    return bwd_config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), upper,
+                          dkv_fp32=problem.heads_q > problem.heads_kv, local=local,
+                          softcap=problem.softcap is not None, varlen=True)
