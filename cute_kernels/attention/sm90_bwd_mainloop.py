@@ -48,6 +48,11 @@ _DS_BARRIER = 2
 _DQ_BARRIER = 3
 # With one dS^T (and P^T) buffer: "both consumers are done reading last step's", before the writes.
 _FREE_BARRIER = 5
+# dq_writer: per consumer warpgroup, "its dQ_blk is in shared memory" (_DQ_BARRIER + wg: the
+# consumers arrive, the writer warp waits) and "the writer has read the last one"
+# (_DQ_EMPTY_BARRIER + wg: the other way round); 128 consumers + 32 writer threads each.
+_DQ_EMPTY_BARRIER = 7
+_DQ_STAGE_THREADS = THREADS_PER_WARPGROUP + 32
 # Deterministic dQ: "this CTA's turn at the Q block has come" and "its additions are issued".
 _TURN_BARRIER = 6
 
@@ -224,10 +229,16 @@ class FlashAttentionSm90Bwd:
             mma_dkv = sm90_utils.make_trivial_tiled_mma(
                 self.dtype, self.dtype, wgmma.operand_major("K"), wgmma.operand_major("MN"), cutlass.Float32,
                 (2, 1, 1), tiler_mn=(64, d), a_source=warpgroup.OperandSource.RMEM)
-        # dQ_blk = dS K: Q rows on M, the head dim split over the two warpgroups; dS (from dS^T)
-        # and K both MN-major.
-        mma_dq0 = wgmma.make_tiled_mma(self.dtype, self.dtype, "MN", "MN", cutlass.Float32, (1, 2, 1), d // 2)
-        mma_dq = wgmma.make_tiled_mma(self.dtype, self.dtype, "MN", "MN", cutlass.Float32, (1, 2, 1), d // 2)
+        # dQ_blk = dS K: Q rows on M, the head dim split over the two warpgroups (128 Q rows: the
+        # rows split, 64 a warpgroup, each with the whole head dim); dS (from dS^T) and K both
+        # MN-major.
+        dq_atoms, dq_cols = ((2, 1, 1), d) if bm == 128 else ((1, 2, 1), d // 2)
+        mma_dq0 = wgmma.make_tiled_mma(self.dtype, self.dtype, "MN", "MN", cutlass.Float32, dq_atoms, dq_cols)
+        mma_dq = wgmma.make_tiled_mma(self.dtype, self.dtype, "MN", "MN", cutlass.Float32, dq_atoms, dq_cols)
+
+        dq_floats = c.dq_stage_floats if c.dq_writer else 32
+        if cutlass.const_expr(c.dq_tma_reduce):
+            dq_floats = cute.cosize(smem_dq_layout)
 
         @cute.struct
         class SharedStorage:
@@ -241,9 +252,8 @@ class FlashAttentionSm90Bwd:
             # P^T, as dS^T: only head_split reads it from shared memory.
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_ds_layout)
                                                        if c.head_split else 8], 1024 if c.head_split else 16]
-            # Only the TMA reduce-add stages dQ in shared memory.
-            sdQ: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(smem_dq_layout)
-                                                        if c.dq_tma_reduce else 32], 1024]
+            # Only the TMA reduce-add and dq_writer stage dQ in shared memory.
+            sdQ: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, dq_floats], 1024]
             sLSE: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm * c.stages], 128]
             sDrow: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm * c.stages], 128]
 
@@ -364,9 +374,12 @@ class FlashAttentionSm90Bwd:
                 self.produce(tma_k, gK, sK, tma_v, gV, sV, tma_q, mQ, sQ, tma_do, mdO, sdO, tma_lse, mLSE2, sLSE,
                              tma_drow, mDrow, sDrow, pipe_kv, pipe_qdo, m_block_min, rows_base // bm, m_count,
                              (q_head0, q_heads, batch, sq_pad // bm), seq)
+            if cutlass.const_expr(c.dq_writer):
+                if warp_idx == 1:
+                    self.write_dq(storage.sdQ.data_ptr(), mdQacc, m_block_min, m_count, q_heads, dq_rows, seqlen_q)
         else:
             self.roles.become_consumer()
-            self.consume((tma_dq, mdQ3, sdQ, sdQ_full), mma_sdp0, mma_sdp, mma_dkv, mma_dq0, mma_dq, sK, sV, sQ, sdO,
+            self.consume((tma_dq, mdQ3, sdQ, sdQ_full, storage.sdQ.data_ptr()), mma_sdp0, mma_sdp, mma_dkv, mma_dq0, mma_dq, sK, sV, sQ, sdO,
                          (sdS, sP), pipe_kv, pipe_qdo,
                          sLSE, sDrow, mdQacc, gdK, gdV, scale,
                          (scale_log2, score_scale), (causal_offset, offset_lo), n_block, seqlen_q, seqlen_k,
@@ -499,12 +512,23 @@ class FlashAttentionSm90Bwd:
         # thread's warp issues the copies). The whole first warp of each warpgroup takes the
         # issuing branch: the TMA copy elects its lane with elect.sync over the full warp, which
         # never returns when a single lane enters it alone (the hang of the first GPU run).
-        tma_dq, mdQ3, sdQ, sdQ_full = dq_tma
+        tma_dq, mdQ3, sdQ, sdQ_full, sdq_ptr = dq_tma
         wg = ctidx // THREADS_PER_WARPGROUP
         issuer_warp = cute.arch.make_warp_uniform((ctidx % THREADS_PER_WARPGROUP) // 32) == 0
         dq_red = (tma_dq, mdQ3, sdQ, thr_dq.partition_C(sdQ_full[None, None, 0]),
                   [pipeline.NamedBarrier(barrier_id=_DQ_BARRIER + i, num_threads=THREADS_PER_WARPGROUP)
                    for i in (0, 1)], wg, issuer_warp)
+        if cutlass.const_expr(c.dq_writer):
+            # This thread's first value in the staged tile: warpgroup wg's 64 rows start at row
+            # 64 wg of the tile (each its own half of the head dim with 64 Q rows).
+            cols, pitch = c.dq_stage_cols
+            t_q, t_d = coord_dq[0]
+            local = (t_q - 64 * wg) * pitch + t_d if bm == 128 else t_q * pitch + (t_d - wg * cols)
+            dq_red = (sdq_ptr + (wg * 64 * pitch + local), wg,
+                      [pipeline.NamedBarrier(barrier_id=_DQ_EMPTY_BARRIER + i, num_threads=_DQ_STAGE_THREADS)
+                       for i in (0, 1)],
+                      [pipeline.NamedBarrier(barrier_id=_DQ_BARRIER + i, num_threads=_DQ_STAGE_THREADS)
+                       for i in (0, 1)])
         if cutlass.const_expr(turns is not None):
             turns = (*turns, n_block, pipeline.NamedBarrier(barrier_id=_TURN_BARRIER, num_threads=_CONSUMER_THREADS),
                      ctidx == 0)
@@ -675,13 +699,15 @@ class FlashAttentionSm90Bwd:
         # TMA reduce-add's tensor map clips them).
         if cutlass.const_expr(c.dq_tma_reduce):
             self.reduce_dq_tma(acc_dq, scale, m, head_row, dq_red)
+        elif cutlass.const_expr(c.dq_writer):
+            self.stage_dq(acc_dq, scale, dq_red)
         else:
             # Values 2p and 2p + 1 of the accumulator are adjacent columns: one 8-byte
             # red.global.add.v2.f32 each, so a warp's reduction fills whole 32-byte sectors.
             t_q, t_d = coord_dq[0]
             base = gdQacc.iterator + (cutlass.Int64(dq_row + row_base + t_q) * c.head_dim + t_d)
             room = seqlen_q - row_base - t_q  # this thread's rows r exist while r < room
-            dq_offs = acc_offsets(c.head_dim // 2, c.head_dim)
+            dq_offs = acc_offsets(c.head_dim if bm == 128 else c.head_dim // 2, c.head_dim)
             if cutlass.const_expr(turns is not None):
                 turn = self.wait_turn(turns, head_row, m)
             for p in cutlass.range_constexpr(cute.size(acc_dq) // 2):
@@ -745,6 +771,59 @@ class FlashAttentionSm90Bwd:
                                              cute.group_modes(sdQ[None, None, wg], 0, 2), cute.group_modes(g, 0, 2))
             cute.copy(tma_dq, t_s, t_g)
             cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
+    def stage_dq(self, acc_dq, scale: cutlass.Float32, dq_stage):
+        """dq_writer, consumer side: once the writer has read this warpgroup's last tile, store
+        scale * dQ_blk to it (8-byte stores at the static offsets of the accumulator's value
+        pairs, `dq_stage_cols`' pitch), then tell the writer it is there."""
+        base, wg, empty, full = dq_stage
+        cols, pitch = self.config.dq_stage_cols
+        offs = acc_offsets(cols, pitch)
+        self.wg_sync(empty, wg)
+        for p in cutlass.range_constexpr(cute.size(acc_dq) // 2):
+            cute.arch.store(base + offs[2 * p], _f32x2(acc_dq[2 * p] * scale, acc_dq[2 * p + 1] * scale), ss="cta")
+        cute.arch.fence_proxy("async.shared", space="cta")
+        if wg == 0:
+            full[0].arrive()
+        else:
+            full[1].arrive()
+
+    @cute.jit
+    def write_dq(self, sdq_ptr, gdQacc: cute.Tensor, m_block_min: cutlass.Int32, m_count: cutlass.Int32,
+                 q_heads: cutlass.Int32, dq_rows, seqlen_q: cutlass.Int32):
+        """dq_writer, the producer warpgroup's second warp: per step (the consumers' order: each
+        query head of the CTA, its Q blocks ascending) and consumer warpgroup, wait for the
+        staged dQ_blk, add each of its 64 rows that exist (< seqlen_q) to the fp32 accumulator
+        with one bulk reduction (lanes take rows l and l + 32), and hand the tile back once the
+        reductions have read it. dq_rows: (the first query head's first accumulator row, the
+        rows from one head's to the next's)."""
+        c = self.config
+        bm, d = c.block_m, c.head_dim
+        cols, pitch = c.dq_stage_cols
+        lane = cute.arch.lane_idx()
+        dq_row0, dq_head_rows = dq_rows
+        empty = [pipeline.NamedBarrier(barrier_id=_DQ_EMPTY_BARRIER + i, num_threads=_DQ_STAGE_THREADS) for i in (0, 1)]
+        full = [pipeline.NamedBarrier(barrier_id=_DQ_BARRIER + i, num_threads=_DQ_STAGE_THREADS) for i in (0, 1)]
+        for t in cutlass.range(q_heads * m_count, unroll=1):
+            h = t // m_count
+            m = m_block_min + (t - h * m_count)
+            for w in cutlass.range_constexpr(2):
+                # the last step's reductions of warpgroup w's tile have read it (groups retire in
+                # order: w = 0's is the older of the two)
+                cute.arch.cp_async_bulk_wait_group(1 - w, read=True)
+                empty[w].arrive()
+            for w in cutlass.range_constexpr(2):
+                full[w].arrive_and_wait()
+                row0 = m * bm + (64 * w if bm == 128 else 0)
+                col0 = 0 if bm == 128 else w * cols
+                for i in cutlass.range_constexpr(2):
+                    r = lane + 32 * i
+                    if row0 + r < seqlen_q:
+                        g = gdQacc.iterator + (cutlass.Int64(dq_row0 + h * dq_head_rows + row0 + r) * d + col0)
+                        tma.bulk_reduce_add_f32(g, sdq_ptr + ((w * 64 + r) * pitch), cols * 4)
+                cute.arch.cp_async_bulk_commit_group()
+        cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit
     def wg_sync(self, bars, wg: cutlass.Int32):

@@ -192,7 +192,10 @@ class FlashSm90BwdConfig:
     sequence, head, sequence), each sequence's rows read through ragged tensor maps;
     deterministic: each Q block's dQ_blk additions happen in key-block order (a counter per
     (batch, query head, Q block) that a CTA waits on, then advances), so dQ is the same bits on
-    every run.
+    every run; dq_writer: each consumer warpgroup stores its scaled dQ_blk to a padded shared
+    tile and the producer warpgroup's second warp adds it to the fp32 accumulator with one bulk
+    reduction per row (`hopper.tma.bulk_reduce_add_f32`: whole lines at the L2), as
+    FlashAttention-3's dQ warp does, instead of the consumers' `red.global` per value pair.
     """
 
     head_dim: int = 128
@@ -215,6 +218,7 @@ class FlashSm90BwdConfig:
     ds_buffers: int = 2
     varlen: bool = False
     deterministic: bool = False
+    dq_writer: bool = False
 
     def validate(self) -> "FlashSm90BwdConfig":
         if self.head_dim not in HEAD_DIMS:
@@ -223,14 +227,18 @@ class FlashSm90BwdConfig:
         if self.dtype not in _CUTLASS:
             raise ValueError(f"FlashSm90BwdConfig.dtype must be one of {tuple(_CUTLASS)}, got {self.dtype!r}")
         for name in ("causal", "local", "dkv_fp32", "dq_tma_reduce", "defer_dkv_wait", "early_dv", "prep_kernel",
-                     "softcap", "gqa_loop", "head_split", "varlen", "deterministic"):
+                     "softcap", "gqa_loop", "head_split", "varlen", "deterministic", "dq_writer"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FlashSm90BwdConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.gqa_loop and self.dkv_fp32:
             raise ValueError("FlashSm90BwdConfig: gqa_loop sums dK, dV in registers; it writes no fp32 "
                              "per-query-head results (dkv_fp32)")
-        if self.block_m != 64:
-            raise ValueError(f"FlashSm90BwdConfig.block_m must be 64 (one wgmma N of S^T), got {self.block_m!r}")
+        if self.block_m not in (64, 128):
+            raise ValueError(f"FlashSm90BwdConfig.block_m must be 64 or 128 (the N of S^T), got {self.block_m!r}")
+        if self.block_m == 128 and (self.head_dim > 64 or self.head_split or self.dq_tma_reduce):
+            raise ValueError("FlashSm90BwdConfig: block_m 128 takes head dims up to 64 (S^T and dP^T of 64 keys x "
+                             "128 queries beside dK and dV fill a consumer's registers), without head_split or "
+                             "dq_tma_reduce")
         if self.head_split:
             if self.block_n != 64:
                 raise ValueError(f"FlashSm90BwdConfig.block_n must be 64 with head_split (both consumer "
@@ -256,6 +264,10 @@ class FlashSm90BwdConfig:
         if self.deterministic and (self.dq_tma_reduce or self.varlen):
             raise ValueError("FlashSm90BwdConfig: deterministic orders the dQ reductions from registers of the "
                              "dense launch; it takes neither dq_tma_reduce nor varlen")
+        if self.dq_writer and (self.dq_tma_reduce or self.head_split or self.deterministic):
+            raise ValueError("FlashSm90BwdConfig: dq_writer (dQ staged in shared memory, added by a producer warp) "
+                             "takes neither dq_tma_reduce, head_split (no shared memory left for the tile) nor "
+                             "deterministic (its order is kept by the consumers' own reductions)")
         if self.ds_buffers not in (1, 2):
             raise ValueError(f"FlashSm90BwdConfig.ds_buffers must be 1 or 2, got {self.ds_buffers!r}")
         if self.stages not in (1, 2, 3):
@@ -289,8 +301,22 @@ class FlashSm90BwdConfig:
         d = self.head_dim
         score_tiles = self.ds_buffers * (2 if self.head_split else 1)
         tiles = 2 * self.block_n * d + 2 * self.stages * self.block_m * d + score_tiles * self.block_n * self.block_m
-        return (2 * tiles + (4 * self.block_m * d if self.dq_tma_reduce else 0) + 2 * 4 * self.block_m * self.stages
-                + 2048)
+        dq_tile = 4 * self.block_m * d if self.dq_tma_reduce else 4 * self.dq_stage_floats if self.dq_writer else 0
+        return 2 * tiles + dq_tile + 2 * 4 * self.block_m * self.stages + 2048
+
+    @property
+    def dq_stage_cols(self) -> tuple[int, int]:
+        """(columns, row pitch in floats) of a consumer warpgroup's dQ_blk in `dq_writer`'s
+        shared tile: 64 rows of half the head dim (of all of it with 128 Q rows, the warpgroups
+        splitting the rows). The pitch is 8 or 24 modulo 32 words, so the 8-byte stores of a
+        half-warp (4 rows x 4 column pairs of the accumulator) hit 16 distinct bank pairs; and a
+        multiple of 4 floats, so each row starts 16-byte aligned for the bulk reduction."""
+        cols = self.head_dim if self.block_m == 128 else self.head_dim // 2
+        return cols, cols + (8 - cols) % 16
+
+    @property
+    def dq_stage_floats(self) -> int:
+        return 2 * 64 * self.dq_stage_cols[1]
 
     @property
     def tx_bytes_kv(self) -> int:
@@ -309,14 +335,25 @@ def block_n_for(head_dim: int) -> int:
 
 def bwd_config_for(head_dim: int, dtype: str, causal: bool, *, dkv_fp32: bool = False,
                    local: bool = False, softcap: bool = False, gqa_loop: bool = False,
-                   varlen: bool = False, deterministic: bool = False) -> FlashSm90BwdConfig:
-    """The tile for a head dim: 64 Q rows per step against `block_n_for(head_dim)` keys per CTA;
-    at D = 256 one dS^T / P^T buffer each (two would need 232 KB of shared memory)."""
+                   varlen: bool = False, deterministic: bool = False, wide_q: bool = False,
+                   dq_writer: bool = False) -> FlashSm90BwdConfig:
+    """The tile for a head dim: 64 Q rows per step (with `wide_q`, 128 up to D = 64, as
+    FlashAttention-3 takes them there: half the steps, each twice the work between the
+    consumers' meetings) against `block_n_for(head_dim)` keys per CTA; at D = 256 one dS^T / P^T
+    buffer each (two would need 232 KB of shared memory). `dq_writer`: dQ added by a producer
+    warp's bulk reductions where the config takes it (not head_split, not deterministic)."""
     split = head_dim not in _WHOLE_HEAD_DIMS
     return FlashSm90BwdConfig(head_dim=head_dim, dtype=dtype, causal=causal, local=local,
                               dkv_fp32=dkv_fp32, softcap=softcap, gqa_loop=gqa_loop, head_split=split,
+                              block_m=128 if wide_q and head_dim <= 64 else 64,
                               block_n=block_n_for(head_dim), ds_buffers=1 if head_dim > 192 else 2,
-                              varlen=varlen, deterministic=deterministic).validate()
+                              varlen=varlen, deterministic=deterministic,
+                              dq_writer=dq_writer and not split and not deterministic).validate()
+
+
+def _schedule_switches() -> tuple[bool, bool]:
+    """The unverified schedule paths `bwd_config_for` takes by default: (wide_q, dq_writer)."""
+    return unverified.enabled("sm90_bwd_wide_q"), unverified.enabled("sm90_bwd_dq_writer")
 
 
 # ---- compile-only variants ------------------------------------------------------------------------
@@ -428,6 +465,23 @@ BWD_VARIANT_CONFIGS["d128_bfloat16_causal_deterministic"] = {"head_dim": 128, "d
                                                              "deterministic": True}
 BWD_VARIANT_CONFIGS["d64_float16_local_gqa_loop_deterministic"] = {
     "head_dim": 64, "dtype": "float16", "causal": False, "local": True, "gqa_loop": True, "deterministic": True}
+# dQ staged in shared memory and added by the producer warpgroup's second warp (bulk reductions
+# of whole rows), alone and with 128 Q rows, GQA's loop, windows and packed sequences.
+BWD_VARIANT_CONFIGS["d128_bfloat16_dq_writer"] = {"head_dim": 128, "dtype": "bfloat16", "causal": False,
+                                                  "dq_writer": True}
+BWD_VARIANT_CONFIGS["d96_float16_causal_local_gqa_loop_dq_writer"] = {
+    "head_dim": 96, "dtype": "float16", "causal": True, "local": True, "gqa_loop": True, "dq_writer": True}
+BWD_VARIANT_CONFIGS["d64_bfloat16_causal_wide_q_dq_writer"] = {"head_dim": 64, "dtype": "bfloat16", "causal": True,
+                                                               "block_m": 128, "dq_writer": True}
+BWD_VARIANT_CONFIGS["d128_bfloat16_causal_varlen_dq_writer"] = {"head_dim": 128, "dtype": "bfloat16",
+                                                                "causal": True, "varlen": True, "dq_writer": True}
+# 128 Q rows a step at head dims up to 64 (`wide_q`): dQ's rows split over the warpgroups.
+BWD_VARIANT_CONFIGS["d64_bfloat16_wide_q"] = {"head_dim": 64, "dtype": "bfloat16", "causal": False, "block_m": 128}
+BWD_VARIANT_CONFIGS["d64_float16_causal_local_gqa_loop_deterministic_wide_q"] = {
+    "head_dim": 64, "dtype": "float16", "causal": True, "local": True, "gqa_loop": True, "deterministic": True,
+    "block_m": 128}
+BWD_VARIANT_CONFIGS["d32_bfloat16_causal_gqa_wide_q"] = {"head_dim": 32, "dtype": "bfloat16", "causal": True,
+                                                         "dkv_fp32": True, "block_m": 128}
 BWD_VARIANT_CONFIGS["d128_bfloat16_causal_split"] = {"head_dim": 128, "dtype": "bfloat16", "causal": True,
                                                      "head_split": True, "block_n": 64}
 
@@ -573,7 +627,8 @@ def _launch_for(problem, config, deterministic: bool = False) -> _Launch:
     entries; it then starts afresh). The key leaves out the device: its SM count only chooses
     between two schedules that compute the same gradients (`gqa_loop_fills`), so a warm call
     asks the driver nothing."""
-    key = (problem, config, deterministic)
+    switches = _schedule_switches() if config is None else (False, False)
+    key = (problem, config, deterministic, switches)
     launch = _LAUNCHES.get(key)
     if launch is not None:
         return launch
@@ -592,7 +647,8 @@ def _launch_for(problem, config, deterministic: bool = False) -> _Launch:
     else:
         loop = group > 1 and gqa_loop_fills(problem, sms)
         config = bwd_config_for(problem.head_dim, dtype_name, upper, dkv_fp32=group > 1 and not loop, local=local,
-                                softcap=softcap, gqa_loop=loop, deterministic=deterministic)
+                                softcap=softcap, gqa_loop=loop, deterministic=deterministic, wide_q=switches[0],
+                                dq_writer=switches[1])
     scale, offset, _ = launch_scalars(problem)
     offset_lo, _ = window_scalars(problem)
     b, hq, sq, sk, d = problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k, problem.head_dim
@@ -805,7 +861,8 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     if max_seqlen_q == 0 or max_seqlen_k == 0 or 0 in (q.shape[0], q.shape[1], k.shape[0], problem.batch):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     group = problem.heads_q // problem.heads_kv
-    config = memo(_VARLEN_CONFIGS, problem, _varlen_config, problem)
+    switches = _schedule_switches()
+    config = memo(_VARLEN_CONFIGS, (problem, switches), _varlen_config, problem, switches)
     # Detached: DLPack export refuses tensors that require grad (detached aliases share storage).
     q, k, v, dout, out = (rows_aligned(t).detach() for t in (q, k, v, dout, out))
     lse = lse.detach()
@@ -859,10 +916,11 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
 _VARLEN_CONFIGS = WarmCache("attention.sm90_flash_bwd.varlen_configs", _MAX_LAUNCHES)
 
 
-def _varlen_config(problem) -> FlashSm90BwdConfig:
+def _varlen_config(problem, switches: tuple[bool, bool]) -> FlashSm90BwdConfig:
     """The packed backward's config of `problem`: its mask flags and features; GQA's dK, dV as
-    fp32 per query head (no `gqa_loop` for varlen)."""
+    fp32 per query head (no `gqa_loop` for varlen); `_schedule_switches()`'s paths."""
     upper, local = mask_flags(problem)
+    wide_q, dq_writer = switches
     return bwd_config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), upper,
                           dkv_fp32=problem.heads_q > problem.heads_kv, local=local,
-                          softcap=problem.softcap is not None, varlen=True)
+                          softcap=problem.softcap is not None, varlen=True, wide_q=wide_q, dq_writer=dq_writer)

@@ -360,13 +360,28 @@ def _leaves(inputs):
     return tuple(inputs[n].detach().clone().requires_grad_() for n in ("q", "k", "v"))
 
 
-def _prepare_attention_bwd_kernel(name: str, case, inputs) -> Prepared:
+def _prepare_attention_bwd_kernel(name: str, case, inputs, deterministic: bool = False) -> Prepared:
+    import torch
+
     from cute_kernels.attention import scaled_dot_product_attention
 
     def forward(q, k, v):
         return scaled_dot_product_attention(q, k, v, is_causal=case.causal, enable_gqa=case.gqa, kernel=name)
 
-    return _bwd_prepared(forward, _leaves(inputs), inputs["dout"], _flat_grads)
+    prepared = _bwd_prepared(forward, _leaves(inputs), inputs["dout"], _flat_grads)
+    if not deterministic:
+        return prepared
+    backward = prepared.fn
+
+    def fn():  # the backward reads the switch when it runs
+        was = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+        try:
+            return backward()
+        finally:
+            torch.use_deterministic_algorithms(was)
+
+    return Prepared(fn, canonical=prepared.canonical, extra=prepared.extra)
 
 
 def _prepare_sdpa_bwd(backend_name: str, case, inputs) -> Prepared:
@@ -407,6 +422,10 @@ def _our_attention_with(launch: str, prepare) -> dict[str, Impl]:
 def attention_bwd_impls() -> dict[str, Impl]:
     """Ours (attention KERNELS with a backward) then the backward peers."""
     impls = _our_attention_with("backward", _prepare_attention_bwd_kernel)
+    if "sm90_flash" in impls:  # its deterministic dQ (ordered adds) costs time: timed beside
+        impls["sm90_flash_deterministic"] = Impl("sm90_flash_deterministic", "ours",
+                                                 partial(_prepare_attention_bwd_kernel, "sm90_flash",
+                                                         deterministic=True))
     impls["sdpa_flash"] = Impl("sdpa_flash", "peer", partial(_prepare_sdpa_bwd, "FLASH_ATTENTION"))
     impls["sdpa_cudnn"] = Impl("sdpa_cudnn", "peer", partial(_prepare_sdpa_bwd, "CUDNN_ATTENTION"))
     impls["fa4"] = Impl("fa4", "peer", _prepare_fa4_bwd, _needs_module("flash_attn.cute"))

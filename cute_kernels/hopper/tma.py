@@ -54,3 +54,15 @@ def partition_load(atom, cluster_layout_mnk, cluster_coord_mnk, operand_mode: in
     return cpasync.tma_partition(
         atom, cluster_coord_mnk[other], mc_layout, cute.group_modes(s_staged, 0, 2), cute.group_modes(g_tiled, 0, 2)
     )
+
+
+def bulk_reduce_add_f32(gmem_ptr, smem_ptr, nbytes: int) -> None:
+    """gmem[0 : nbytes) += smem[0 : nbytes) as fp32, one non-tensor bulk reduction
+    (`cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32`) issued by the calling thread:
+    contiguous bytes with no tensor map, so the L2 sees whole lines (a TMA box with 32-byte rows,
+    or per-thread `red.global`, adds one 32-byte sector at a time). Both addresses 16-byte
+    aligned, nbytes a multiple of 16; bracket with `cute.arch.cp_async_bulk_commit_group` and
+    `cp_async_bulk_wait_group` (read=True before the shared memory is rewritten)."""
+    from cutlass.experimental.primitives.nvvm_wrapper import CpReduceType, cp_reduce_async_bulk_global_shared_cta
+
+    cp_reduce_async_bulk_global_shared_cta(gmem_ptr, smem_ptr, nbytes, type=CpReduceType.F32)

@@ -39,6 +39,11 @@ PATHS: dict[str, str] = {
     "sm90_bwd_deterministic": "the Hopper attention backward with deterministic=True: dQ added in key-block "
                               "order under a counter per Q block (`FlashSm90BwdConfig.deterministic`) instead of "
                               "handing the call to sm80_flash's backward",
+    "sm90_bwd_wide_q": "the Hopper attention backward takes 128 Q rows a step at head dims up to 64 "
+                       "(`FlashSm90BwdConfig.block_m`, FlashAttention-3's tile there) instead of 64",
+    "sm90_bwd_dq_writer": "the Hopper attention backward's dQ staged in shared memory and added by a producer "
+                          "warp with one bulk reduction per row (`FlashSm90BwdConfig.dq_writer`) instead of the "
+                          "consumers' red.global per value pair",
     "norm_backward_prefetch": "the RMSNorm / LayerNorm backward loads its next row block while it computes "
                               "the current one (`fused.norms`, `NormConfig.prefetch`)",
 }

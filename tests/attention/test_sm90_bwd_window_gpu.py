@@ -73,8 +73,9 @@ def _ids(c):
 
 
 @pytest.mark.parametrize("schedule", [{}, {"dq_tma_reduce": True, "early_dv": True, "defer_dkv_wait": True,
-                                           "prep_kernel": True}, {"deterministic": True}],
-                         ids=["default", "all_options", "deterministic"])
+                                           "prep_kernel": True}, {"deterministic": True},
+                                      {"dq_writer": True, "early_dv": True, "defer_dkv_wait": True}],
+                         ids=["default", "all_options", "deterministic", "dq_writer"])
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_window_gradients_match_float64(case, schedule):
     _check_window(case, schedule)

@@ -166,6 +166,12 @@ def test_config_validation_is_clear():
     with pytest.raises(ValueError, match="shared memory"):
         FlashSm90BwdConfig(head_dim=256, head_split=True, block_n=64, stages=3).validate()
     assert FlashSm90BwdConfig(head_dim=64, dtype="float16").validate().tx_bytes_qdo == 2 * 2 * 64 * 64 + 512
+    with pytest.raises(ValueError, match="block_m must be 64 or 128"):
+        FlashSm90BwdConfig(block_m=80).validate()
+    with pytest.raises(ValueError, match="block_m 128 takes head dims up to 64"):
+        FlashSm90BwdConfig(block_m=128).validate()
+    with pytest.raises(ValueError, match="dq_writer .* takes neither"):
+        FlashSm90BwdConfig(dq_writer=True, deterministic=True).validate()
 
 
 def test_the_default_tile_per_head_dim():
@@ -197,3 +203,39 @@ def test_deterministic_variant_waits_for_its_turn_and_counts_itself(config):
     # The poll is a loop: a branch back to its label within a few instructions.
     label = next(line.strip().rstrip(":") for line in reversed(lines[:poll]) if line.strip().startswith(".L_"))
     assert any("BRA" in line and label in line for line in lines[poll:poll + 8])
+
+
+@pytest.mark.parametrize("config", ["d64_bfloat16_wide_q", "d64_float16_causal_local_gqa_loop_deterministic_wide_q",
+                                    "d32_bfloat16_causal_gqa_wide_q"])
+def test_wide_q_variant_takes_128_queries_a_step_without_spills(config):
+    """`block_m` 128 (`wide_q`): S^T and dP^T of 64 keys x 128 queries a warpgroup (m64n128,
+    D/16 steps each), dV and dK with 128/16 steps, dQ m64nD (the warpgroups split the 128 rows),
+    so (128 x D) / 256 threads' reductions, two columns each."""
+    _, kernel, count = _compiled(config)
+    d = int(config.split("_")[0][1:])
+    expected = {}
+    for n, steps in ((128, 2 * d // 16), (d, 2 * 128 // 16 + 128 // 16)):
+        expected[n] = expected.get(n, 0) + steps
+    for n, steps in expected.items():
+        assert count(f"HGMMA.64x{n}x16") == steps, f"N = {n}"
+    assert count("REDG.E.ADD.F32x2") == 8 * d // 32 and count("UTMAREDG") == 0
+    assert kernel.dynamic_smem >= 2 * 2 * (2 * 128 * d + 2 * 2 * 128 * d + 2 * 128 * 128) // 2 - 2048
+
+
+@pytest.mark.parametrize("config", ["d128_bfloat16_dq_writer", "d96_float16_causal_local_gqa_loop_dq_writer",
+                                    "d64_bfloat16_causal_wide_q_dq_writer", "d128_bfloat16_causal_varlen_dq_writer"])
+def test_dq_writer_variant_stages_dq_for_bulk_row_reductions(config):
+    """`dq_writer`: the consumers store dQ_blk with 8-byte shared stores (one per value pair) and
+    reduce nothing themselves; the writer warp issues the bulk reductions (two rows a lane per
+    warpgroup tile, unrolled over both tiles) and meets the consumers at named barriers."""
+    _, kernel, count = _compiled(config)
+    import cute_kernels.attention.sm90_flash_bwd as bwd
+
+    d = int(config.split("_")[0][1:])
+    c = bwd.FlashSm90BwdConfig(**bwd.BWD_VARIANT_CONFIGS[config])
+    cols, pitch = c.dq_stage_cols
+    assert pitch % 32 in (8, 24) and pitch % 4 == 0
+    assert count("UBLKRED.G.S.ADD.F32") == 4 and count("REDG.E.ADD.F32") == 0 and count("UTMAREDG") == 0
+    assert count("STS.64") == (c.block_m * d) // 256 // 2
+    assert count("BAR.ARV") >= 4
+    assert kernel.dynamic_smem >= c.smem_bytes - 2048

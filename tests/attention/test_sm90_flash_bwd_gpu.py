@@ -87,7 +87,7 @@ def _run(case, deterministic=False, **schedule):
     config = None
     if schedule:
         config = bwd.bwd_config_for(d, str(dtype).removeprefix("torch."), causal is not None, dkv_fp32=hq != hkv)
-        config = bwd.FlashSm90BwdConfig(**{**config.__dict__, **schedule})
+        config = bwd.FlashSm90BwdConfig(**{**config.__dict__, "deterministic": deterministic, **schedule})
     grads = bwd.backward(dout, q, k, v, out.to(dtype), lse, problem, deterministic=deterministic, config=config)
     torch.cuda.synchronize()
     return dout, grads, ref, dtype
@@ -112,7 +112,8 @@ def _check(dout, grads, ref, dtype):
 
 SCHEDULES = [dict(dq_tma_reduce=True), dict(early_dv=True), dict(defer_dkv_wait=True), dict(prep_kernel=False),
              dict(dq_tma_reduce=True, early_dv=True, defer_dkv_wait=True, prep_kernel=True),
-             dict(stages=3, early_dv=True, defer_dkv_wait=True, prep_kernel=True)]
+             dict(stages=3, early_dv=True, defer_dkv_wait=True, prep_kernel=True),
+             dict(dq_writer=True), dict(dq_writer=True, early_dv=True, defer_dkv_wait=True)]
 SCHEDULE_CASES = [(1, 4, 2, 200, 333, 128, "bottom_right", torch.bfloat16),
                   (2, 2, 2, 131, 131, 64, None, torch.float16),
                   (1, 2, 2, 300, 300, 128, "top_left", torch.float16),
@@ -159,7 +160,8 @@ GQA_CASES = [(2, 4, 2, 257, 200, 128, "bottom_right", torch.bfloat16),
 
 
 @pytest.mark.parametrize("case", GQA_CASES, ids=lambda c: f"{c[1]}/{c[2]}x{c[3]}x{c[4]}xd{c[5]}-{c[6]}")
-@pytest.mark.parametrize("schedule", [{}, dict(dq_tma_reduce=True, early_dv=True, defer_dkv_wait=True)],
+@pytest.mark.parametrize("schedule", [{}, dict(dq_tma_reduce=True, early_dv=True, defer_dkv_wait=True),
+                                      dict(dq_writer=True)],
                          ids=["plain", "tma_early_defer"])
 def test_gqa_loop_sums_the_group_in_the_kernel(case, schedule):
     """`gqa_loop`: a CTA per key/value head walks its query heads; dK, dV come out summed, in
@@ -280,7 +282,7 @@ def test_deterministic_hopper_backward_repeats_bitwise_and_matches_float32(case,
     if schedule.get("gqa_loop") and case[1] == case[2]:
         pytest.skip("gqa_loop needs GQA")
     with unverified.allowing("sm90_bwd_deterministic"):
-        runs = [_run(case, deterministic=True, **{"deterministic": True, **schedule}) for _ in range(3)]
+        runs = [_run(case, deterministic=True, **schedule) for _ in range(3)]
     dout, grads, ref, dtype = runs[0]
     for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
         assert not got.isnan().any(), name
@@ -322,3 +324,67 @@ def test_deterministic_algorithms_reach_the_hopper_kernel_through_the_public_ent
     assert seen and all(seen)
     for a, b in zip(first, second):
         assert torch.equal(a, b)
+
+
+# 128 Q rows a step at head dims up to 64 (unverified path `sm90_bwd_wide_q`, `block_m=128`):
+# odd lengths past one and two blocks, both causal alignments, rows with no key, GQA (fp32
+# buffers and the loop), one key, the deterministic order and the deferred wait.
+WIDE_Q_CASES = [(1, 2, 2, 131, 131, 64, None, torch.float16),
+                (2, 4, 2, 257, 200, 64, "bottom_right", torch.bfloat16),
+                (1, 4, 1, 130, 70, 64, "top_left", torch.float16),
+                (1, 2, 2, 64, 513, 32, "top_left", torch.bfloat16),
+                (1, 3, 3, 17, 1, 64, None, torch.bfloat16),
+                (2, 8, 2, 300, 300, 48, "bottom_right", torch.bfloat16)]
+
+
+@pytest.mark.parametrize("case", WIDE_Q_CASES, ids=lambda c: f"{c[1]}/{c[2]}x{c[3]}x{c[4]}xd{c[5]}-{c[6]}")
+@pytest.mark.parametrize("schedule", [{}, dict(gqa_loop=True, dkv_fp32=False), dict(defer_dkv_wait=True),
+                                      dict(dq_writer=True), dict(dq_writer=True, gqa_loop=True, dkv_fp32=False)],
+                         ids=["default", "gqa_loop", "defer", "dq_writer", "dq_writer_gqa_loop"])
+def test_wide_q_gradients_match_float32_autograd(case, schedule):
+    from cute_kernels.runtime import unverified
+
+    if schedule.get("gqa_loop") and case[1] == case[2]:
+        pytest.skip("gqa_loop needs GQA")
+    with unverified.allowing("sm90_bwd_wide_q", "sm90_bwd_head_dims"):
+        _check(*_run(case, block_m=128, **schedule))
+
+
+def test_wide_q_deterministic_repeats_bitwise_and_the_default_takes_it_when_on():
+    bwd = _sm90()
+    from cute_kernels.runtime import unverified
+
+    case = (2, 8, 2, 513, 513, 64, "top_left", torch.bfloat16)
+    with unverified.allowing("sm90_bwd_deterministic", "sm90_bwd_wide_q"):
+        runs = [_run(case, deterministic=True, block_m=128) for _ in range(2)]
+        problem = check_inputs(*(torch.empty(2, 8, 513, 64, device="cuda", dtype=torch.bfloat16)
+                                 for _ in range(3)), causal="top_left", scale=None, enable_gqa=False)
+        assert bwd._launch_for(problem, None).config.block_m == 128
+    with unverified.allowing("sm90_bwd_wide_q", on=False):
+        assert bwd._launch_for(problem, None).config.block_m == 64
+    dout, grads, ref, dtype = runs[0]
+    for name, got, want, again in zip(("dq", "dk", "dv"), grads, ref, runs[1][1]):
+        assert rel_err(got, want, 1e-3 * dout.float().norm()) < TOL[dtype], name
+        assert torch.equal(got, again), f"{name} differs between runs"
+
+
+def test_dq_writer_is_the_default_while_its_path_is_on():
+    """With `sm90_bwd_dq_writer` on, the default config stages dQ for the writer warp (not where
+    the order is kept or the head dim is split), and the public entry's gradients agree with
+    fp32 autograd."""
+    bwd = _sm90()
+    from cute_kernels.attention.api import attention_backward, attention_forward
+    from cute_kernels.runtime import unverified
+
+    torch.manual_seed(5)
+    q, k, v, dout = (torch.randn(2, 4, 333, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    problem = check_inputs(q, k, v, causal="bottom_right", scale=None, enable_gqa=False)
+    with unverified.allowing("sm90_bwd_dq_writer"):
+        assert bwd._launch_for(problem, None).config.dq_writer
+        assert not bwd._launch_for(problem, None, deterministic=True).config.dq_writer
+        out, lse = attention_forward(q, k, v, causal="bottom_right")
+        poison_allocator()
+        grads = attention_backward(dout, q, k, v, out, lse, causal="bottom_right")
+    with unverified.allowing("sm90_bwd_dq_writer", on=False):
+        assert not bwd._launch_for(problem, None).config.dq_writer
+    _check(dout, grads, reference(q, k, v, dout, "bottom_right")[2:], torch.bfloat16)

@@ -1,0 +1,101 @@
+"""Issue 16's schedule options, timed side by side: the sm90_flash backward with its default
+config and with the options under test (`FlashSm90BwdConfig.block_m` 128 up to D = 64, the
+`dq_writer` warp's bulk row reductions, both), against cuDNN's SDPA backward and FA4's, on the
+same tensors in one process.
+
+    python3 scripts/attn_bwd_schedules.py [--out FILE.json]
+
+Per case and implementation: the backward's median time (triton's do_bench, L2 flushed; ours
+the whole `sm90_flash_bwd.backward` call, prep and post included; the peers' through autograd
+from a retained graph), its ratio to the faster peer (peer time / ours), and each option's
+largest relative error against the default's gradients."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+
+import torch
+
+CASES = [  # B, Hq, Hkv, S, D, causal
+    (4, 32, 32, 2048, 128, False), (4, 32, 32, 2048, 128, True), (8, 16, 16, 2048, 64, False),
+    (8, 16, 16, 2048, 64, True), (2, 16, 16, 4096, 128, True), (2, 16, 16, 2048, 96, False),
+    (4, 32, 8, 4096, 128, True), (64, 12, 12, 197, 64, False),
+]
+
+
+def _peer_backwards(q, k, v, dout, causal, gqa):
+    """{name: backward fn} for cuDNN (SDPA) and FA4 where they run here."""
+    fns = {}
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            o = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=gqa)
+        fns["cudnn"] = lambda o=o, leaves=leaves: torch.autograd.grad(o, leaves, dout, retain_graph=True)
+    except Exception as e:  # noqa: BLE001  (a peer that does not run here is reported, not fatal)
+        print("cudnn:", type(e).__name__, str(e)[:120])
+    try:
+        from flash_attn.cute import flash_attn_func
+
+        leaves = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
+        r = flash_attn_func(*leaves, causal=causal)
+        o = r[0] if isinstance(r, tuple) else r
+        g = dout.transpose(1, 2).contiguous()
+        fns["fa4"] = lambda o=o, leaves=leaves, g=g: torch.autograd.grad(o, leaves, g, retain_graph=True)
+    except Exception as e:  # noqa: BLE001
+        print("fa4:", type(e).__name__, str(e)[:120])
+    return fns
+
+
+def main() -> int:
+    import triton.testing
+
+    from cute_kernels.attention import sm90_flash_bwd as bwd
+    from cute_kernels.attention.api import attention_forward, check_inputs
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    rows = []
+    for b, hq, hkv, s, d, causal in CASES:
+        torch.manual_seed(s + d)
+        q, dout = (torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        align, gqa = ("top_left" if causal else None), hq != hkv
+        out, lse = attention_forward(q, k, v, causal=align, enable_gqa=gqa)
+        problem = check_inputs(q, k, v, causal=align, scale=None, enable_gqa=gqa)
+        base = bwd._launch_for(problem, None).config
+        options = {"default": None, "dq_writer": replace(base, dq_writer=True)}
+        if d <= 64:
+            options["wide_q"] = replace(base, block_m=128)
+            options["wide_q+dq_writer"] = replace(base, block_m=128, dq_writer=True)
+        ours = {name: (lambda c=c: bwd.backward(dout, q, k, v, out, lse, problem, config=c))
+                for name, c in options.items()}
+        ref = [g.float() for g in ours["default"]()]
+        row = {"case": f"B{b} H{hq}/{hkv} S{s} D{d}{' causal' if causal else ''}", "ms": {}, "err": {}}
+        for name, fn in {**ours, **_peer_backwards(q, k, v, dout, causal, gqa)}.items():
+            try:
+                if name in ours and name != "default":
+                    got = fn()
+                    row["err"][name] = max(((a.float() - r).norm() / r.norm()).item() for a, r in zip(got, ref))
+                row["ms"][name] = round(triton.testing.do_bench(fn, warmup=25, rep=100), 4)
+            except Exception as e:  # noqa: BLE001
+                row["ms"][name] = None
+                print(row["case"], name, type(e).__name__, str(e)[:200])
+        peers = [t for n, t in row["ms"].items() if n in ("cudnn", "fa4") and t]
+        best = min(peers) if peers else None
+        row["ratio_to_best_peer"] = {n: round(best / t, 3) for n, t in row["ms"].items()
+                                     if best and t and n in ours}
+        rows.append(row)
+        print(json.dumps(row))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
