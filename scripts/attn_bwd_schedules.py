@@ -1,14 +1,15 @@
 """Issue 16's schedule options, timed side by side: the sm90_flash backward with its default
 config and with the options under test (`FlashSm90BwdConfig.block_m` 128 up to D = 64, the
-`dq_writer` warp's bulk row reductions, both), against cuDNN's SDPA backward and FA4's, on the
-same tensors in one process.
+`dq_writer` warp's bulk row reductions, both; with GQA, dK and dV summed in the kernel
+(`gqa_loop`) and in per-query-head fp32 buffers), against cuDNN's SDPA backward and FA4's, on
+the same tensors in one process.
 
     python3 scripts/attn_bwd_schedules.py [--out FILE.json]
 
 Per case and implementation: the backward's median time (triton's do_bench, L2 flushed; ours
 the whole `sm90_flash_bwd.backward` call, prep and post included; the peers' through autograd
-from a retained graph), its ratio to the faster peer (peer time / ours), and each option's
-largest relative error against the default's gradients."""
+from a retained graph), its ratio to the faster peer (peer time / ours), its peak memory above
+the inputs (ours), and each option's largest relative error against the default's gradients."""
 
 from __future__ import annotations
 
@@ -21,8 +22,18 @@ import torch
 CASES = [  # B, Hq, Hkv, S, D, causal
     (4, 32, 32, 2048, 128, False), (4, 32, 32, 2048, 128, True), (8, 16, 16, 2048, 64, False),
     (8, 16, 16, 2048, 64, True), (2, 16, 16, 4096, 128, True), (2, 16, 16, 2048, 96, False),
-    (4, 32, 8, 4096, 128, True), (64, 12, 12, 197, 64, False),
+    (4, 32, 8, 4096, 128, True), (4, 32, 8, 4096, 128, False), (2, 32, 4, 2048, 64, True),
+    (64, 12, 12, 197, 64, False),
 ]
+
+
+def _peak_mib(fn) -> float:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
 
 
 def _peer_backwards(q, k, v, dout, causal, gqa):
@@ -72,10 +83,14 @@ def main() -> int:
         if d <= 64:
             options["wide_q"] = replace(base, block_m=128)
             options["wide_q+dq_writer"] = replace(base, block_m=128, dq_writer=True)
+        if gqa:
+            options["gqa_loop" if not base.gqa_loop else "per_head"] = replace(
+                base, gqa_loop=not base.gqa_loop, dkv_fp32=base.gqa_loop)
         ours = {name: (lambda c=c: bwd.backward(dout, q, k, v, out, lse, problem, config=c))
                 for name, c in options.items()}
         ref = [g.float() for g in ours["default"]()]
-        row = {"case": f"B{b} H{hq}/{hkv} S{s} D{d}{' causal' if causal else ''}", "ms": {}, "err": {}}
+        row = {"case": f"B{b} H{hq}/{hkv} S{s} D{d}{' causal' if causal else ''}", "ms": {}, "err": {},
+               "peak_mib": {name: _peak_mib(fn) for name, fn in ours.items()}}
         for name, fn in {**ours, **_peer_backwards(q, k, v, dout, causal, gqa)}.items():
             try:
                 if name in ours and name != "default":

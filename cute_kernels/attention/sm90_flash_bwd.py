@@ -52,7 +52,7 @@ across heads), summing dK and dV in its registers: no fp32 buffers (at B4 Hq32 H
 1 GiB of them) and no host sum, deterministic too, but `group` times fewer CTAs. It compiles
 without spills (168 registers, as the default) and has GPU tests
 (`test_gqa_loop_sums_the_group_in_the_kernel`) and a timing script
-(`scripts/attn_bwd_gqa_loop.py`); the default takes it where its grid still fills the GPU
+(`scripts/attn_bwd_schedules.py`); the default takes it where its grid still fills the GPU
 (`gqa_loop_fills`, from that script's H200 figures).
 
 Pre-processing (D and lse in base 2, empty rows' lse = -inf mapped to +inf so that their P is
@@ -69,33 +69,28 @@ and take the torch tensors themselves on torch's current stream (like the forwar
 `launch_plan`); without it each tensor is wrapped with `from_torch`. Config, scalars and
 padding are derived once per problem (`_Launch`), so a warm call is the allocations (one
 buffer for D, lse2 and the dQ accumulator; one for GQA's fp32 dK, dV), two launches and the
-post-processing ops. Python cost of a warm call with no-op launches (this repo's 2-core CPU
-box, 2026-11-30): 140 us before (from_torch of 15 tensors, compile-key hashing), 15 us with
-TVM-FFI (26 us with GQA's sums), 119 us on the from_torch path.
+post-processing ops. Measurements, and the profile that led to the paired reductions and the
+prep kernel, are in docs/attention.md ("The Hopper backward").
 
-Measured (H200, B4 H32 S2048 D128 bf16). The previous version (per-element fp32 reductions,
-torch pre-processing), whole call: 2.85 ms non-causal and 1.84 ms causal, 0.51x and 0.48x
-cuDNN's SDPA backward (kernel alone 2.39 / 1.42 ms; 2026-11-30, earlier session). Its Nsight
-Compute profile (non-causal, at the profiler's 1.38 GHz): L2 throughput 73% (the busiest unit:
-the dQ reductions), tensor pipe 33%, issue slots 17%, 0.22 eligible warps per scheduler. Same
-day, later run: cuDNN 1.31 / 0.83 ms and FA4 1.18 / 0.73 ms on these cases (FA4 about 1.11x
-cuDNN over the suite); the `sm90_bwd_prep` kernel (D, lse2 and the zeroed dQ accumulator)
-0.10-0.12 ms at D = 128, in place of about 0.4 ms of torch pre-processing (whole call minus kernel minus
-the 0.05 ms dQ conversion above). This version (paired reductions, prep kernel), whole call
-with the `from_torch` host path: 1.63 ms non-causal and 1.04 ms causal (kernel alone 1.58 /
-0.94 ms); with the TVM-FFI host path, through autograd in the `attention_bwd` suite: 1.67 /
-1.08 ms, 0.81x / 0.78x cuDNN and 0.74x / 0.68x FA4 in the same run.
+dQ is accumulated with fp32 reductions, so its rounding may vary run to run unless
+`deterministic`. Head dims 64, 96 and 128 run here by default; D = 96 (Phi-3's) stores Q, dO, K
+and V with the 32-byte swizzle (`sm90_bwd_mainloop.split_atom`: dQ's head-dim split then falls
+on whole atoms).
 
-What this version does not do yet (FA3 does): a dedicated producer warp for the dQ reduce-add
-(1-D bulk reduce of a fragment-ordered dQ tile, so the consumers never wait on global memory)
-and Q blocks of 80 rows at D = 128 (128 at D = 64); both consumers meet at a named barrier
-every step (dS^T in shared memory). dQ is accumulated with fp32 atomics /
-reductions, so its rounding may vary run to run (`deterministic=True` falls back to the sm80
-backward, whose dQ pass is deterministic). Head dims 64, 96 and 128 run here; D = 96 (Phi-3's)
-stores Q, dO, K and V with the 32-byte swizzle (`sm90_bwd_mainloop.split_atom`: dQ's head-dim
-split then falls on whole atoms; added 2026-12-05: its GPU tests pass on an H200, and at B2 H16
-S2048 it runs 0.37 / 0.28 ms (causal) against sm80_flash's 1.49 / 1.15, 0.91x / 0.86x cuDNN and
-1.09x / 1.31x FA4 in the same run).
+FlashAttention-3's dQ warp and its 128-row Q blocks at D <= 64 (2026-12-05, built without a
+GPU: unverified paths `sm90_bwd_dq_writer` and `sm90_bwd_wide_q`). `dq_writer`: each consumer
+warpgroup stores scale * dQ_blk to a shared tile (8-byte stores, a row pitch of 8 or 24 words
+modulo 32 so a half-warp's stores take distinct banks) and arrives at a named barrier; the
+producer warpgroup's second warp waits there and adds each existing row to the row-major
+accumulator with one `cp.reduce.async.bulk ... add.f32` (whole 128-byte lines at the L2, where
+the pairs of `red.global.add.v2.f32` and the TMA reduce's 32-byte box rows each add one 32-byte
+sector), then hands the tile back once the reductions have read it: the consumers never wait
+on global memory, and the accumulator's layout and post-processing stay as they are (FA3 stores
+its accumulator in fragment order and reduces it flat instead). `block_m=128`: S^T and dP^T of
+64 keys x 128 queries per warpgroup, dQ's rows split over the warpgroups (m64nD each): half the
+steps and barriers per key block. Not built: Q blocks of 80 rows at D = 128 (FA3's non-causal
+tile, which needs dQ^T = K^T dS^T on wgmma's 64-row M). Both consumers still meet at a named
+barrier every step (dS^T in shared memory), as FA3's do.
 
 Other head dims (2026-12-05, built without a GPU: unverified path `sm90_bwd_head_dims`; until
 then `supports_backward` refuses them and "auto" hands the backward to sm80_flash, 0.26-0.35x
