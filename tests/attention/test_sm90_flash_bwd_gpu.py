@@ -162,7 +162,7 @@ GQA_CASES = [(2, 4, 2, 257, 200, 128, "bottom_right", torch.bfloat16),
 @pytest.mark.parametrize("case", GQA_CASES, ids=lambda c: f"{c[1]}/{c[2]}x{c[3]}x{c[4]}xd{c[5]}-{c[6]}")
 @pytest.mark.parametrize("schedule", [{}, dict(dq_tma_reduce=True, early_dv=True, defer_dkv_wait=True),
                                       dict(dq_writer=True)],
-                         ids=["plain", "tma_early_defer"])
+                         ids=["plain", "tma_early_defer", "dq_writer"])
 def test_gqa_loop_sums_the_group_in_the_kernel(case, schedule):
     """`gqa_loop`: a CTA per key/value head walks its query heads; dK, dV come out summed, in
     the inputs' dtype, as the per-query-head path's fp32 sums do."""
