@@ -178,10 +178,11 @@ def plot_path(json_path: str | Path) -> Path:
 
 
 def _rounded(value):
-    """Floats to 5 significant digits, inside dicts and lists too: a measurement's spread is
-    ~1%, and the 17 digits of a double are two fifths of a result file (compressed)."""
+    """Measured floats to 5 significant digits, inside dicts and lists too: a measurement's
+    spread is ~1%, and the 17 digits of a double are two fifths of a result file (compressed).
+    Whole numbers (counted FLOPs and bytes) stay exact."""
     if isinstance(value, float):
-        return float(f"{value:.5g}")
+        return value if value.is_integer() else float(f"{value:.5g}")
     if isinstance(value, dict):
         return {k: _rounded(v) for k, v in value.items()}
     if isinstance(value, list):
