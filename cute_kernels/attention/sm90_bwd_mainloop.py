@@ -379,8 +379,8 @@ class FlashAttentionSm90Bwd:
                     self.write_dq(storage.sdQ.data_ptr(), mdQacc, m_block_min, m_count, q_heads, dq_rows, seqlen_q)
         else:
             self.roles.become_consumer()
-            self.consume((tma_dq, mdQ3, sdQ, sdQ_full, storage.sdQ.data_ptr()), mma_sdp0, mma_sdp, mma_dkv, mma_dq0, mma_dq, sK, sV, sQ, sdO,
-                         (sdS, sP), pipe_kv, pipe_qdo,
+            self.consume((tma_dq, mdQ3, sdQ, sdQ_full, storage.sdQ.data_ptr()), mma_sdp0, mma_sdp, mma_dkv, mma_dq0,
+                         mma_dq, sK, sV, sQ, sdO, (sdS, sP), pipe_kv, pipe_qdo,
                          sLSE, sDrow, mdQacc, gdK, gdV, scale,
                          (scale_log2, score_scale), (causal_offset, offset_lo), n_block, seqlen_q, seqlen_k,
                          m_block_min, m_count, (head_row, q_heads, dq_rows), tidx - THREADS_PER_WARPGROUP,
