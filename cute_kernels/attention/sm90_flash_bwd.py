@@ -127,7 +127,7 @@ from dataclasses import dataclass, replace
 import cutlass
 
 from cute_kernels.hopper.warp_roles import THREADS_PER_WARPGROUP
-from cute_kernels.runtime import compile_kernel, tvm_ffi_available, unverified
+from cute_kernels.runtime import compile_kernel, tvm_ffi_available
 from cute_kernels.runtime.arch import sm_count
 from cute_kernels.runtime.plan_cache import WarmCache, memo
 
@@ -145,8 +145,6 @@ HEAD_DIMS = tuple(range(16, 257, 16))
 # Head dims whose dK and dV accumulators of 64 keys fit one warpgroup's registers; the wider ones
 # need `head_split` (the two consumer warpgroups share 64 keys and split the head dim).
 _WHOLE_HEAD_DIMS = tuple(range(16, 129, 16))
-# Those whose GPU tests have passed; the others are the unverified path 'sm90_bwd_head_dims'.
-_VERIFIED_HEAD_DIMS = (64, 96, 128)
 _REGS = 65536
 _SMEM_LIMIT = 227 * 1024
 
@@ -330,7 +328,7 @@ def block_n_for(head_dim: int) -> int:
 
 def bwd_config_for(head_dim: int, dtype: str, causal: bool, *, dkv_fp32: bool = False,
                    local: bool = False, softcap: bool = False, gqa_loop: bool = False,
-                   varlen: bool = False, deterministic: bool = False, wide_q: bool = False,
+                   varlen: bool = False, deterministic: bool = False, wide_q: bool = True,
                    dq_writer: bool = False) -> FlashSm90BwdConfig:
     """The tile for a head dim: 64 Q rows per step (with `wide_q`, 128 up to D = 64, as
     FlashAttention-3 takes them there: half the steps, each twice the work between the
@@ -346,11 +344,6 @@ def bwd_config_for(head_dim: int, dtype: str, causal: bool, *, dkv_fp32: bool = 
                               dq_writer=dq_writer and not split and not deterministic).validate()
 
 
-def _schedule_switches() -> tuple[bool, bool]:
-    """The unverified schedule paths `bwd_config_for` takes by default: (wide_q, dq_writer)."""
-    return unverified.enabled("sm90_bwd_wide_q"), unverified.enabled("sm90_bwd_dq_writer")
-
-
 # ---- compile-only variants ------------------------------------------------------------------------
 
 
@@ -360,7 +353,9 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = F
     `varlen`, packed (1, H, T, D) views and int32 cu_seqlens)."""
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
-    config = replace(bwd_config_for(head_dim, dtype, causal, dkv_fp32=dkv_fp32, local=local), **tile).validate()
+    # 64 Q rows unless the variant asks for 128 (its options are written against that tile)
+    config = replace(bwd_config_for(head_dim, dtype, causal, dkv_fp32=dkv_fp32, local=local, wide_q=False),
+                     **tile).validate()
     return CompileJob(_entry(config), _fake_args(config, fake_tensor, fake_stream),
                       ("attention.sm90_flash_bwd", config))
 
@@ -506,9 +501,6 @@ def supports_backward(problem) -> str | None:
     d = problem.head_dim
     if d not in HEAD_DIMS:
         return f"the sm90_flash backward takes head dims that are multiples of 16 up to 256, not {d}"
-    if d not in _VERIFIED_HEAD_DIMS and not unverified.enabled("sm90_bwd_head_dims"):
-        return (f"the sm90_flash backward at head dim {d} has not run on a GPU yet (runtime.unverified path "
-                "'sm90_bwd_head_dims')")
     if problem.head_dim_v != d:
         return f"the sm90_flash backward needs the value head dim ({problem.head_dim_v}) equal to D ({d})"
     if not (math.isfinite(problem.scale) and problem.scale > 0):
@@ -585,10 +577,9 @@ class _Launch:
 
 def _check_supported(problem) -> None:
     """`supports_backward`, raising ValueError with its reason; a pass is remembered per (dtype,
-    head dim, value head dim, scale, features, whether unverified head dims are on) (bounded, as
+    head dim, value head dim, scale, features) (bounded, as
     `_LAUNCHES`)."""
-    key = (problem.dtype, problem.head_dim, problem.head_dim_v, problem.scale, problem.softcap, problem.seqused_k,
-           problem.head_dim in _VERIFIED_HEAD_DIMS or unverified.enabled("sm90_bwd_head_dims"))
+    key = (problem.dtype, problem.head_dim, problem.head_dim_v, problem.scale, problem.softcap, problem.seqused_k)
     if key in _SUPPORTED:
         return
     why = supports_backward(problem)
@@ -622,8 +613,7 @@ def _launch_for(problem, config, deterministic: bool = False) -> _Launch:
     entries; it then starts afresh). The key leaves out the device: its SM count only chooses
     between two schedules that compute the same gradients (`gqa_loop_fills`), so a warm call
     asks the driver nothing."""
-    switches = _schedule_switches() if config is None else (False, False)
-    key = (problem, config, deterministic, switches)
+    key = (problem, config, deterministic)
     launch = _LAUNCHES.get(key)
     if launch is not None:
         return launch
@@ -642,8 +632,7 @@ def _launch_for(problem, config, deterministic: bool = False) -> _Launch:
     else:
         loop = group > 1 and gqa_loop_fills(problem, sms)
         config = bwd_config_for(problem.head_dim, dtype_name, upper, dkv_fp32=group > 1 and not loop, local=local,
-                                softcap=softcap, gqa_loop=loop, deterministic=deterministic, wide_q=switches[0],
-                                dq_writer=switches[1])
+                                softcap=softcap, gqa_loop=loop, deterministic=deterministic)
     scale, offset, _ = launch_scalars(problem)
     offset_lo, _ = window_scalars(problem)
     b, hq, sq, sk, d = problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k, problem.head_dim
@@ -681,8 +670,7 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
 
     dQ is summed with fp32 atomics, so its rounding may differ from run to run; with
     `deterministic=True` each Q block's additions happen in key-block order
-    (`FlashSm90BwdConfig.deterministic`, unverified path 'sm90_bwd_deterministic'; while it is
-    off the call goes to the sm80 backward: a separate dQ pass, no atomics).
+    (`FlashSm90BwdConfig.deterministic`).
     `config`: a `FlashSm90BwdConfig` to use instead of `bwd_config_for` (benchmarks, bisection);
     its head dim, dtype, mask flags (causal, local) and dkv_fp32 must match the problem.
     Sliding windows (`problem.window_left` / `window_right`) are taken as the forward takes them.
@@ -695,15 +683,6 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
     import torch
 
     _check_supported(problem)
-    if deterministic and not unverified.enabled("sm90_bwd_deterministic"):
-        from .sm80_flash_bwd import backward as sm80_backward
-        from .sm80_flash_bwd import supports_backward as sm80_supports
-
-        why = sm80_supports(problem)
-        if why is not None:
-            raise ValueError(f"deterministic backward unavailable: {why}")
-        return sm80_backward(dout, q, k, v, out, lse, problem)
-
     launch = _launch_for(problem, config, deterministic)
     config = launch.config
     tvm = tvm_ffi_available()
@@ -856,8 +835,7 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     if max_seqlen_q == 0 or max_seqlen_k == 0 or 0 in (q.shape[0], q.shape[1], k.shape[0], problem.batch):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     group = problem.heads_q // problem.heads_kv
-    switches = _schedule_switches()
-    config = memo(_VARLEN_CONFIGS, (problem, switches), _varlen_config, problem, switches)
+    config = memo(_VARLEN_CONFIGS, problem, _varlen_config, problem)
     # Detached: DLPack export refuses tensors that require grad (detached aliases share storage).
     q, k, v, dout, out = (rows_aligned(t).detach() for t in (q, k, v, dout, out))
     lse = lse.detach()
@@ -911,11 +889,10 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
 _VARLEN_CONFIGS = WarmCache("attention.sm90_flash_bwd.varlen_configs", _MAX_LAUNCHES)
 
 
-def _varlen_config(problem, switches: tuple[bool, bool]) -> FlashSm90BwdConfig:
+def _varlen_config(problem) -> FlashSm90BwdConfig:
     """The packed backward's config of `problem`: its mask flags and features; GQA's dK, dV as
-    fp32 per query head (no `gqa_loop` for varlen); `_schedule_switches()`'s paths."""
+    fp32 per query head (no `gqa_loop` for varlen)."""
     upper, local = mask_flags(problem)
-    wide_q, dq_writer = switches
     return bwd_config_for(problem.head_dim, str(problem.dtype).removeprefix("torch."), upper,
                           dkv_fp32=problem.heads_q > problem.heads_kv, local=local,
-                          softcap=problem.softcap is not None, varlen=True, wide_q=wide_q, dq_writer=dq_writer)
+                          softcap=problem.softcap is not None, varlen=True)

@@ -25,25 +25,16 @@ __all__ = ["PATHS", "ENABLED", "enabled", "allowing"]
 # attention backward at head dim 96 (2026-12-05), the op bodies' plan replay,
 # generate's decode steps from a CUDA graph, the lean Autograd kernel, the compiled backward's
 # one op a layer and the norms' dense forward (2026-12-05), the GEMV's four-warp CTAs on the
-# LM heads (2026-12-05, H100).
+# LM heads (2026-12-05, H100), the Hopper attention backward at every head dim, its
+# deterministic dQ and its 128-row Q blocks up to D = 64 (2026-12-06, H100); its dQ writer warp
+# passed too but measured slower, so it stays an option (`FlashSm90BwdConfig.dq_writer`).
 PATHS: dict[str, str] = {
     "compile_ahead": "kernels predicted to be needed next (a call's backward; a patched model's layers) compiled "
                      "in background worker processes while the program runs (`runtime.compile_ahead`)",
     "linear_ce_wide_chunk": "fused linear + cross-entropy takes tokens in chunks of up to 256 MiB of logits "
                             "(`fused.linear_ce.default_chunk`) instead of Liger's x-sized chunks",
-    "sm90_bwd_head_dims": "the Hopper attention backward at head dims other than 64, 96 and 128 (any multiple of "
-                          "16 up to 256; above 128 its two consumer warpgroups share 64 keys and split the head "
-                          "dim, `FlashSm90BwdConfig.head_split`) instead of handing the backward to sm80_flash",
     "sm90_bwd_varlen": "the Hopper attention backward of packed sequences (`attention.sm90_flash_bwd."
                        "varlen_backward`: ragged tensor maps, rows past a sequence masked) instead of sm80_flash's",
-    "sm90_bwd_deterministic": "the Hopper attention backward with deterministic=True: dQ added in key-block "
-                              "order under a counter per Q block (`FlashSm90BwdConfig.deterministic`) instead of "
-                              "handing the call to sm80_flash's backward",
-    "sm90_bwd_wide_q": "the Hopper attention backward takes 128 Q rows a step at head dims up to 64 "
-                       "(`FlashSm90BwdConfig.block_m`, FlashAttention-3's tile there) instead of 64",
-    "sm90_bwd_dq_writer": "the Hopper attention backward's dQ staged in shared memory and added by a producer "
-                          "warp with one bulk reduction per row (`FlashSm90BwdConfig.dq_writer`) instead of the "
-                          "consumers' red.global per value pair",
     "norm_backward_prefetch": "the RMSNorm / LayerNorm backward loads its next row block while it computes "
                               "the current one (`fused.norms`, `NormConfig.prefetch`)",
 }

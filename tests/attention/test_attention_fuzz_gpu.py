@@ -63,10 +63,10 @@ def _draw_length(rng: random.Random) -> int:
     return int(round(math.exp(rng.uniform(math.log(16), math.log(700)))))
 
 
-# The Hopper backward paths built without a GPU (`runtime.unverified`): other head dims (the
-# head-split layout above 128, 16-byte rows at 80 and 112) and the deterministic dQ, each
-# class's backward on (name: as CLASSES, then whether the backward is deterministic).
-UNVERIFIED_CLASSES = {
+# The Hopper backward's wider shapes (first run on a GPU 2026-12-06): other head dims (the
+# head-split layout above 128, 16-byte rows at 80 and 112, 128-row Q blocks up to 64) and the
+# deterministic dQ (name: as CLASSES, then whether the backward is deterministic).
+HOPPER_BWD_CLASSES = {
     "bf16_d256_causal_softcap_gqa": (torch.bfloat16, 256, "upper", True, False, True, "auto", True, False),
     "fp16_d192_window_sinks": (torch.float16, 192, "upper+local", False, True, False, "auto", True, False),
     "bf16_d80_plain_gqa": (torch.bfloat16, 80, "none", False, False, True, "auto", True, False),
@@ -251,21 +251,21 @@ def test_attention_fuzz(tmp_path):
                               + "; ".join(f"{f['problem']}: {f['why']}" for f in total.failures))
 
 
-def test_attention_fuzz_of_the_unverified_backward_paths():
-    """The fuzz over `UNVERIFIED_CLASSES` with those paths on (CUTE_KERNELS_FUZZ_CASES_UNVERIFIED,
-    default 300 problems): every class's backward reaches sm90_flash and none is wrong against
-    float64 (the deterministic classes' bitwise repetition is `test_sm90_flash_bwd_gpu`'s)."""
+def test_attention_fuzz_of_the_hopper_backward_classes():
+    """The fuzz over `HOPPER_BWD_CLASSES` (head dims 32 to 256, deterministic dQ, 128-row Q
+    blocks; CUTE_KERNELS_FUZZ_CASES_UNVERIFIED, default 300 problems): every class's backward
+    reaches sm90_flash and none is wrong against float64 (the deterministic classes' bitwise
+    repetition is `test_sm90_flash_bwd_gpu`'s)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("needs a Hopper (sm_90) GPU")
     from cute_kernels.attention import sm90_flash_bwd
-    from cute_kernels.runtime import unverified
 
     n = int(os.environ.get("CUTE_KERNELS_FUZZ_CASES_UNVERIFIED", "300"))
     seed = int(os.environ.get("CUTE_KERNELS_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
-    print(f"attention fuzz (unverified paths): seed {seed}")
+    print(f"attention fuzz (Hopper backward classes): seed {seed}")
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    names, wrong, ran = list(UNVERIFIED_CLASSES), [], []
+    names, wrong, ran = list(HOPPER_BWD_CLASSES), [], []
     real = sm90_flash_bwd._launch_for
 
     def spy(problem, config, deterministic=False):
@@ -274,15 +274,13 @@ def test_attention_fuzz_of_the_unverified_backward_paths():
 
     sm90_flash_bwd._launch_for = spy
     try:
-        with unverified.allowing("sm90_bwd_head_dims", "sm90_bwd_deterministic", "sm90_bwd_wide_q",
-                                 "sm90_bwd_dq_writer"):
-            for i in range(n):
-                p = draw_problem(rng, names[i % len(names)], UNVERIFIED_CLASSES)
-                failed, _ = check(p)
-                if failed:
-                    wrong.append(f"{describe(p)}: {', '.join(failed)}")
+        for i in range(n):
+            p = draw_problem(rng, names[i % len(names)], HOPPER_BWD_CLASSES)
+            failed, _ = check(p)
+            if failed:
+                wrong.append(f"{describe(p)}: {', '.join(failed)}")
     finally:
         sm90_flash_bwd._launch_for = real
-    print(f"attention fuzz (unverified paths): {n} problems, {len(wrong)} wrong")
+    print(f"attention fuzz (Hopper backward classes): {n} problems, {len(wrong)} wrong")
     assert set(ran) >= {32, 64, 80, 128, 160, 192, 256}, sorted(set(ran))  # each class reached sm90_flash
     assert not wrong, f"{len(wrong)} of {n} wrong (seed {seed}); first: " + "; ".join(wrong[:3])

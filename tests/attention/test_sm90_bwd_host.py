@@ -167,12 +167,13 @@ def test_both_paths_pass_identical_arguments(host, name):
     # ... and, after the stream, the soft cap (None without one; sinks need nothing here).
     assert scalars[1:] == [expect_offset, expect_lo, p.heads_q // p.heads_kv, p.softcap]
     assert scalars[0] == pytest.approx(p.scale)
-    sq_pad = -(-p.seqlen_q // 64) * 64
+    bm = bwd._launch_for(p, config).config.block_m  # 128 Q rows a block up to D = 64, else 64
+    sq_pad = -(-p.seqlen_q // bm) * bm
     flat = [x[1] for x in dict(tvm)["bwd"] if x[0] == "tensor" and len(x[1]) == 1]
     n = p.batch * p.heads_q * sq_pad
     # D and lse2 padded to whole Q blocks, the dQ accumulator unpadded (Sq rows per head)
     # (and a deterministic launch's counters: one per Q block of each (batch, query head))
-    assert flat == [(n,), (n,), (p.batch * p.heads_q * p.seqlen_q * p.head_dim,)] + [(n // 64,)] * len(counters)
+    assert flat == [(n,), (n,), (p.batch * p.heads_q * p.seqlen_q * p.head_dim,)] + [(n // bm,)] * len(counters)
     for a, b in zip(dsl_grads, tvm_grads):
         assert torch.equal(a, b)
 
@@ -413,18 +414,14 @@ def test_tvm_ffi_and_from_torch_paths_agree_on_gpu(monkeypatch, name):
 
 
 @pytest.mark.parametrize("d", [192, 256])
-def test_wide_head_dims_launch_the_head_split_kernel_once_the_path_is_on(host, d):
-    """D = 192 and 256 (unverified path `sm90_bwd_head_dims`): refused while the path is off;
-    on, the default config is the head-split one (64 keys a CTA) with the same outputs' shapes
-    and dtypes, and GQA keeps its per-query-head fp32 buffers where the grid would not fill."""
+def test_wide_head_dims_launch_the_head_split_kernel(host, d):
+    """D = 192 and 256: the default config is the head-split one (64 keys a CTA) with the same
+    outputs' shapes and dtypes, and GQA keeps its per-query-head fp32 buffers where the grid
+    would not fill."""
     host.use_tvm_ffi(True)
     p = _problem(hq=4, hkv=2, d=d)
-    with runtime.unverified.allowing("sm90_bwd_head_dims", on=False):
-        with pytest.raises(ValueError, match="sm90_bwd_head_dims"):
-            _launch(host, p)
     assert host.launches == []
-    with runtime.unverified.allowing("sm90_bwd_head_dims"):
-        (dq, dk, dv), (dout, q, k, v, *_) = _launch(host, p)
+    (dq, dk, dv), (dout, q, k, v, *_) = _launch(host, p)
     (config,) = [c for kind, _, c in (x for x in host.compiles if x[0] == "bwd")]
     assert config.head_split and config.block_n == 64 and config.ds_buffers == (1 if d == 256 else 2)
     assert config.dkv_fp32 and not config.gqa_loop  # no SMs without CUDA: the grid does not fill
@@ -460,7 +457,8 @@ def test_varlen_backward_hands_the_kernel_packed_views_and_converts_its_buffers(
     packed = lambda t: t.permute(1, 0, 2).unsqueeze(0)  # noqa: E731
     assert torch.equal(prep_args[0], packed(dout)) and torch.equal(prep_args[1], packed(out))
     assert torch.equal(prep_args[2].view(hq, tq), lse)
-    assert [getattr(a, "value", a) for a in prep_args[6:8]] == [tq, 64]  # Tq rows, padded to a Q block
+    # Tq rows, padded to a Q block (128 rows at D = 64)
+    assert [getattr(a, "value", a) for a in prep_args[6:8]] == [tq, bwd._varlen_config(p).block_m]
     # The backward's compile: the TVM-FFI build (the fixture's "bwd" record) or the from_torch one.
     ((*_, config),) = [c for c in host.compiles if c[0] in ("bwd", "attention.sm90_flash_bwd")]
     assert config.varlen and config.dkv_fp32 and config.causal and config.local and not config.head_split
@@ -469,7 +467,8 @@ def test_varlen_backward_hands_the_kernel_packed_views_and_converts_its_buffers(
         assert tensors[i].shape == (1, t.shape[1], t.shape[0], d) and tensors[i].data_ptr() == t.data_ptr()
     # The prep's buffers: (D, lse2, dQ accumulator) there, (lse2, D, dQ accumulator) here.
     assert [t.data_ptr() for t in tensors[4:7]] == [prep_args[i].data_ptr() for i in (4, 3, 5)]
-    assert tensors[4].numel() == tensors[5].numel() == hq * 64 and tensors[6].numel() == hq * tq * d
+    pad = bwd._varlen_config(p).block_m  # Tq = 9 rows padded to one Q block
+    assert tensors[4].numel() == tensors[5].numel() == hq * pad and tensors[6].numel() == hq * tq * d
     assert tensors[7].shape == (1, hq, tk, d) and tensors[7].dtype == torch.float32  # GQA: fp32 per query head
     scalars = [getattr(a, "value", a) for a in args[9:13]]
     assert scalars[0] == pytest.approx(0.3) and scalars[1:] == [0, -4, 3]  # window_right 0, -window_left, group
@@ -511,7 +510,7 @@ def test_varlen_backward_compiles_from_the_arguments_the_host_passes(monkeypatch
     """The packed backward's own arguments (from_torch views of CPU tensors, the trailing
     cu_seqlens and scalars; or the TVM-FFI build's fake ones) trace and compile for sm_90a; the
     launch is left out."""
-    from cute_kernels.runtime import fake_stream, unverified
+    from cute_kernels.runtime import fake_stream
 
     if tvm:
         pytest.importorskip("tvm_ffi")
@@ -533,8 +532,7 @@ def test_varlen_backward_compiles_from_the_arguments_the_host_passes(monkeypatch
     q, dout, out = (torch.randn(12, hq, d).to(torch.bfloat16) for _ in range(3))
     k, v = (torch.randn(13, hkv, d).to(torch.bfloat16) for _ in range(2))
     cu_q, cu_k = torch.tensor([0, 3, 12], dtype=torch.int32), torch.tensor([0, 4, 13], dtype=torch.int32)
-    with unverified.allowing("sm90_bwd_head_dims"):
-        bwd.varlen_backward(dout, q, k, v, out, torch.randn(hq, 12), cu_q, cu_k, 9, 9, p)
+    bwd.varlen_backward(dout, q, k, v, out, torch.randn(hq, 12), cu_q, cu_k, 9, 9, p)
     ((_, kind, config),) = keys  # the TVM-FFI build's key, or the from_torch path's
     assert kind == ("tvm_ffi" if tvm else "varlen") and config.varlen and config.head_split == (d == 256)
 
@@ -568,22 +566,20 @@ def test_varlen_tvm_ffi_build_takes_what_the_host_passes(monkeypatch):
     assert _signature(fn, args) == _passed(args)
 
 
-def test_deterministic_backward_orders_dq_on_hopper_once_the_path_is_on(host):
-    """deterministic=True with `sm90_bwd_deterministic` on: the Hopper kernel's deterministic
+def test_deterministic_backward_orders_dq_on_hopper(host):
+    """deterministic=True: the Hopper kernel's deterministic
     entry, with zeroed int32 counters, one per (batch, query head, Q block), after the other
     arguments; without deterministic, the plain entry and no counters."""
-    from cute_kernels.runtime import unverified
 
     host.use_tvm_ffi(True)
     p = _problem(b=2, hq=4, hkv=4, sq=100, sk=130)
     dout, q, k, v, o, lse = _inputs(p)
-    with unverified.allowing("sm90_bwd_deterministic"):
-        bwd.backward(dout, q, k, v, o, lse, p, deterministic=True)
+    bwd.backward(dout, q, k, v, o, lse, p, deterministic=True)
     ((*_, config),) = [c for c in host.compiles if c[0] == "bwd"]
     assert config.deterministic and not config.dq_tma_reduce
     ((name, args),) = [x for x in host.launches if x[0] == "bwd"]
     turns = args[-1]
-    assert turns.dtype == torch.int32 and turns.numel() == 2 * 4 * 2 and not turns.any()  # 100 rows: 2 blocks
+    assert turns.dtype == torch.int32 and turns.numel() == 2 * 4 * 1 and not turns.any()  # 100 rows: one 128-row block
     host.launches.clear()
     bwd.backward(dout, q, k, v, o, lse, p)  # not deterministic: the plain entry, no counters
     ((name, args),) = [x for x in host.launches if x[0] == "bwd"]

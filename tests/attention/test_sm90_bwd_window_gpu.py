@@ -81,7 +81,7 @@ def test_window_gradients_match_float64(case, schedule):
     _check_window(case, schedule)
 
 
-# Head dims 192 and 256 (unverified path `sm90_bwd_head_dims`: the consumer warpgroups split the
+# Head dims 192 and 256 (the consumer warpgroups split the
 # head dim), with both bounds, GQA and rows that see no key.
 SPLIT_CASES = [
     (1, 2, 2, 300, 300, 256, None, (64, 32), torch.bfloat16),
@@ -93,10 +93,8 @@ SPLIT_CASES = [
 @pytest.mark.parametrize("schedule", [{}, {"defer_dkv_wait": True}], ids=["default", "defer"])
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=_ids)
 def test_head_split_window_gradients_match_float64(case, schedule):
-    from cute_kernels.runtime import unverified
 
-    with unverified.allowing("sm90_bwd_head_dims"):
-        _check_window(case, schedule)
+    _check_window(case, schedule)
 
 
 def _check_window(case, schedule):
@@ -114,7 +112,7 @@ def _check_window(case, schedule):
     config = None
     if schedule:
         upper, local = mask_flags(problem)
-        base = bwd.bwd_config_for(d, str(dtype)[6:], upper, dkv_fp32=hq != hkv, local=local)
+        base = bwd.bwd_config_for(d, str(dtype)[6:], upper, dkv_fp32=hq != hkv, local=local, wide_q=False)
         config = bwd.FlashSm90BwdConfig(**{**base.__dict__, **schedule})
     poison_allocator()
     grads = bwd.backward(dout, q, k, v, out.to(dtype), lse.float(), problem, config=config)

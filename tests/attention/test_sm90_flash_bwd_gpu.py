@@ -86,7 +86,8 @@ def _run(case, deterministic=False, **schedule):
     poison_allocator()
     config = None
     if schedule:
-        config = bwd.bwd_config_for(d, str(dtype).removeprefix("torch."), causal is not None, dkv_fp32=hq != hkv)
+        config = bwd.bwd_config_for(d, str(dtype).removeprefix("torch."), causal is not None, dkv_fp32=hq != hkv,
+                                    wide_q=False)
         config = bwd.FlashSm90BwdConfig(**{**config.__dict__, "deterministic": deterministic, **schedule})
     grads = bwd.backward(dout, q, k, v, out.to(dtype), lse, problem, deterministic=deterministic, config=config)
     torch.cuda.synchronize()
@@ -130,7 +131,7 @@ def test_every_schedule_option_is_correct(schedule, case):
         assert rel_err(got, want) < TOL[dtype], name
 
 
-def test_deterministic_falls_back_to_a_correct_path():
+def test_deterministic_default_config_is_correct():
     dout, grads, ref, dtype = _run((1, 2, 2, 100, 140, 64, "top_left", torch.float16), deterministic=True)
     for got, want in zip(grads, ref):
         assert rel_err(got, want) < TOL[dtype]
@@ -196,7 +197,7 @@ def test_default_backward_sums_the_group_in_the_kernel_where_the_grid_fills_the_
         assert rel_err(got, want) < TOL[dtype], name
 
 
-# Other head dims (unverified path `sm90_bwd_head_dims`). Above 128 both consumer warpgroups
+# Other head dims. Above 128 both consumer warpgroups
 # take the same 64 keys and split the head dim; P^T and dS^T go through shared memory (one
 # buffer each at 256). Up to 128 the default layout, with 16-byte rows at 80 and 112. Odd
 # lengths, both causal alignments, GQA, one key, rows that see no key.
@@ -220,53 +221,45 @@ SPLIT_SCHEDULES = [{}, dict(defer_dkv_wait=True), dict(ds_buffers=1), dict(stage
 @pytest.mark.parametrize("schedule", SPLIT_SCHEDULES, ids=lambda s: "+".join(f"{k}{v}" for k, v in s.items())
                          or "default")
 def test_head_split_gradients_match_float32_autograd(case, schedule):
-    from cute_kernels.runtime import unverified
 
     d = case[5]
     if d < 128 and schedule.get("ds_buffers") == 1:
         pytest.skip("one dS^T buffer is a head_split option")
     schedule = {"head_split": True, "block_n": 64, **schedule} if d == 128 else schedule
-    with unverified.allowing("sm90_bwd_head_dims"):
-        _check(*_run(case, **schedule))
+    _check(*_run(case, **schedule))
 
 
 @pytest.mark.parametrize("case", [(2, 4, 2, 257, 200, 192, "bottom_right", torch.bfloat16),
                                   (1, 8, 2, 300, 513, 256, None, torch.float16)],
                          ids=lambda c: f"{c[1]}/{c[2]}xd{c[5]}-{c[6]}")
 def test_head_split_gqa_loop_matches_the_per_query_head_path(case):
-    from cute_kernels.runtime import unverified
 
-    with unverified.allowing("sm90_bwd_head_dims"):
-        dout, grads, ref, dtype = _run(case, gqa_loop=True, dkv_fp32=False)
-        _, per_head, _, _ = _run(case)
+    dout, grads, ref, dtype = _run(case, gqa_loop=True, dkv_fp32=False)
+    _, per_head, _, _ = _run(case)
     for name, got, want, other in zip(("dq", "dk", "dv"), grads, ref, per_head):
         assert not got.isnan().any(), f"{name} has unwritten (NaN) elements"
         assert rel_err(got, want) < TOL[dtype], name
         assert rel_err(got, other.float()) < TOL[dtype] / 3, f"{name} differs from the per-query-head path"
 
 
-def test_head_dim_256_backward_stays_on_sm80_until_verified_then_runs_on_sm90():
-    """Through the public entry: off, D = 256 hands the backward to sm80_flash; on, sm90_flash
-    takes it, and both agree with fp32 autograd."""
+def test_head_dim_256_backward_runs_on_sm90():
+    """Through the public entry: "auto" hands D = 256 to sm90_flash, within fp32 autograd's
+    tolerance."""
     _sm90()
     from cute_kernels.attention.api import _backward_rung, attention_backward, attention_forward
-    from cute_kernels.runtime import unverified
 
     torch.manual_seed(3)
     q, k, v, dout = (torch.randn(1, 2, 190, 256, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     problem = check_inputs(q, k, v, causal="bottom_right", scale=None, enable_gqa=False)
-    with unverified.allowing("sm90_bwd_head_dims", on=False):
-        assert _backward_rung("auto", q, k, v, problem).name == "sm80_flash"
-    with unverified.allowing("sm90_bwd_head_dims"):
-        assert _backward_rung("auto", q, k, v, problem).name == "sm90_flash"
-        out, lse = attention_forward(q, k, v, causal="bottom_right")
-        grads = attention_backward(dout, q, k, v, out, lse, causal="bottom_right")
+    assert _backward_rung("auto", q, k, v, problem).name == "sm90_flash"
+    out, lse = attention_forward(q, k, v, causal="bottom_right")
+    grads = attention_backward(dout, q, k, v, out, lse, causal="bottom_right")
     _, _, *ref = reference(q, k, v, dout, "bottom_right")
     for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
         assert not got.isnan().any() and rel_err(got, want) < TOL[torch.bfloat16], name
 
 
-# deterministic=True on Hopper (unverified path `sm90_bwd_deterministic`): each Q block's dQ
+# deterministic=True on Hopper: each Q block's dQ
 # additions in key-block order under a counter; bitwise the same on every run.
 DETERMINISTIC_CASES = [(2, 4, 2, 257, 200, 128, "bottom_right", torch.bfloat16),
                        (1, 2, 2, 300, 1000, 64, None, torch.float16),
@@ -277,12 +270,10 @@ DETERMINISTIC_CASES = [(2, 4, 2, 257, 200, 128, "bottom_right", torch.bfloat16),
 @pytest.mark.parametrize("schedule", [{}, dict(gqa_loop=True, dkv_fp32=False), dict(defer_dkv_wait=True)],
                          ids=["default", "gqa_loop", "defer"])
 def test_deterministic_hopper_backward_repeats_bitwise_and_matches_float32(case, schedule):
-    from cute_kernels.runtime import unverified
 
     if schedule.get("gqa_loop") and case[1] == case[2]:
         pytest.skip("gqa_loop needs GQA")
-    with unverified.allowing("sm90_bwd_deterministic"):
-        runs = [_run(case, deterministic=True, **schedule) for _ in range(3)]
+    runs = [_run(case, deterministic=True, **schedule) for _ in range(3)]
     dout, grads, ref, dtype = runs[0]
     for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
         assert not got.isnan().any(), name
@@ -293,12 +284,11 @@ def test_deterministic_hopper_backward_repeats_bitwise_and_matches_float32(case,
 
 
 def test_deterministic_algorithms_reach_the_hopper_kernel_through_the_public_entry():
-    """torch.use_deterministic_algorithms(True) through `attention_backward` ("auto"): with the
-    path on, sm90_flash's deterministic kernel (not sm80's) computes it, repeatably."""
+    """torch.use_deterministic_algorithms(True) through `attention_backward` ("auto"):
+    sm90_flash's deterministic kernel (not sm80's) computes it, repeatably."""
     _sm90()
     from cute_kernels.attention import sm90_flash_bwd
     from cute_kernels.attention.api import attention_backward, attention_forward
-    from cute_kernels.runtime import unverified
 
     torch.manual_seed(9)
     q, k, v, dout = (torch.randn(2, 4, 333, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -314,10 +304,9 @@ def test_deterministic_algorithms_reach_the_hopper_kernel_through_the_public_ent
     try:
         sm90_flash_bwd._launch_for = spy
         torch.use_deterministic_algorithms(True, warn_only=True)
-        with unverified.allowing("sm90_bwd_deterministic"):
-            out, lse = attention_forward(q, k, v, causal="top_left")
-            first = attention_backward(dout, q, k, v, out, lse, causal="top_left")
-            second = attention_backward(dout, q, k, v, out, lse, causal="top_left")
+        out, lse = attention_forward(q, k, v, causal="top_left")
+        first = attention_backward(dout, q, k, v, out, lse, causal="top_left")
+        second = attention_backward(dout, q, k, v, out, lse, causal="top_left")
     finally:
         sm90_flash_bwd._launch_for = real
         torch.use_deterministic_algorithms(previous)
@@ -326,7 +315,7 @@ def test_deterministic_algorithms_reach_the_hopper_kernel_through_the_public_ent
         assert torch.equal(a, b)
 
 
-# 128 Q rows a step at head dims up to 64 (unverified path `sm90_bwd_wide_q`, `block_m=128`):
+# 128 Q rows a step at head dims up to 64 (`block_m=128`, the default there):
 # odd lengths past one and two blocks, both causal alignments, rows with no key, GQA (fp32
 # buffers and the loop), one key, the deterministic order and the deferred wait.
 WIDE_Q_CASES = [(1, 2, 2, 131, 131, 64, None, torch.float16),
@@ -342,49 +331,21 @@ WIDE_Q_CASES = [(1, 2, 2, 131, 131, 64, None, torch.float16),
                                       dict(dq_writer=True), dict(dq_writer=True, gqa_loop=True, dkv_fp32=False)],
                          ids=["default", "gqa_loop", "defer", "dq_writer", "dq_writer_gqa_loop"])
 def test_wide_q_gradients_match_float32_autograd(case, schedule):
-    from cute_kernels.runtime import unverified
 
     if schedule.get("gqa_loop") and case[1] == case[2]:
         pytest.skip("gqa_loop needs GQA")
-    with unverified.allowing("sm90_bwd_wide_q", "sm90_bwd_head_dims"):
-        _check(*_run(case, block_m=128, **schedule))
+    _check(*_run(case, block_m=128, **schedule))
 
 
-def test_wide_q_deterministic_repeats_bitwise_and_the_default_takes_it_when_on():
+def test_wide_q_deterministic_repeats_bitwise_and_is_the_default_up_to_d64():
     bwd = _sm90()
-    from cute_kernels.runtime import unverified
 
     case = (2, 8, 2, 513, 513, 64, "top_left", torch.bfloat16)
-    with unverified.allowing("sm90_bwd_deterministic", "sm90_bwd_wide_q"):
-        runs = [_run(case, deterministic=True, block_m=128) for _ in range(2)]
-        problem = check_inputs(*(torch.empty(2, 8, 513, 64, device="cuda", dtype=torch.bfloat16)
-                                 for _ in range(3)), causal="top_left", scale=None, enable_gqa=False)
-        assert bwd._launch_for(problem, None).config.block_m == 128
-    with unverified.allowing("sm90_bwd_wide_q", on=False):
-        assert bwd._launch_for(problem, None).config.block_m == 64
+    runs = [_run(case, deterministic=True, block_m=128) for _ in range(2)]
+    problem = check_inputs(*(torch.empty(2, 8, 513, 64, device="cuda", dtype=torch.bfloat16)
+                             for _ in range(3)), causal="top_left", scale=None, enable_gqa=False)
+    assert bwd._launch_for(problem, None).config.block_m == 128
     dout, grads, ref, dtype = runs[0]
     for name, got, want, again in zip(("dq", "dk", "dv"), grads, ref, runs[1][1]):
         assert rel_err(got, want, 1e-3 * dout.float().norm()) < TOL[dtype], name
         assert torch.equal(got, again), f"{name} differs between runs"
-
-
-def test_dq_writer_is_the_default_while_its_path_is_on():
-    """With `sm90_bwd_dq_writer` on, the default config stages dQ for the writer warp (not where
-    the order is kept or the head dim is split), and the public entry's gradients agree with
-    fp32 autograd."""
-    bwd = _sm90()
-    from cute_kernels.attention.api import attention_backward, attention_forward
-    from cute_kernels.runtime import unverified
-
-    torch.manual_seed(5)
-    q, k, v, dout = (torch.randn(2, 4, 333, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    problem = check_inputs(q, k, v, causal="bottom_right", scale=None, enable_gqa=False)
-    with unverified.allowing("sm90_bwd_dq_writer"):
-        assert bwd._launch_for(problem, None).config.dq_writer
-        assert not bwd._launch_for(problem, None, deterministic=True).config.dq_writer
-        out, lse = attention_forward(q, k, v, causal="bottom_right")
-        poison_allocator()
-        grads = attention_backward(dout, q, k, v, out, lse, causal="bottom_right")
-    with unverified.allowing("sm90_bwd_dq_writer", on=False):
-        assert not bwd._launch_for(problem, None).config.dq_writer
-    _check(dout, grads, reference(q, k, v, dout, "bottom_right")[2:], torch.bfloat16)
