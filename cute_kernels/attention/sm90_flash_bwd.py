@@ -77,8 +77,9 @@ dQ is accumulated with fp32 reductions, so its rounding may vary run to run unle
 and V with the 32-byte swizzle (`sm90_bwd_mainloop.split_atom`: dQ's head-dim split then falls
 on whole atoms).
 
-FlashAttention-3's dQ warp and its 128-row Q blocks at D <= 64 (2026-12-05, built without a
-GPU: unverified paths `sm90_bwd_dq_writer` and `sm90_bwd_wide_q`). `dq_writer`: each consumer
+FlashAttention-3's dQ warp and its 128-row Q blocks at D <= 64 (2026-12-05; GPU tests passed on
+an H100 2026-12-06; `block_m=128` is the default up to D = 64, 4-7% faster, `dq_writer` an option
+off by default, 1.3-2x slower as built: docs/attention.md). `dq_writer`: each consumer
 warpgroup stores scale * dQ_blk to a shared tile (8-byte stores, a row pitch of 8 or 24 words
 modulo 32 so a half-warp's stores take distinct banks) and arrives at a named barrier; the
 producer warpgroup's second warp waits there and adds each existing row to the row-major
@@ -92,9 +93,8 @@ steps and barriers per key block. Not built: Q blocks of 80 rows at D = 128 (FA3
 tile, which needs dQ^T = K^T dS^T on wgmma's 64-row M). Both consumers still meet at a named
 barrier every step (dS^T in shared memory), as FA3's do.
 
-Other head dims (2026-12-05, built without a GPU: unverified path `sm90_bwd_head_dims`; until
-then `supports_backward` refuses them and "auto" hands the backward to sm80_flash, 0.26-0.35x
-FA4 at 192 and 256). Every multiple of 16 up to 256 compiles for sm_90a without spills. Up to
+Other head dims (2026-12-05; the default since their GPU tests passed on an H100, 2026-12-06,
+about twice sm80_flash's speed at 192 and 256). Every multiple of 16 up to 256 compiles for sm_90a without spills. Up to
 128 the layout is the default one: `split_atom` picks the swizzle whose rows half the head dim
 divides (no swizzle, 16-byte rows, at D = 80 and 112, whose halves of 40 and 56 columns are
 dQ's m64n40 and m64n56). Above 128 (`head_split`): a warpgroup's dK and dV of 64 keys x D take D fp32
@@ -116,7 +116,8 @@ GPU: unverified path `sm90_bwd_varlen`, until then "auto" runs sm80_flash's varl
 CTA per (key block of the longest sequence, query head, sequence); Q, dO, K and V through ragged
 tensor maps (`attention.ragged`), lse2, D and the dQ accumulator from the dense prep
 pass over the packed tensors viewed (1, H, T, D) (rows past a sequence, the next one's, are
-masked in P^T and dS^T), dQ summed into that flat (Hq, Tq, D) fp32 accumulator.
+masked in P^T and dS^T), dQ summed into that flat (Hq, Tq, D) fp32 accumulator. Its first GPU
+run (H100, 2026-12-06) stopped with an illegal instruction in every case: not found yet.
 """
 
 from __future__ import annotations
