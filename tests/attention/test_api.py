@@ -189,7 +189,10 @@ def test_causal_bias_sizes_must_match():
 
 def test_auto_backward_falls_back_to_the_highest_rung_with_one(monkeypatch):
     """On sm_90 auto runs the forward on sm90_flash; where its backward does not serve the
-    problem (D = 256), the backward runs on sm80_flash; a named rung never falls back."""
+    problem (per-sequence key lengths, which only sm80_flash's backward takes), the backward
+    runs on sm80_flash; a named rung never falls back."""
+    from dataclasses import replace
+
     from cute_kernels.attention import api, sm80_flash, sm90_flash
 
     dispatch.clear_cache()
@@ -198,6 +201,8 @@ def test_auto_backward_falls_back_to_the_highest_rung_with_one(monkeypatch):
     q = torch.randn(1, 2, 64, 256, dtype=torch.bfloat16)
     problem = check_inputs(q, q, q, causal=None, scale=None, enable_gqa=False)
     assert dispatch.choose(q, q, q, problem) is sm90_flash.RUNG
+    assert sm90_flash.RUNG.supports_backward(problem) is None  # every head dim since 2026-12-06
+    problem = replace(problem, seqused_k=True)
     assert sm90_flash.RUNG.supports_backward(problem) is not None
     assert api._backward_rung("auto", q, q, q, problem) is sm80_flash.RUNG
     with pytest.raises(NotImplementedError, match="attention backward"):
