@@ -73,9 +73,9 @@ post-processing ops. Measurements, and the profile that led to the paired reduct
 prep kernel, are in docs/attention.md ("The Hopper backward").
 
 dQ is accumulated with fp32 reductions, so its rounding may vary run to run unless
-`deterministic`. Head dims 64, 96 and 128 run here by default; D = 96 (Phi-3's) stores Q, dO, K
-and V with the 32-byte swizzle (`sm90_bwd_mainloop.split_atom`: dQ's head-dim split then falls
-on whole atoms).
+`deterministic`. Every multiple of 16 up to 256 runs here; D = 96 (Phi-3's) stores Q, dO, K and
+V with the 32-byte swizzle (`sm90_bwd_mainloop.split_atom`: dQ's head-dim split then falls on
+whole atoms).
 
 FlashAttention-3's dQ warp and its 128-row Q blocks at D <= 64 (2026-12-05; GPU tests passed on
 an H100 2026-12-06; `block_m=128` is the default up to D = 64, 4-7% faster, `dq_writer` an option
@@ -94,7 +94,8 @@ tile, which needs dQ^T = K^T dS^T on wgmma's 64-row M). Both consumers still mee
 barrier every step (dS^T in shared memory), as FA3's do.
 
 Other head dims (2026-12-05; the default since their GPU tests passed on an H100, 2026-12-06,
-about twice sm80_flash's speed at 192 and 256). Every multiple of 16 up to 256 compiles for sm_90a without spills. Up to
+about twice sm80_flash's speed at 192 and 256). Every multiple of 16 up to 256 compiles for
+sm_90a without spills. Up to
 128 the layout is the default one: `split_atom` picks the swizzle whose rows half the head dim
 divides (no swizzle, 16-byte rows, at D = 80 and 112, whose halves of 40 and 56 columns are
 dQ's m64n40 and m64n56). Above 128 (`head_split`): a warpgroup's dK and dV of 64 keys x D take D fp32
