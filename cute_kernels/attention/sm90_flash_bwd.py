@@ -155,42 +155,39 @@ _SMEM_LIMIT = 227 * 1024
 class FlashSm90BwdConfig:
     """The static shape of one compiled backward kernel.
 
-    head_dim: D of Q, K, V (a multiple of 16 up to 256, `HEAD_DIMS`); dtype: "float16" |
-    "bfloat16"; causal: whether the upper bound j <= i + offset is tested (causality or a window's right bound; the offset
-    is a runtime value); local: whether a window's lower bound j >= i + offset_lo is tested
-    (runtime offset_lo; the dK/dV CTA then also stops at the last Q block that sees its keys);
-    block_m: Q rows per
-    step (the N of S^T = K Q^T, the K of dV += P^T dO); block_n: keys per CTA (two consumer
-    warpgroups x 64); stages: smem slots of the Q/dO pipeline; dkv_fp32: dK/dV are written as
-    fp32 per query head (GQA, summed on the host) instead of in `dtype`; dq_tma_reduce: each
-    step's dQ tile is staged in shared memory and added to global memory by one TMA reduce-add
-    per warpgroup (else by per-element `red.global.add.f32` from registers); defer_dkv_wait: a
-    step does not wait for its dV and dK GEMMs, the next step's S^T and dP^T queue behind them
-    (wgmma groups retire in order, so waiting for the next S^T frees P^T, dS^T and the Q/dO
-    slot); early_dv: dV += P^T dO is issued as soon as P^T is in registers, under the dS^T
-    arithmetic; prep_kernel: D, lse2 and the zeroed dQ accumulator come from the
-    `sm90_bwd_prep` kernel instead of torch ops (host side only: not part of the compiled
-    kernel's key); producer_regs /
-    consumer_regs: the setmaxnreg budgets; softcap: soft-capped scores (the cap a runtime
-    argument; `sm90_bwd_mainloop` recovers the tanh from P^T for dS^T's factor); gqa_loop: with
-    GQA, one CTA per (key block, key/value head) walks the query heads of its group and sums
-    their dK, dV in registers, writing them once in `dtype` (no fp32 per-query-head buffers and
-    no host sum: the memory of the non-GQA backward, deterministic), against `dkv_fp32`'s CTA
-    per query head (more CTAs for small problems); head_split: the two consumer warpgroups
-    share block_n = 64 keys, split S^T and dP^T by queries (32 columns each) and dV, dK by the
-    head dim, with P^T and dS^T going through shared memory as the A of dV and dK (the layout
-    of head dims above 128, whose dK and dV of 64 keys x D overflow one warpgroup's
-    registers); ds_buffers: smem buffers of dS^T (and with head_split of P^T), 2 so that a
-    step's writes never wait for the other warpgroup's reads of the last step, 1 where shared
-    memory is short (D = 256), with a barrier before the writes instead; varlen: packed
-    sequences delimited by cu_seqlens (`varlen_backward`): a CTA per (key block of the longest
-    sequence, head, sequence), each sequence's rows read through ragged tensor maps;
-    deterministic: each Q block's dQ_blk additions happen in key-block order (a counter per
-    (batch, query head, Q block) that a CTA waits on, then advances), so dQ is the same bits on
-    every run; dq_writer: each consumer warpgroup stores its scaled dQ_blk to a padded shared
-    tile and the producer warpgroup's second warp adds it to the fp32 accumulator with one bulk
-    reduction per row (`hopper.tma.bulk_reduce_add_f32`: whole lines at the L2), as
-    FlashAttention-3's dQ warp does, instead of the consumers' `red.global` per value pair.
+    head_dim: D of Q, K, V (a multiple of 16 up to 256, `HEAD_DIMS`); dtype: "float16" | "bfloat16";
+    causal: whether the upper bound j <= i + offset is tested (causality or a window's right bound;
+    the offset is a runtime value); local: whether a window's lower bound j >= i + offset_lo is
+    tested (runtime offset_lo; the dK/dV CTA then also stops at the last Q block that sees its
+    keys); block_m: Q rows per step (the N of S^T = K Q^T, the K of dV += P^T dO); block_n: keys per
+    CTA (two consumer warpgroups x 64); stages: smem slots of the Q/dO pipeline; dkv_fp32: dK/dV are
+    written as fp32 per query head (GQA, summed on the host) instead of in `dtype`; dq_tma_reduce:
+    each step's dQ tile is staged in shared memory and added to global memory by one TMA reduce-add
+    per warpgroup (else by per-element `red.global.add.f32` from registers); defer_dkv_wait: a step
+    does not wait for its dV and dK GEMMs, the next step's S^T and dP^T queue behind them (wgmma
+    groups retire in order, so waiting for the next S^T frees P^T, dS^T and the Q/dO slot);
+    early_dv: dV += P^T dO is issued as soon as P^T is in registers, under the dS^T arithmetic;
+    prep_kernel: D, lse2 and the zeroed dQ accumulator come from the `sm90_bwd_prep` kernel instead
+    of torch ops (host side only: not part of the compiled kernel's key); producer_regs /
+    consumer_regs: the setmaxnreg budgets; softcap: soft-capped scores (the cap a runtime argument;
+    `sm90_bwd_mainloop` recovers the tanh from P^T for dS^T's factor); gqa_loop: with GQA, one CTA
+    per (key block, key/value head) walks the query heads of its group and sums their dK, dV in
+    registers, writing them once in `dtype` (no fp32 per-query-head buffers and no host sum: the
+    memory of the non-GQA backward, deterministic), against `dkv_fp32`'s CTA per query head (more
+    CTAs for small problems); head_split: the two consumer warpgroups share block_n = 64 keys, split
+    S^T and dP^T by queries (32 columns each) and dV, dK by the head dim, with P^T and dS^T going
+    through shared memory as the A of dV and dK (the layout of head dims above 128, whose dK and dV
+    of 64 keys x D overflow one warpgroup's registers); ds_buffers: smem buffers of dS^T (and with
+    head_split of P^T), 2 so that a step's writes never wait for the other warpgroup's reads of the
+    last step, 1 where shared memory is short (D = 256), with a barrier before the writes instead;
+    varlen: packed sequences delimited by cu_seqlens (`varlen_backward`): a CTA per (key block of
+    the longest sequence, head, sequence), each sequence's rows read through ragged tensor maps;
+    deterministic: each Q block's dQ_blk additions happen in key-block order (a counter per (batch,
+    query head, Q block) that a CTA waits on, then advances), so dQ is the same bits on every run;
+    dq_writer: each consumer warpgroup stores its scaled dQ_blk to a padded shared tile and the
+    producer warpgroup's second warp adds it to the fp32 accumulator with one bulk reduction per row
+    (`hopper.tma.bulk_reduce_add_f32`: whole lines at the L2), as FlashAttention-3's dQ warp does,
+    instead of the consumers' `red.global` per value pair.
     """
 
     head_dim: int = 128
@@ -330,20 +327,17 @@ def block_n_for(head_dim: int) -> int:
 
 def bwd_config_for(head_dim: int, dtype: str, causal: bool, *, dkv_fp32: bool = False,
                    local: bool = False, softcap: bool = False, gqa_loop: bool = False,
-                   varlen: bool = False, deterministic: bool = False, wide_q: bool = True,
-                   dq_writer: bool = False) -> FlashSm90BwdConfig:
+                   varlen: bool = False, deterministic: bool = False, wide_q: bool = True) -> FlashSm90BwdConfig:
     """The tile for a head dim: 64 Q rows per step (with `wide_q`, 128 up to D = 64, as
     FlashAttention-3 takes them there: half the steps, each twice the work between the
     consumers' meetings) against `block_n_for(head_dim)` keys per CTA; at D = 256 one dS^T / P^T
-    buffer each (two would need 232 KB of shared memory). `dq_writer`: dQ added by a producer
-    warp's bulk reductions where the config takes it (not head_split, not deterministic)."""
+    buffer each (two would need 232 KB of shared memory)."""
     split = head_dim not in _WHOLE_HEAD_DIMS
     return FlashSm90BwdConfig(head_dim=head_dim, dtype=dtype, causal=causal, local=local,
                               dkv_fp32=dkv_fp32, softcap=softcap, gqa_loop=gqa_loop, head_split=split,
                               block_m=128 if wide_q and head_dim <= 64 else 64,
                               block_n=block_n_for(head_dim), ds_buffers=1 if head_dim > 192 else 2,
-                              varlen=varlen, deterministic=deterministic,
-                              dq_writer=dq_writer and not split and not deterministic).validate()
+                              varlen=varlen, deterministic=deterministic).validate()
 
 
 # ---- compile-only variants ------------------------------------------------------------------------
@@ -699,8 +693,8 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
     b, hq, sq, sk, d = problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k, problem.head_dim
     sq_pad, group = launch.sq_pad, launch.group
     if tvm and launch.prep:  # the path a warm plan replays (`backward_plan`)
-        return _run_prepped(launch, _prep.prep_function(d, dout.dtype), _main_function(launch), dout, q, k, v,
-                            rows_aligned(out), lse.contiguous().float(), problem.heads_kv)
+        return _run_prepped(launch, _prep.prep_function(d, dout.dtype), _tvm_build(launch.kernel_config), dout, q,
+                            k, v, rows_aligned(out), lse.contiguous().float(), problem.heads_kv)
     if launch.prep:  # flat D, lse2 and dQ accumulator, and the accumulator's (B, Hq, Sq_pad, D) view
         d_rows, lse2, dq_flat, dq_acc = _prep.preprocess_flat(dout, out, lse, config.block_m, tvm)
     else:  # torch ops (also past the prep kernel's 32-bit element offsets)
@@ -712,8 +706,8 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
         d_rows, lse2, dq_flat = d_rows.view(-1), lse2.view(-1), dq_acc.view(-1)
     dk_h, dv_h = _dkv_buffers(launch, q)
     if tvm:
-        _main_function(launch)(q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h, launch.scale, launch.offset,
-                               launch.offset_lo, group, launch.softcap, *_turns(launch, q))
+        _tvm_build(launch.kernel_config)(q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h, launch.scale,
+                                         launch.offset, launch.offset_lo, group, launch.softcap, *_turns(launch, q))
     else:
         from cute_kernels.runtime import current_stream, from_torch
 
@@ -726,10 +720,10 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
     return _post(launch, dq_acc, dk_h, dv_h, q.dtype, problem.heads_kv)
 
 
-def _main_function(launch: _Launch):
-    """The TVM-FFI build of `launch`'s kernel config, compiled on first use."""
-    fn = _COMPILED.get(launch.kernel_config)
-    return fn if fn is not None else _compile_tvm_ffi(launch.kernel_config)
+def _tvm_build(config: FlashSm90BwdConfig):
+    """The TVM-FFI build of `config`, compiled on first use."""
+    fn = _COMPILED.get(config)
+    return fn if fn is not None else _compile_tvm_ffi(config)
 
 
 def _turns(launch: _Launch, q) -> tuple:
@@ -805,7 +799,7 @@ def backward_plan(dout, q, k, v, out, lse, problem, *, deterministic: bool = Fal
     if any(rows_aligned(t) is not t for t in (dout, q, k, v, out)):
         return None
     return functools.partial(_run_prepped, launch, _prep.prep_function(problem.head_dim, dout.dtype),
-                             _main_function(launch), heads_kv=problem.heads_kv)
+                             _tvm_build(launch.kernel_config), heads_kv=problem.heads_kv)
 
 
 # ---- packed sequences (varlen) --------------------------------------------------------------------
@@ -814,14 +808,14 @@ def backward_plan(dout, q, k, v, out, lse, problem, *, deterministic: bool = Fal
 def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                     problem, offsets=None):
     """(dq (Tq, Hq, D), dk, dv (Tk, Hkv, D)) of the packed forward: q, out, dout (Tq, Hq, D), k, v
-    (Tk, Hkv, D), lse (Hq, Tq) fp32 as the varlen forward returns it, int32 cu_seqlens (B + 1,)
-    and max lengths already validated by the caller (`varlen.attention_varlen_backward`);
-    causal alignment and window per sequence (`problem`: batch = number of sequences). Two
-    launches: the dense backward's prep pass (`sm90_bwd_prep`) over the packed tensors viewed
-    (1, H, T, D), whose D and lse2 rows run past each sequence into the next (the kernel masks
-    them), then the backward (`FlashSm90BwdConfig.varlen`): a CTA per (key block of the longest
-    sequence, query head, sequence), dQ summed in the prep's zeroed fp32 (Hq, Tq, D)
-    accumulator; with GQA dK and dV come per query head in fp32 and are summed here. dq, dk, dv are new contiguous tensors of q's dtype,
+    (Tk, Hkv, D), lse (Hq, Tq) fp32 as the varlen forward returns it, int32 cu_seqlens (B + 1,) and
+    max lengths already validated by the caller (`varlen.attention_varlen_backward`); causal
+    alignment and window per sequence (`problem`: batch = number of sequences). Two launches: the
+    dense backward's prep pass (`sm90_bwd_prep`) over the packed tensors viewed (1, H, T, D), whose
+    D and lse2 rows run past each sequence into the next (the kernel masks them), then the backward
+    (`FlashSm90BwdConfig.varlen`): a CTA per (key block of the longest sequence, query head,
+    sequence), dQ summed in the prep's zeroed fp32 (Hq, Tq, D) accumulator; with GQA dK and dV come
+    per query head in fp32 and are summed here. dq, dk, dv are new contiguous tensors of q's dtype,
     zero for rows of sequences with no key or no query. offsets: the validated cu_seqlens as the
     host read them (`varlen.HostOffsets`): the sequences are then launched the most work first
     (`sm90_flash.launch_order`), else in order."""
@@ -864,9 +858,7 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     scalars = (problem.scale, window_right, -window_left, group)
     varlen_args = (cu_seqlens_q, cu_seqlens_k, order, max_seqlen_k, bottom_right_flag(problem))
     if tvm_ffi_available():
-        fn = _COMPILED.get(config)
-        if fn is None:
-            fn = _compile_tvm_ffi(config)
+        fn = _tvm_build(config)
         fn(*tensors, *scalars, problem.softcap, *varlen_args)
     else:
         wrap4 = lambda t: from_torch(t, assumed_align=16, leading_dim=3)  # noqa: E731
@@ -876,7 +868,7 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
         softcap = None if problem.softcap is None else cutlass.Float32(problem.softcap)
         tail = (softcap, *(wrap1(t, 4) for t in varlen_args[:3]), *map(cutlass.Int32, varlen_args[3:]))
         stream = current_stream()
-        fn = compile_kernel(_kernel_for(config).call_varlen, *args, stream, *tail,
+        fn = compile_kernel(_entry(config), *args, stream, *tail,
                             key=("attention.sm90_flash_bwd", "varlen", config))
         fn(*args, stream, *tail)
     dq = torch.empty_like(q).copy_(dq_flat.view(hq, tq, d).transpose(0, 1))  # converted and transposed at once

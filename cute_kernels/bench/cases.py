@@ -288,8 +288,31 @@ class AttentionCase:
             yield slice(j * g, (j + 1) * g), slice(j, j + 1)
 
 
+class _BackwardOf:
+    """What a forward case's backward changes, mixed in before the forward case: an output
+    gradient dout shaped like q (drawn after the forward's inputs), nothing preallocated, FLOPs
+    2.5x the forward's (the five GEMMs of the FlashAttention backward) and twice its tolerance
+    (each gradient goes through two rounded GEMMs more)."""
+
+    @property
+    def flops(self) -> float:
+        return 2.5 * super().flops
+
+    @property
+    def tolerance(self) -> float:
+        return 2 * TOLERANCE[self.dtype]
+
+    def make_inputs(self, device: str, seed: int = 0) -> dict[str, Any]:
+        inputs = super().make_inputs(device, seed)
+        inputs["dout"] = _randn(tuple(inputs["q"].shape), self.dtype, device, _generator(device, seed + 1))
+        return inputs
+
+    def empty_out(self, inputs: dict[str, Any]):
+        return None
+
+
 @dataclass(frozen=True)
-class AttentionBwdCase(AttentionCase):
+class AttentionBwdCase(_BackwardOf, AttentionCase):
     """The backward pass of an `AttentionCase`: (dq, dk, dv) for an output gradient dout.
 
     The result compared is the three gradients flattened and concatenated; the reference is
@@ -301,26 +324,9 @@ class AttentionBwdCase(AttentionCase):
     family = "attention_bwd"
 
     @property
-    def flops(self) -> float:
-        return 2.5 * super().flops
-
-    @property
     def bytes(self) -> float:
         """Compulsory traffic: read q, k, v, out, dout once and write dq, dk, dv once."""
         return 4.0 * self.b * (self.h + self.kv_heads) * self.s * self.d * ELEMENT_BYTES[self.dtype]
-
-    @property
-    def tolerance(self) -> float:
-        return 2 * TOLERANCE[self.dtype]
-
-    def make_inputs(self, device: str, seed: int = 0) -> dict[str, Any]:
-        inputs = super().make_inputs(device, seed)
-        gen = _generator(device, seed + 1)
-        inputs["dout"] = _randn((self.b, self.h, self.s, self.d), self.dtype, device, gen)
-        return inputs
-
-    def empty_out(self, inputs: dict[str, Any]):
-        return None
 
     def reference(self, inputs: dict[str, Any]):
         """cat(dq, dk, dv) flattened, in float32, a few heads at a time (see AttentionCase)."""
@@ -612,7 +618,7 @@ class VarlenCase:
 
 
 @dataclass(frozen=True)
-class VarlenBwdCase(VarlenCase):
+class VarlenBwdCase(_BackwardOf, VarlenCase):
     """The backward pass of a `VarlenCase`: (dq, dk, dv) for an output gradient dout (T, Hq, D).
 
     As `AttentionBwdCase`: the result compared is the three gradients flattened and
@@ -622,30 +628,14 @@ class VarlenBwdCase(VarlenCase):
     family = "attention_varlen_bwd"
 
     @property
-    def flops(self) -> float:
-        return 2.5 * super().flops
-
-    @property
     def bytes(self) -> float:
         """Compulsory traffic: read q, k, v, out, dout once and write dq, dk, dv once."""
         return float(ELEMENT_BYTES[self.dtype] * sum(self.lengths) * self.d * (4 * self.hq + 4 * self.hkv))
-
-    @property
-    def tolerance(self) -> float:
-        return 2 * TOLERANCE[self.dtype]
 
     @classmethod
     def parse(cls, text: str, dtype: str = "bf16") -> VarlenBwdCase:
         base = VarlenCase.parse(text, dtype)
         return cls(base.lengths, base.hq, base.hkv, base.d, base.causal, base.dtype)
-
-    def make_inputs(self, device: str, seed: int = 0) -> dict[str, Any]:
-        inputs = super().make_inputs(device, seed)
-        inputs["dout"] = _randn(tuple(inputs["q"].shape), self.dtype, device, _generator(device, seed + 1))
-        return inputs
-
-    def empty_out(self, inputs: dict[str, Any]):
-        return None
 
     def reference(self, inputs: dict[str, Any]):
         """cat(dq, dk, dv) flattened, float32 autograd per sequence and key/value head."""

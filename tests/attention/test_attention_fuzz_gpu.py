@@ -215,15 +215,20 @@ def check(p: dict, device="cuda") -> tuple[list[str], float]:
     return failed, worst
 
 
+def _seeded(label: str) -> tuple[int, random.Random]:
+    """(seed, its Random), torch's generator seeded too: a fresh seed every run (printed, and kept
+    in the record) unless CUTE_KERNELS_FUZZ_SEED asks for one."""
+    seed = int(os.environ.get("CUTE_KERNELS_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
+    print(f"{label}: seed {seed}")
+    torch.manual_seed(seed)
+    return seed, random.Random(seed)
+
+
 def test_attention_fuzz(tmp_path):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
         pytest.skip("needs an sm_80+ GPU")
     n = int(os.environ.get("CUTE_KERNELS_FUZZ_CASES", "1200"))
-    # a fresh seed every run (printed, and kept in the record) unless one is asked for
-    seed = int(os.environ.get("CUTE_KERNELS_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
-    print(f"attention fuzz: seed {seed}")
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
+    seed, rng = _seeded("attention fuzz")
     names = list(CLASSES)
     per_class = {nm: FuzzReport(seed=seed, measure="error/bound") for nm in names}
     total = FuzzReport(seed=seed, measure="error/bound")
@@ -261,10 +266,7 @@ def test_attention_fuzz_of_the_hopper_backward_classes():
     from cute_kernels.attention import sm90_flash_bwd
 
     n = int(os.environ.get("CUTE_KERNELS_FUZZ_CASES_UNVERIFIED", "300"))
-    seed = int(os.environ.get("CUTE_KERNELS_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
-    print(f"attention fuzz (Hopper backward classes): seed {seed}")
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
+    seed, rng = _seeded("attention fuzz (Hopper backward classes)")
     names, wrong, ran = list(HOPPER_BWD_CLASSES), [], []
     real = sm90_flash_bwd._launch_for
 
