@@ -401,10 +401,16 @@ class FlashAttentionSm90Bwd:
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                                            cute.group_modes(gV, 0, 2))
-        kv_state = hpipe.producer_state(1)
-        pipe_kv.producer_acquire(kv_state)
-        cute.copy(tma_k, tKgK, tKsK[None, 0], tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
-        cute.copy(tma_v, tVgV, tVsV[None, 0], tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+        load_kv = True
+        if cutlass.const_expr(self.config.varlen):
+            # A key block past this sequence's end (or one no query row sees) loads nothing: the
+            # grid covers the longest sequence, so a ragged batch has many such blocks.
+            load_kv = m_count > 0
+        if load_kv:
+            kv_state = hpipe.producer_state(1)
+            pipe_kv.producer_acquire(kv_state)
+            cute.copy(tma_k, tKgK, tKsK[None, 0], tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+            cute.copy(tma_v, tVgV, tVsV[None, 0], tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
         state = hpipe.producer_state(self.config.stages)
         bm, d = self.config.block_m, self.config.head_dim
         for t in cutlass.range(q_heads * m_count, unroll=1):
@@ -533,7 +539,11 @@ class FlashAttentionSm90Bwd:
             turns = (*turns, n_block, pipeline.NamedBarrier(barrier_id=_TURN_BARRIER, num_threads=_CONSUMER_THREADS),
                      ctidx == 0)
 
-        pipe_kv.consumer_wait(hpipe.consumer_state(1))
+        wait_kv = True
+        if cutlass.const_expr(c.varlen):
+            wait_kv = m_count > 0  # else `produce` loaded no K/V; the epilogue writes the block's zeros
+        if wait_kv:
+            pipe_kv.consumer_wait(hpipe.consumer_state(1))
         state = hpipe.consumer_state(c.stages)
         prev = state.clone()
         for t in cutlass.range(q_heads * m_count, unroll=1):

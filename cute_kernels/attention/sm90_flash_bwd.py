@@ -117,8 +117,11 @@ GPU: unverified path `sm90_bwd_varlen`, until then "auto" runs sm80_flash's varl
 CTA per (key block of the longest sequence, query head, sequence); Q, dO, K and V through ragged
 tensor maps (`attention.ragged`), lse2, D and the dQ accumulator from the dense prep
 pass over the packed tensors viewed (1, H, T, D) (rows past a sequence, the next one's, are
-masked in P^T and dS^T), dQ summed into that flat (Hq, Tq, D) fp32 accumulator. Its first GPU
-run (H100, 2026-12-06) stopped with an illegal instruction in every case: not found yet.
+masked in P^T and dS^T), dQ summed into that flat (Hq, Tq, D) fp32 accumulator; a key block
+no query row sees (past its sequence's end: the grid covers the longest) loads no K/V. Its first
+GPU run (H100, 2026-12-06) stopped with an illegal instruction, which a bisection tied to such
+blocks beside real queries (one sequence, or sequences within one key block, match sm80_flash):
+docs/attention.md.
 """
 
 from __future__ import annotations
