@@ -197,6 +197,8 @@ class FlashAttentionSm90Bwd:
         tma_do, tdO = tma.make_tma_load(mdO, smem_qdo_layout, (bm, d), 1)
         # lse2 and D (flat, padded to whole Q blocks) ride on the Q/dO barrier: one 64-float box each.
         smem_row_layout = cute.make_layout((bm, c.stages))
+        if cutlass.const_expr(c.varlen):  # boxes of `row_box` rows from a 16-byte boundary, 128-byte aligned stages
+            smem_row_layout = cute.make_layout((c.row_box, c.stages), stride=(1, c.row_stage))
         # dQ tile: (bm, D/2) per consumer warpgroup for the TMA reduce-add, the same bytes viewed
         # (bm, D) for the accumulator's partition (column blocks of 32 follow the row blocks, so
         # warpgroup 1's half starts where the second "stage" does).
@@ -210,8 +212,8 @@ class FlashAttentionSm90Bwd:
         tma_dq, tdQ = cpasync.make_tiled_tma_atom(cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ3,
                                                   cute.slice_(smem_dq_layout, (None, None, 0)), (bm, d // 2))
         g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_lse, tLSE = cpasync.make_tiled_tma_atom(g2s, mLSE2, cute.make_layout(bm), (bm,))
-        tma_drow, tDrow = cpasync.make_tiled_tma_atom(g2s, mDrow, cute.make_layout(bm), (bm,))
+        tma_lse, tLSE = cpasync.make_tiled_tma_atom(g2s, mLSE2, cute.make_layout(c.row_box), (c.row_box,))
+        tma_drow, tDrow = cpasync.make_tiled_tma_atom(g2s, mDrow, cute.make_layout(c.row_box), (c.row_box,))
 
         # S^T = K Q^T and dP^T = V dO^T: keys on M (one 64-row atom per consumer warpgroup; with
         # head_split both warpgroups take the same 64 keys and half the queries each).
@@ -254,8 +256,8 @@ class FlashAttentionSm90Bwd:
                                                        if c.head_split else 8], 1024 if c.head_split else 16]
             # Only the TMA reduce-add and dq_writer stage dQ in shared memory.
             sdQ: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, dq_floats], 1024]
-            sLSE: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm * c.stages], 128]
-            sDrow: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm * c.stages], 128]
+            sLSE: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, c.row_stage * c.stages], 128]
+            sDrow: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, c.row_stage * c.stages], 128]
 
         # One CTA per (key block, query head, batch), or with `gqa_loop` per (key block, key/value
         # head, batch), walking the query heads of its group one after the other.
@@ -320,6 +322,7 @@ class FlashAttentionSm90Bwd:
         sdQ = storage.sdQ.get_tensor(smem_dq_layout.outer, swizzle=smem_dq_layout.inner)
         sdQ_full = storage.sdQ.get_tensor(smem_dq_full.outer, swizzle=smem_dq_full.inner)
         sDrow = storage.sDrow.get_tensor(smem_row_layout)
+        sLSE_box, sDrow_box = sLSE, sDrow  # what the TMA writes (the consumers' views may start later)
 
         n_block, head, batch = cute.arch.block_idx()
         # `head` indexes the grid: a query head, or with `gqa_loop` a key/value head whose
@@ -352,6 +355,11 @@ class FlashAttentionSm90Bwd:
             dq_rows = (q_head0 * total_q + offset_q, total_q)
             gdK = cute.domain_offset((offset_k, 0), mdK[None, None, head, 0])
             gdV = cute.domain_offset((offset_k, 0), mdV[None, None, head, 0])
+            # The producer's lse2 / D boxes start at the 16-byte boundary at or below the
+            # sequence's first row (`row_box`): the consumers read from that many rows on.
+            shift = offset_q % 4
+            sLSE = cute.make_tensor(sLSE.iterator + shift, sLSE.layout)
+            sDrow = cute.make_tensor(sDrow.iterator + shift, sDrow.layout)
         m_block_min, m_block_max = block_info.m_block_range(
             n_block, seqlen_q, causal_offset, block_m=bm, block_n=bn, causal=c.causal, maximum=cutlass.max,
             offset_lo=offset_lo, local=c.local, minimum=cutlass.min)
@@ -371,8 +379,8 @@ class FlashAttentionSm90Bwd:
                     mV_s = seq_rows(mV, kv_head, offset_k, seqlen_k)
                 gK = cute.local_tile(mK_s, (bn, d), (n_block, 0))
                 gV = cute.local_tile(mV_s, (bn, d), (n_block, 0))
-                self.produce(tma_k, gK, sK, tma_v, gV, sV, tma_q, mQ, sQ, tma_do, mdO, sdO, tma_lse, mLSE2, sLSE,
-                             tma_drow, mDrow, sDrow, pipe_kv, pipe_qdo, m_block_min, rows_base // bm, m_count,
+                self.produce(tma_k, gK, sK, tma_v, gV, sV, tma_q, mQ, sQ, tma_do, mdO, sdO, tma_lse, mLSE2, sLSE_box,
+                             tma_drow, mDrow, sDrow_box, pipe_kv, pipe_qdo, m_block_min, rows_base // bm, m_count,
                              (q_head0, q_heads, batch, sq_pad // bm), seq)
             if cutlass.const_expr(c.dq_writer):
                 if warp_idx == 1:
@@ -394,8 +402,9 @@ class FlashAttentionSm90Bwd:
         (`heads`: first head, count, batch, Q blocks per head) Q[m], dO[m], lse2[m], D[m] for m
         ascending (lse2 and D are flat: block m of the h-th head is box row_block_base + h *
         blocks per head + m). seq: varlen's (first row, rows, lse2 / D rows a head) of the
-        sequence (its Q, dO rows through the ragged views; its lse2, D boxes start at row h *
-        those rows + its first row), else None."""
+        sequence (its Q, dO rows through the ragged views; its lse2, D boxes of `row_box` rows
+        start at the 16-byte boundary at or below row h * those rows + its first row + m *
+        block_m), else None."""
         q_head0, q_heads, batch, head_blocks = heads
         tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
                                            cute.group_modes(gK, 0, 2))
@@ -417,19 +426,21 @@ class FlashAttentionSm90Bwd:
             h = t // m_count
             m = m_block_min + (t - h * m_count)
             mQ_h, mdO_h = mQ[None, None, q_head0 + h, batch], mdO[None, None, q_head0 + h, batch]
-            mL_h, mD_h, rb = mLSE2, mDrow, row_block_base + h * head_blocks
+            mL_h, mD_h, rb, box = mLSE2, mDrow, row_block_base + h * head_blocks, bm
             if cutlass.const_expr(seq is not None):
                 first, rows, head_stride = seq
                 mQ_h, mdO_h = seq_rows(mQ, q_head0 + h, first, rows), seq_rows(mdO, q_head0 + h, first, rows)
-                mL_h = cute.domain_offset(((q_head0 + h) * head_stride + first,), mLSE2)
-                mD_h = cute.domain_offset(((q_head0 + h) * head_stride + first,), mDrow)
-                rb = cutlass.Int32(0)
+                # `row_box` rows from the 16-byte boundary at or below the block's first row
+                start = (q_head0 + h) * head_stride + first - first % 4 + m * bm
+                mL_h = cute.domain_offset((start,), mLSE2)
+                mD_h = cute.domain_offset((start,), mDrow)
+                rb, box = -m, self.config.row_box  # the block's box is tile 0 of that view
             gQ = cute.local_tile(mQ_h, (bm, d), (None, 0))
             gdO = cute.local_tile(mdO_h, (bm, d), (None, 0))
             tLsL, tLgL = cpasync.tma_partition(tma_lse, 0, cute.make_layout(1), cute.group_modes(sLSE, 0, 1),
-                                               cute.group_modes(cute.local_tile(mL_h, (bm,), (None,)), 0, 1))
+                                               cute.group_modes(cute.local_tile(mL_h, (box,), (None,)), 0, 1))
             tDsD, tDgD = cpasync.tma_partition(tma_drow, 0, cute.make_layout(1), cute.group_modes(sDrow, 0, 1),
-                                               cute.group_modes(cute.local_tile(mD_h, (bm,), (None,)), 0, 1))
+                                               cute.group_modes(cute.local_tile(mD_h, (box,), (None,)), 0, 1))
             tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
                                                cute.group_modes(gQ, 0, 2))
             tdOsdO, tdOgdO = cpasync.tma_partition(tma_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),

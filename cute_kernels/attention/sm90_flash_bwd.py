@@ -119,9 +119,9 @@ tensor maps (`attention.ragged`), lse2, D and the dQ accumulator from the dense 
 pass over the packed tensors viewed (1, H, T, D) (rows past a sequence, the next one's, are
 masked in P^T and dS^T), dQ summed into that flat (Hq, Tq, D) fp32 accumulator; a key block
 no query row sees (past its sequence's end: the grid covers the longest) loads no K/V. Its first
-GPU run (H100, 2026-12-06) stopped with an illegal instruction, which a bisection tied to such
-blocks beside real queries (one sequence, or sequences within one key block, match sm80_flash):
-docs/attention.md.
+GPU run (H100, 2026-12-06) stopped with an illegal instruction wherever a sequence started at a
+row that is not a multiple of 4: the lse2 / D boxes are 1-D TMA loads, which must start 16-byte
+aligned; they now start at the boundary below (`FlashSm90BwdConfig.row_box`), not yet GPU-run.
 """
 
 from __future__ import annotations
@@ -297,7 +297,20 @@ class FlashSm90BwdConfig:
         score_tiles = self.ds_buffers * (2 if self.head_split else 1)
         tiles = 2 * self.block_n * d + 2 * self.stages * self.block_m * d + score_tiles * self.block_n * self.block_m
         dq_tile = 4 * self.block_m * d if self.dq_tma_reduce else 4 * self.dq_stage_floats if self.dq_writer else 0
-        return 2 * tiles + dq_tile + 2 * 4 * self.block_m * self.stages + 2048
+        return 2 * tiles + dq_tile + 2 * 4 * self.row_stage * self.stages + 2048
+
+    @property
+    def row_box(self) -> int:
+        """lse2 and D rows a Q block's TMA box loads: block_m, or varlen block_m + 4. A 1-D box must
+        start 16-byte aligned (else the load stops the kernel with an illegal instruction, the
+        first GPU run of varlen), and a sequence's rows start anywhere, so a varlen box starts
+        at the 4-float boundary below its first row and takes 4 more."""
+        return self.block_m + 4 if self.varlen else self.block_m
+
+    @property
+    def row_stage(self) -> int:
+        """Floats between two stages of the lse2 / D buffers: `row_box` rounded up to 128 bytes."""
+        return -(-self.row_box // 32) * 32
 
     @property
     def dq_stage_cols(self) -> tuple[int, int]:
@@ -319,7 +332,7 @@ class FlashSm90BwdConfig:
 
     @property
     def tx_bytes_qdo(self) -> int:
-        return 2 * 2 * self.block_m * self.head_dim + 2 * 4 * self.block_m
+        return 2 * 2 * self.block_m * self.head_dim + 2 * 4 * self.row_box
 
 
 def block_n_for(head_dim: int) -> int:

@@ -566,6 +566,32 @@ def test_varlen_tvm_ffi_build_takes_what_the_host_passes(monkeypatch):
     assert _signature(fn, args) == _passed(args)
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_varlen_lse_and_d_boxes_start_16_byte_aligned_and_cover_the_block(d):
+    """A 1-D TMA box must start 16-byte aligned (an unaligned one stopped the first GPU run of
+    the varlen backward with an illegal instruction); a sequence's rows start anywhere in the
+    flat lse2 / D rows, so a varlen box starts at the 4-float boundary at or below the block's
+    first row and is `row_box` rows long: for every first row it covers the block's rows, its
+    bytes are whole 16-byte units, the stages are 128-byte aligned, the transaction count
+    includes both boxes and shared memory still fits. Dense configs keep block_m-row boxes."""
+    for causal in (False, True):
+        dense = bwd.bwd_config_for(d, "bfloat16", causal)
+        assert dense.row_box == dense.row_stage == dense.block_m
+        c = bwd.bwd_config_for(d, "bfloat16", causal, varlen=True)
+        bm, head_rows = c.block_m, 3 * c.block_m  # rows a head in the flat buffers: whole Q blocks
+        assert (4 * c.row_box) % 16 == 0 and (4 * c.row_stage) % 128 == 0 and c.row_stage >= c.row_box
+        assert c.tx_bytes_qdo == 2 * 2 * bm * d + 2 * 4 * c.row_box
+        assert c.smem_bytes <= 227 * 1024
+        for head in range(2):
+            for first in range(0, 2 * head_rows, 7):
+                for m in range(3):
+                    start = head * head_rows + first - first % 4 + m * bm  # the kernel's box start
+                    shift = first % 4  # the consumers' view starts this many rows in
+                    row0 = head * head_rows + first + m * bm
+                    assert (4 * start) % 16 == 0
+                    assert start + shift == row0 and shift + bm <= c.row_box
+
+
 def test_deterministic_backward_orders_dq_on_hopper(host):
     """deterministic=True: the Hopper kernel's deterministic
     entry, with zeroed int32 counters, one per (batch, query head, Q block), after the other
