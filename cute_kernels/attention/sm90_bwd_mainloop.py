@@ -57,6 +57,15 @@ _DQ_STAGE_THREADS = THREADS_PER_WARPGROUP + 32
 _TURN_BARRIER = 6
 
 
+def _dq_stage_barriers():
+    """dq_writer's named barriers, one of each per consumer warpgroup: ("the writer has read its
+    last tile", "its dQ_blk is in shared memory"), each for 128 consumers + 32 writer threads."""
+    def bars(first: int):
+        return [pipeline.NamedBarrier(barrier_id=first + i, num_threads=_DQ_STAGE_THREADS) for i in (0, 1)]
+
+    return bars(_DQ_EMPTY_BARRIER), bars(_DQ_BARRIER)
+
+
 def mn_offsets(n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(row offsets, column offsets) of the (rows, columns) view (`acc_mn_view`) of an m64nN
     accumulator, relative to the thread's first element: element (r, j) is at tile position
@@ -541,11 +550,7 @@ class FlashAttentionSm90Bwd:
             cols, pitch = c.dq_stage_cols
             t_q, t_d = coord_dq[0]
             local = (t_q - 64 * wg) * pitch + t_d if bm == 128 else t_q * pitch + (t_d - wg * cols)
-            dq_red = (sdq_ptr + (wg * 64 * pitch + local), wg,
-                      [pipeline.NamedBarrier(barrier_id=_DQ_EMPTY_BARRIER + i, num_threads=_DQ_STAGE_THREADS)
-                       for i in (0, 1)],
-                      [pipeline.NamedBarrier(barrier_id=_DQ_BARRIER + i, num_threads=_DQ_STAGE_THREADS)
-                       for i in (0, 1)])
+            dq_red = (sdq_ptr + (wg * 64 * pitch + local), wg, *_dq_stage_barriers())
         if cutlass.const_expr(turns is not None):
             turns = (*turns, n_block, pipeline.NamedBarrier(barrier_id=_TURN_BARRIER, num_threads=_CONSUMER_THREADS),
                      ctidx == 0)
@@ -824,8 +829,7 @@ class FlashAttentionSm90Bwd:
         cols, pitch = c.dq_stage_cols
         lane = cute.arch.lane_idx()
         dq_row0, dq_head_rows = dq_rows
-        empty = [pipeline.NamedBarrier(barrier_id=_DQ_EMPTY_BARRIER + i, num_threads=_DQ_STAGE_THREADS) for i in (0, 1)]
-        full = [pipeline.NamedBarrier(barrier_id=_DQ_BARRIER + i, num_threads=_DQ_STAGE_THREADS) for i in (0, 1)]
+        empty, full = _dq_stage_barriers()
         for t in cutlass.range(q_heads * m_count, unroll=1):
             h = t // m_count
             m = m_block_min + (t - h * m_count)

@@ -304,7 +304,7 @@ class FlashSm90BwdConfig:
         """lse2 and D rows a Q block's TMA box loads: block_m, or varlen block_m + 4. A 1-D box must
         start 16-byte aligned (else the load stops the kernel with an illegal instruction, the
         first GPU run of varlen), and a sequence's rows start anywhere, so a varlen box starts
-        at the 4-float boundary below its first row and takes 4 more."""
+        at the 4-float boundary at or below its first row and takes 4 more."""
         return self.block_m + 4 if self.varlen else self.block_m
 
     @property
