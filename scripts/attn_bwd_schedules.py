@@ -1,10 +1,11 @@
 """Issue 16's schedule options, timed side by side: the sm90_flash backward with its default
-config (128 Q rows a step up to D = 64) and with the options under test (64 Q rows there, the
-`dq_writer` warp's bulk row reductions; with GQA, dK and dV summed in the kernel
-(`gqa_loop`) and in per-query-head fp32 buffers), against cuDNN's SDPA backward and FA4's, on
-the same tensors in one process.
+config (dQ added by the writer warp, one bulk reduction per warpgroup tile) and with the
+options under test (the consumers' own dQ reductions, the deterministic dQ order with either;
+with GQA, dK and dV summed in
+the kernel (`gqa_loop`) and in per-query-head fp32 buffers), against cuDNN's SDPA backward and
+FA4's, on the same tensors in one process.
 
-    python3 scripts/attn_bwd_schedules.py [--out FILE.json]
+    python3 scripts/attn_bwd_schedules.py [--out FILE.json] [--cases 0,1,6]
 
 Per case and implementation: the backward's median time (triton's do_bench, L2 flushed; ours
 the whole `sm90_flash_bwd.backward` call, prep and post included; the peers' through autograd
@@ -69,9 +70,11 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
+    parser.add_argument("--cases", help="comma-separated indices into CASES (default: all)")
     args = parser.parse_args()
     rows = []
-    for b, hq, hkv, s, d, causal in CASES:
+    picked = [CASES[int(i)] for i in args.cases.split(",")] if args.cases else CASES
+    for b, hq, hkv, s, d, causal in picked:
         torch.manual_seed(s + d)
         q, dout = (torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         k, v = (torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -79,9 +82,9 @@ def main() -> int:
         out, lse = attention_forward(q, k, v, causal=align, enable_gqa=gqa)
         problem = check_inputs(q, k, v, causal=align, scale=None, enable_gqa=gqa)
         base = bwd._launch_for(problem, None).config
-        options = {"default": None, "dq_writer": replace(base, dq_writer=True)}
-        if d <= 64:
-            options["block_m64"] = replace(base, block_m=64)
+        options = {"default": None, "consumer_red": replace(base, dq_writer=False),
+                   "deterministic": replace(base, deterministic=True),
+                   "consumer_red_deterministic": replace(base, dq_writer=False, deterministic=True)}
         if gqa:
             options["gqa_loop" if not base.gqa_loop else "per_head"] = replace(
                 base, gqa_loop=not base.gqa_loop, dkv_fp32=base.gqa_loop)

@@ -84,9 +84,10 @@ def acc_offsets(n: int, row_stride: int) -> tuple[int, ...]:
     return tuple((acc(v) % 64) * row_stride + acc(v) // 64 for v in range(n // 2))
 
 
-def _f32x2(a, b):
-    """The MLIR vector<2xf32> of two Float32 values (the operand of a vector reduction)."""
-    return _vector.from_elements(ir.VectorType.get([2], cutlass.Float32.mlir_type), [a.ir_value(), b.ir_value()])
+def _f32xn(*values):
+    """The MLIR vector<nxf32> of n Float32 values (a vector store's or reduction's operand)."""
+    return _vector.from_elements(ir.VectorType.get([len(values)], cutlass.Float32.mlir_type),
+                                 [v.ir_value() for v in values])
 
 
 def _transposed(t: cute.Tensor, rows: int, cols: int, stages: int) -> cute.Tensor:
@@ -393,7 +394,11 @@ class FlashAttentionSm90Bwd:
                              (q_head0, q_heads, batch, sq_pad // bm), seq)
             if cutlass.const_expr(c.dq_writer):
                 if warp_idx == 1:
-                    self.write_dq(storage.sdQ.data_ptr(), mdQacc, m_block_min, m_count, q_heads, dq_rows, seqlen_q)
+                    writer_turns = None
+                    if cutlass.const_expr(mTurns is not None):
+                        writer_turns = (mTurns, sq_pad // bm, offset_lo, n_block, None, cute.arch.lane_idx() == 0)
+                    self.write_dq(storage.sdQ.data_ptr(), mdQacc, m_block_min, m_count, q_heads,
+                                  (head_row, sq_pad // bm), writer_turns)
         else:
             self.roles.become_consumer()
             self.consume((tma_dq, mdQ3, sdQ, sdQ_full, storage.sdQ.data_ptr()), mma_sdp0, mma_sdp, mma_dkv, mma_dq0,
@@ -401,7 +406,7 @@ class FlashAttentionSm90Bwd:
                          sLSE, sDrow, mdQacc, gdK, gdV, scale,
                          (scale_log2, score_scale), (causal_offset, offset_lo), n_block, seqlen_q, seqlen_k,
                          m_block_min, m_count, (head_row, q_heads, dq_rows), tidx - THREADS_PER_WARPGROUP,
-                         None if mTurns is None else (mTurns, sq_pad // bm, offset_lo))
+                         None if mTurns is None or c.dq_writer else (mTurns, sq_pad // bm, offset_lo))
 
     @cute.jit
     def produce(self, tma_k, gK, sK, tma_v, gV, sV, tma_q, mQ, sQ, tma_do, mdO, sdO, tma_lse, mLSE2, sLSE,
@@ -545,12 +550,9 @@ class FlashAttentionSm90Bwd:
                   [pipeline.NamedBarrier(barrier_id=_DQ_BARRIER + i, num_threads=THREADS_PER_WARPGROUP)
                    for i in (0, 1)], wg, issuer_warp)
         if cutlass.const_expr(c.dq_writer):
-            # This thread's first value in the staged tile: warpgroup wg's 64 rows start at row
-            # 64 wg of the tile (each its own half of the head dim with 64 Q rows).
-            cols, pitch = c.dq_stage_cols
-            t_q, t_d = coord_dq[0]
-            local = (t_q - 64 * wg) * pitch + t_d if bm == 128 else t_q * pitch + (t_d - wg * cols)
-            dq_red = (sdq_ptr + (wg * 64 * pitch + local), wg, *_dq_stage_barriers())
+            # This thread's first chunk in its warpgroup's tile (`sm90_layouts.dq_tile_layout`).
+            dq_red = (sdq_ptr + (wg * c.dq_tile_floats + (ctidx % THREADS_PER_WARPGROUP) * 4), wg,
+                      *_dq_stage_barriers())
         if cutlass.const_expr(turns is not None):
             turns = (*turns, n_block, pipeline.NamedBarrier(barrier_id=_TURN_BARRIER, num_threads=_CONSUMER_THREADS),
                      ctidx == 0)
@@ -738,7 +740,7 @@ class FlashAttentionSm90Bwd:
                 turn = self.wait_turn(turns, head_row, m)
             for p in cutlass.range_constexpr(cute.size(acc_dq) // 2):
                 if cutlass.Int32(dq_offs[2 * p] // c.head_dim) < room:
-                    cute.arch.red(base + dq_offs[2 * p], _f32x2(acc_dq[2 * p] * scale, acc_dq[2 * p + 1] * scale),
+                    cute.arch.red(base + dq_offs[2 * p], _f32xn(acc_dq[2 * p] * scale, acc_dq[2 * p + 1] * scale),
                                   op="add", dtype=cutlass.Float32, sem="relaxed", scope="gpu")
             if cutlass.const_expr(turns is not None):
                 self.end_turn(turns, turn)
@@ -764,15 +766,18 @@ class FlashAttentionSm90Bwd:
         if waiter:
             while cute.arch.load(turn, cutlass.Int32, sem="acquire", scope="gpu") != n_block - first:
                 pass
-        bar.arrive_and_wait()
+        if cutlass.const_expr(bar is not None):
+            bar.arrive_and_wait()
         return turn
 
     @cute.jit
     def end_turn(self, turns, turn):
-        """Every consumer's additions are issued (the barrier); one thread then makes them
-        visible at gpu scope before the count (fence, then a release add)."""
+        """Every consumer's additions are issued (the barrier; the dQ writer's have completed);
+        one thread then makes them visible at gpu scope before the count (fence, then a release
+        add)."""
         _, _, _, _, bar, waiter = turns
-        bar.arrive_and_wait()
+        if cutlass.const_expr(bar is not None):
+            bar.arrive_and_wait()
         if waiter:
             cute.arch.fence_acq_rel_gpu()
             cute.arch.red(turn, cutlass.Int32(1), op="add", dtype=cutlass.Int32, sem="release", scope="gpu")
@@ -801,14 +806,14 @@ class FlashAttentionSm90Bwd:
     @cute.jit
     def stage_dq(self, acc_dq, scale: cutlass.Float32, dq_stage):
         """dq_writer, consumer side: once the writer has read this warpgroup's last tile, store
-        scale * dQ_blk to it (8-byte stores at the static offsets of the accumulator's value
-        pairs, `dq_stage_cols`' pitch), then tell the writer it is there."""
+        scale * dQ_blk to it in fragment order (`sm90_layouts.dq_tile_layout`: value 4 k + e of
+        thread t at float (k * 128 + t) * 4 + e, one 16-byte store per 4 values), then tell
+        the writer it is there."""
         base, wg, empty, full = dq_stage
-        cols, pitch = self.config.dq_stage_cols
-        offs = acc_offsets(cols, pitch)
         self.wg_sync(empty, wg)
-        for p in cutlass.range_constexpr(cute.size(acc_dq) // 2):
-            cute.arch.store(base + offs[2 * p], _f32x2(acc_dq[2 * p] * scale, acc_dq[2 * p + 1] * scale), ss="cta")
+        for k in cutlass.range_constexpr(cute.size(acc_dq) // 4):
+            v = [acc_dq[4 * k + e] * scale for e in range(4)]
+            cute.arch.store(base + k * 4 * THREADS_PER_WARPGROUP, _f32xn(*v), ss="cta")
         cute.arch.fence_proxy("async.shared", space="cta")
         if wg == 0:
             full[0].arrive()
@@ -817,37 +822,42 @@ class FlashAttentionSm90Bwd:
 
     @cute.jit
     def write_dq(self, sdq_ptr, gdQacc: cute.Tensor, m_block_min: cutlass.Int32, m_count: cutlass.Int32,
-                 q_heads: cutlass.Int32, dq_rows, seqlen_q: cutlass.Int32):
+                 q_heads: cutlass.Int32, tiles, turns):
         """dq_writer, the producer warpgroup's second warp: per step (the consumers' order: each
-        query head of the CTA, its Q blocks ascending) and consumer warpgroup, wait for the
-        staged dQ_blk, add each of its 64 rows that exist (< seqlen_q) to the fp32 accumulator
-        with one bulk reduction (lanes take rows l and l + 32), and hand the tile back once the
-        reductions have read it. dq_rows: (the first query head's first accumulator row, the
-        rows from one head's to the next's)."""
+        query head of the CTA, its Q blocks ascending), wait for each consumer warpgroup's
+        staged dQ_blk and add it whole to its tile of the accumulator with one bulk reduction
+        issued by lane 0, handing a tile back once its reduction has read it. The accumulator
+        holds the tiles in the order of the shared ones: (batch, query head) pair, Q block,
+        warpgroup, each `dq_tile_floats` in fragment order (the host un-permutes it). tiles:
+        (the first query head's pair index, Q blocks per head). turns: the deterministic dQ's
+        (counters, Q blocks per head, offset_lo, key block, None, whether this lane waits and
+        counts), or None: lane 0 waits for the Q block's turn before its reductions, and counts
+        once they have completed."""
         c = self.config
-        bm, d = c.block_m, c.head_dim
-        cols, pitch = c.dq_stage_cols
+        tile = c.dq_tile_floats
+        head_row, m_blocks = tiles
         lane = cute.arch.lane_idx()
-        dq_row0, dq_head_rows = dq_rows
         empty, full = _dq_stage_barriers()
         for t in cutlass.range(q_heads * m_count, unroll=1):
             h = t // m_count
             m = m_block_min + (t - h * m_count)
             for w in cutlass.range_constexpr(2):
-                # the last step's reductions of warpgroup w's tile have read it (groups retire in
+                # the last step's reduction of warpgroup w's tile has read it (groups retire in
                 # order: w = 0's is the older of the two)
                 cute.arch.cp_async_bulk_wait_group(1 - w, read=True)
                 empty[w].arrive()
+            if cutlass.const_expr(turns is not None):
+                turn = self.wait_turn(turns, head_row + h, m)
+                cute.arch.fence_proxy("async.global")  # the reductions below come after the acquire
+            g = gdQacc.iterator + cutlass.Int64((head_row + h) * m_blocks + m) * (2 * tile)
             for w in cutlass.range_constexpr(2):
                 full[w].arrive_and_wait()
-                row0 = m * bm + (64 * w if bm == 128 else 0)
-                col0 = 0 if bm == 128 else w * cols
-                for i in cutlass.range_constexpr(2):
-                    r = lane + 32 * i
-                    if row0 + r < seqlen_q:
-                        g = gdQacc.iterator + (cutlass.Int64(dq_row0 + h * dq_head_rows + row0 + r) * d + col0)
-                        tma.bulk_reduce_add_f32(g, sdq_ptr + ((w * 64 + r) * pitch), cols * 4)
+                if lane == 0:
+                    tma.bulk_reduce_add_f32(g + w * tile, sdq_ptr + w * tile, tile * 4)
                 cute.arch.cp_async_bulk_commit_group()
+            if cutlass.const_expr(turns is not None):
+                cute.arch.cp_async_bulk_wait_group(0, read=False)  # the additions are done
+                self.end_turn(turns, turn)
         cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit

@@ -8,9 +8,9 @@ Q block):
     rows Sq <= r < padded:  D = 0, lse2 = +inf  (so the backward's P is 0 there)
 
 written to flat fp32 buffers of B * H * padded entries, (batch, head)-major; and the backward's
-fp32 dQ accumulator (B * H * Sq rows of D, unpadded: the backward converts it to dQ in one
-contiguous pass) set to 0 (it is added to with atomics / TMA reduce-adds), so that no separate
-memset runs. One CTA of 128
+fp32 dQ accumulator set to 0 (it is added to with atomics / bulk reduce-adds), so that no separate
+memset runs: B * H * `acc_rows` rows of D, acc_rows = Sq (row-major, converted to dQ in one
+contiguous pass) or `padded` (`dq_writer`'s whole Q-block tiles). One CTA of 128
 threads covers 128 / R rows, R = D / 8 rounded up to a power of two: each of a row's first D / 8
 threads reads 8 contiguous elements of dO and of O (one 16-byte load each) and zeroes 8 floats of
 the row's dQ accumulator (two 16-byte stores), the rest of its R (D = 96: 4 of 16) add 0, and the
@@ -58,16 +58,18 @@ class BwdPrep:
 
     @cute.jit
     def __call__(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mDrow: cute.Tensor,
-                 mLSE2: cute.Tensor, mdQacc: cute.Tensor, seqlen_q: cutlass.Int32, padded: cutlass.Int32, stream):
+                 mLSE2: cute.Tensor, mdQacc: cute.Tensor, seqlen_q: cutlass.Int32, padded: cutlass.Int32,
+                 acc_rows: cutlass.Int32, stream):
         """mdO, mO: (B, H, Sq, D), unit head-dim stride; mLSE: flat (B * H * Sq,); mDrow, mLSE2:
-        flat (B * H * padded,) outputs; mdQacc: flat (B * H * Sq * D,) fp32, zeroed."""
+        flat (B * H * padded,) outputs; mdQacc: flat (B * H * acc_rows * D,) fp32, zeroed
+        (acc_rows: Sq or padded)."""
         grid = (cute.ceil_div(mDrow.shape[0], self.rows_per_cta), 1, 1)
-        self.kernel(mdO, mO, mLSE, mDrow, mLSE2, mdQacc, seqlen_q, padded).launch(
+        self.kernel(mdO, mO, mLSE, mDrow, mLSE2, mdQacc, seqlen_q, padded, acc_rows).launch(
             grid=grid, block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mDrow: cute.Tensor, mLSE2: cute.Tensor,
-               mdQacc: cute.Tensor, seqlen_q: cutlass.Int32, padded: cutlass.Int32):
+               mdQacc: cute.Tensor, seqlen_q: cutlass.Int32, padded: cutlass.Int32, acc_rows: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         t = tidx % self.row_threads
@@ -77,12 +79,13 @@ class BwdPrep:
         s = prow - bh * padded
         acc = cutlass.Float32(0.0)
         lse2 = cutlass.Float32.inf
-        if prow < total and s < seqlen_q and t < self.active_threads:
-            row = bh * seqlen_q + s
-            g_dq = cute.local_tile(cute.local_tile(mdQacc, (self.head_dim,), (row,)), (_VEC,), (t,))
+        if prow < total and s < acc_rows and t < self.active_threads:
+            g_dq = cute.local_tile(cute.local_tile(mdQacc, (self.head_dim,), (bh * acc_rows + s,)), (_VEC,), (t,))
             r_zero = cute.make_rmem_tensor((_VEC,), cutlass.Float32)
             r_zero.fill(0.0)
             cute.autovec_copy(r_zero, g_dq)
+        if prow < total and s < seqlen_q and t < self.active_threads:
+            row = bh * seqlen_q + s
             b = bh // mdO.shape[1]
             h = bh - b * mdO.shape[1]
             # the row's (D,) slice, then this thread's 8 elements: strides divisible by 8 and
@@ -135,8 +138,8 @@ def _compile_tvm_ffi(head_dim: int, dtype: str):
     lse = fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=4)
     d_rows, lse2, dq_acc = [fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=16) for _ in range(3)]
     fn = compile_kernel(_kernel_for(head_dim, dtype), do, o, lse, d_rows, lse2, dq_acc, cutlass.Int32(1),
-                        cutlass.Int32(64), fake_stream(tvm_ffi_env_stream=True),
-                        key=("attention.sm90_bwd_prep", "tvm_ffi", head_dim, dtype), options=TVM_FFI_OPTION)
+                        cutlass.Int32(64), cutlass.Int32(1), fake_stream(tvm_ffi_env_stream=True),
+                        key=("attention.sm90_bwd_prep", "tvm_ffi", 2, head_dim, dtype), options=TVM_FFI_OPTION)
     return fn
 
 
@@ -156,38 +159,41 @@ def preprocess(dout, out, lse, block_m: int, *, tvm_ffi: bool | None = None):
     return d_rows, lse2, dq_acc
 
 
-def preprocess_flat(dout, out, lse, block_m: int, tvm_ffi: bool):
-    """`preprocess`'s (D, lse2, dq_flat, dq_acc), dq_flat the accumulator's flat (B * H * Sq *
-    D,) view: what the backward kernel takes, without re-viewing per call."""
+def preprocess_flat(dout, out, lse, block_m: int, tvm_ffi: bool, acc_padded: bool = False):
+    """`preprocess`'s (D, lse2, dq_flat, dq_acc), dq_flat the accumulator's flat view: what the
+    backward kernel takes, without re-viewing per call. acc_padded: the accumulator holds
+    `padded` rows per (batch, head) (`dq_writer`'s tiles), dq_acc (B, H, padded, D)."""
     if block_m % 4:
         raise ValueError(f"preprocess: block_m must be a multiple of 4 (16-byte aligned buffers), got {block_m}")
     b, h, sq, d = dout.shape
     padded = -(-sq // block_m) * block_m
     lse = lse.contiguous().float()
     if tvm_ffi:
-        return run_prepped(prep_function(d, dout.dtype), rows_aligned(dout), rows_aligned(out), lse, padded)
-    d_rows, lse2, dq_flat = _buffers(b, h, sq, d, padded, dout.device)
+        return run_prepped(prep_function(d, dout.dtype), rows_aligned(dout), rows_aligned(out), lse, padded,
+                           acc_padded)
+    acc_rows = padded if acc_padded else sq
+    d_rows, lse2, dq_flat = _buffers(b, h, acc_rows, d, padded, dout.device)
     from cute_kernels.runtime import compile_kernel, current_stream, from_torch
 
     # without TVM-FFI the wrapped strides carry no divisibility: contiguous rows keep the loads aligned
     flat = lambda t, align: from_torch(t.view(-1), assumed_align=align, leading_dim=0)  # noqa: E731
     rows = lambda t: from_torch(t.contiguous(), assumed_align=16, leading_dim=3)  # noqa: E731
     args = (rows(dout), rows(out), flat(lse, 4), flat(d_rows, 16), flat(lse2, 16),
-            flat(dq_flat, 16), cutlass.Int32(sq), cutlass.Int32(padded))
+            flat(dq_flat, 16), cutlass.Int32(sq), cutlass.Int32(padded), cutlass.Int32(acc_rows))
     stream = current_stream()
     kernel = _kernel_for(d, str(dout.dtype).removeprefix("torch."))
-    fn = compile_kernel(kernel, *args, stream, key=("attention.sm90_bwd_prep", 3, d, str(dout.dtype)))
+    fn = compile_kernel(kernel, *args, stream, key=("attention.sm90_bwd_prep", 4, d, str(dout.dtype)))
     fn(*args, stream)
-    return d_rows, lse2, dq_flat, dq_flat.view(b, h, sq, d)
+    return d_rows, lse2, dq_flat, dq_flat.view(b, h, acc_rows, d)
 
 
-def _buffers(b: int, h: int, sq: int, d: int, padded: int, device):
-    """D, lse2 (B * H * padded each) and the flat dQ accumulator (B * H * Sq * D), fp32, in one
-    allocation instead of three: the kernel writes all of them."""
+def _buffers(b: int, h: int, acc_rows: int, d: int, padded: int, device):
+    """D, lse2 (B * H * padded each) and the flat dQ accumulator (B * H * acc_rows * D), fp32, in
+    one allocation instead of three: the kernel writes all of them."""
     import torch
 
     n = b * h * padded
-    buf = torch.empty(2 * n + b * h * sq * d, dtype=torch.float32, device=device)
+    buf = torch.empty(2 * n + b * h * acc_rows * d, dtype=torch.float32, device=device)
     return buf[:n], buf[n:2 * n], buf[2 * n:]
 
 
@@ -200,14 +206,16 @@ def prep_function(head_dim: int, dtype):
     return fn
 
 
-def run_prepped(fn, dout, out, lse, padded: int):
+def run_prepped(fn, dout, out, lse, padded: int, acc_padded: bool = False):
     """`preprocess_flat`'s TVM-FFI launch with `fn` (`prep_function`) on dout and out whose rows
     are aligned as they are (`rows_aligned` returns them) and a contiguous fp32 lse, padding Sq
-    to `padded` rows: what a warm backward replays with its decisions already made."""
+    to `padded` rows (the accumulator too with `acc_padded`): what a warm backward replays with
+    its decisions already made."""
     b, h, sq, d = dout.shape
-    d_rows, lse2, dq_flat = _buffers(b, h, sq, d, padded, dout.device)
-    fn(dout, out, lse.view(-1), d_rows, lse2, dq_flat, sq, padded)
-    return d_rows, lse2, dq_flat, dq_flat.view(b, h, sq, d)
+    acc_rows = padded if acc_padded else sq
+    d_rows, lse2, dq_flat = _buffers(b, h, acc_rows, d, padded, dout.device)
+    fn(dout, out, lse.view(-1), d_rows, lse2, dq_flat, sq, padded, acc_rows)
+    return d_rows, lse2, dq_flat, dq_flat.view(b, h, acc_rows, d)
 
 
 # ---- compile-only variants ------------------------------------------------------------------------
@@ -222,8 +230,8 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16"):
     do, o = [fake_tensor(t, 4, leading_dim=3, assumed_align=16, stride_divisibility=_VEC) for _ in range(2)]
     lse = fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=4)
     d_rows, lse2, dq_acc = [fake_tensor(cutlass.Float32, 1, leading_dim=0, assumed_align=16) for _ in range(3)]
-    args = (do, o, lse, d_rows, lse2, dq_acc, cutlass.Int32(1), cutlass.Int32(64), fake_stream())
-    return CompileJob(BwdPrep(head_dim, t), args, ("attention.sm90_bwd_prep", 4, head_dim, dtype))
+    args = (do, o, lse, d_rows, lse2, dq_acc, cutlass.Int32(1), cutlass.Int32(64), cutlass.Int32(1), fake_stream())
+    return CompileJob(BwdPrep(head_dim, t), args, ("attention.sm90_bwd_prep", 5, head_dim, dtype))
 
 
 VARIANT_CONFIGS = {"d64_float16": {"head_dim": 64, "dtype": "float16"},

@@ -685,11 +685,6 @@ class Sm90FlashRung:
 
     def supports_varlen_backward(self, problem) -> str | None:
         """None when `varlen_backward` takes the packed `problem`, else why not."""
-        from cute_kernels.runtime import unverified
-
-        if not unverified.enabled("sm90_bwd_varlen"):
-            return ("the sm90_flash varlen backward has not run on a GPU yet (runtime.unverified path "
-                    "'sm90_bwd_varlen')")
         if problem.seqused_k:
             return "the sm90_flash varlen backward does not take seqused_k"
         return self.supports_backward(problem)

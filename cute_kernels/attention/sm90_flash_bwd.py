@@ -23,11 +23,14 @@ head, batch) (64 at head dims above 128: `head_split`, at the end) and is three 
                16-bit P^T and dS^T as register A operands (wgmma RS, the forward's P re-view).
                dS^T is also written to shared memory (stmatrix, two alternating buffers), and
                dQ_blk = dS K is one wgmma SS over both warpgroups' keys (each warpgroup takes
-               half of the head dim), scaled and added to an fp32 dQ accumulator in global
-               memory: with 8-byte `red.global.add.v2.f32` (two adjacent columns, so a warp's
-               reduction fills whole 32-byte sectors), or staged in shared memory and added
-               by one TMA reduce-add (cp.reduce.async.bulk.tensor) per warpgroup, issued by
-               the warpgroup's whole first warp (`FlashSm90BwdConfig.dq_tma_reduce`)
+               half of the head dim), scaled and stored to a shared tile in fragment order,
+               which the producer warpgroup's second warp (the dQ writer) adds to an fp32
+               accumulator of the same order in global memory with one bulk reduction
+               (`dq_writer`, the default up to D = 128; below). The consumers' own
+               8-byte `red.global.add.v2.f32` per value pair (two adjacent columns, so a
+               warp's reduction fills whole 32-byte sectors; above D = 128 and for packed
+               sequences) and one TMA reduce-add per warpgroup
+               (`FlashSm90BwdConfig.dq_tma_reduce`) are the alternatives
 
 Sliding windows (`mask_rule`): the config's `causal` flag tests the upper bound (causality or
 a right window bound; runtime `causal_offset`), `local` the lower bound (runtime `offset_lo`),
@@ -56,9 +59,10 @@ without spills (168 registers, as the default) and has GPU tests
 (`gqa_loop_fills`, from that script's H200 figures).
 
 Pre-processing (D and lse in base 2, empty rows' lse = -inf mapped to +inf so that their P is
-0, both padded to whole Q blocks, and the zeroed fp32 dQ accumulator of Sq rows per head) is
-the small `sm90_bwd_prep` kernel by default, torch ops otherwise; the conversion of dQ to q's
-dtype (post-processing) is one torch op over the contiguous accumulator (it was padded to whole
+0, both padded to whole Q blocks, and the zeroed fp32 dQ accumulator of Sq rows per head, or whole
+Q blocks for `dq_writer`'s tiles) is the small `sm90_bwd_prep` kernel by default, torch ops
+otherwise; the conversion of dQ to q's dtype (post-processing) is one torch op over the
+accumulator (the row-major one contiguous; it was padded to whole
 Q blocks until 2026-12-02: the conversion of the sliced view ran torch's strided copy, 30 us at
 ViT-B/16's B64 H12 S197, and the prep zeroed the padding too). Rows and keys past the sequence
 ends: TMA zero-fills the loads, lse2 of a missing row is +inf (P = 0), keys past Sk are masked
@@ -77,17 +81,22 @@ dQ is accumulated with fp32 reductions, so its rounding may vary run to run unle
 V with the 32-byte swizzle (`sm90_bwd_mainloop.split_atom`: dQ's head-dim split then falls on
 whole atoms).
 
-FlashAttention-3's dQ warp and its 128-row Q blocks at D <= 64 (2026-12-05; GPU tests passed on
-an H100 2026-12-06; `block_m=128` is the default up to D = 64, 4-7% faster, `dq_writer` an option
-off by default, 1.3-2x slower as built: docs/attention.md). `dq_writer`: each consumer
-warpgroup stores scale * dQ_blk to a shared tile (8-byte stores, a row pitch of 8 or 24 words
-modulo 32 so a half-warp's stores take distinct banks) and arrives at a named barrier; the
-producer warpgroup's second warp waits there and adds each existing row to the row-major
-accumulator with one `cp.reduce.async.bulk ... add.f32` (whole 128-byte lines at the L2, where
-the pairs of `red.global.add.v2.f32` and the TMA reduce's 32-byte box rows each add one 32-byte
-sector), then hands the tile back once the reductions have read it: the consumers never wait
-on global memory, and the accumulator's layout and post-processing stay as they are (FA3 stores
-its accumulator in fragment order and reduces it flat instead). `block_m=128`: S^T and dP^T of
+FlashAttention-3's dQ warp and its 128-row Q blocks at D <= 64 (`block_m=128` the default up
+to D = 64 since 2026-12-06, 4-7% faster; `dq_writer` the default up to D = 128 since its flat
+form passed its GPU tests on an H200 the same day: docs/attention.md has the figures).
+`dq_writer`: each consumer warpgroup stores scale * dQ_blk to its shared tile in fragment order
+(`sm90_layouts.dq_tile_layout`: a thread's 4 values of a column block are one 16-byte store
+and a warp's stores 512 contiguous bytes) and arrives at a named barrier; the producer
+warpgroup's second warp waits there and adds the whole tile to the accumulator with one
+`cp.reduce.async.bulk ... add.f32` issued by lane 0 (whole 128-byte lines at the L2), then
+hands it back once the reduction has read it: the consumers never wait on global memory. The
+accumulator holds the tiles in the same order, per (batch, query head) pair, Q block and
+warpgroup (Sq padded to whole Q blocks, zeroed by the prep pass), and the post-processing
+un-permutes it in one strided copy (`dq_from_tiles`). With `deterministic` the writer warp
+keeps the key-block order (it waits for the Q block's counter, waits for its reductions to
+complete, then counts), so the consumers never wait for it. The first form of the writer
+reduced the row-major accumulator row by row (64 bulk operations of 256 bytes per tile) and
+was 1.3-2x slower than the consumers' reductions. `block_m=128`: S^T and dP^T of
 64 keys x 128 queries per warpgroup, dQ's rows split over the warpgroups (m64nD each): half the
 steps and barriers per key block. Not built: Q blocks of 80 rows at D = 128 (FA3's non-causal
 tile, which needs dQ^T = K^T dS^T on wgmma's 64-row M). Both consumers still meet at a named
@@ -112,8 +121,8 @@ FlashAttention-3's layout for these head dims in outline (its CTA takes 80 or 96
 queries on M); the GPU tests (`test_head_split_*`) compare it with fp32 autograd and float64,
 and at D = 128 with the default layout's problems.
 
-Packed sequences (`varlen_backward`, `FlashSm90BwdConfig.varlen`, 2026-12-05, built without a
-GPU: unverified path `sm90_bwd_varlen`, until then "auto" runs sm80_flash's varlen backward): a
+Packed sequences (`varlen_backward`, `FlashSm90BwdConfig.varlen`; "auto"'s varlen backward on
+Hopper since its GPU tests passed on an H200, 2026-12-06, 2-2.5x sm80_flash's speed): a
 CTA per (key block of the longest sequence, query head, sequence); Q, dO, K and V through ragged
 tensor maps (`attention.ragged`), lse2, D and the dQ accumulator from the dense prep
 pass over the packed tensors viewed (1, H, T, D) (rows past a sequence, the next one's, are
@@ -121,7 +130,8 @@ masked in P^T and dS^T), dQ summed into that flat (Hq, Tq, D) fp32 accumulator; 
 no query row sees (past its sequence's end: the grid covers the longest) loads no K/V. Its first
 GPU run (H100, 2026-12-06) stopped with an illegal instruction wherever a sequence started at a
 row that is not a multiple of 4: the lse2 / D boxes are 1-D TMA loads, which must start 16-byte
-aligned; they now start at the boundary below (`FlashSm90BwdConfig.row_box`), not yet GPU-run.
+aligned; they start at the boundary below (`FlashSm90BwdConfig.row_box`). dQ is summed by the
+consumers' reductions (the writer warp's tiles would need per-sequence padded offsets).
 """
 
 from __future__ import annotations
@@ -187,10 +197,11 @@ class FlashSm90BwdConfig:
     the longest sequence, head, sequence), each sequence's rows read through ragged tensor maps;
     deterministic: each Q block's dQ_blk additions happen in key-block order (a counter per (batch,
     query head, Q block) that a CTA waits on, then advances), so dQ is the same bits on every run;
-    dq_writer: each consumer warpgroup stores its scaled dQ_blk to a padded shared tile and the
-    producer warpgroup's second warp adds it to the fp32 accumulator with one bulk reduction per row
-    (`hopper.tma.bulk_reduce_add_f32`: whole lines at the L2), as FlashAttention-3's dQ warp does,
-    instead of the consumers' `red.global` per value pair.
+    dq_writer: each consumer warpgroup stores its scaled dQ_blk to a shared tile in fragment order
+    (`sm90_layouts.dq_tile_layout`) and the producer warpgroup's second warp adds the whole tile to
+    a fp32 accumulator of the same order with one bulk reduction (`hopper.tma.bulk_reduce_add_f32`),
+    as FlashAttention-3's dQ warp does, instead of the consumers' `red.global` per value pair; with
+    `deterministic` that warp keeps the key-block order, off the consumers' path.
     """
 
     head_dim: int = 128
@@ -259,10 +270,10 @@ class FlashSm90BwdConfig:
         if self.deterministic and (self.dq_tma_reduce or self.varlen):
             raise ValueError("FlashSm90BwdConfig: deterministic orders the dQ reductions from registers of the "
                              "dense launch; it takes neither dq_tma_reduce nor varlen")
-        if self.dq_writer and (self.dq_tma_reduce or self.head_split or self.deterministic):
+        if self.dq_writer and (self.dq_tma_reduce or self.head_split or self.varlen):
             raise ValueError("FlashSm90BwdConfig: dq_writer (dQ staged in shared memory, added by a producer warp) "
                              "takes neither dq_tma_reduce, head_split (no shared memory left for the tile) nor "
-                             "deterministic (its order is kept by the consumers' own reductions)")
+                             "varlen (its accumulator is whole Q-block tiles per head)")
         if self.ds_buffers not in (1, 2):
             raise ValueError(f"FlashSm90BwdConfig.ds_buffers must be 1 or 2, got {self.ds_buffers!r}")
         if self.stages not in (1, 2, 3):
@@ -313,18 +324,19 @@ class FlashSm90BwdConfig:
         return -(-self.row_box // 32) * 32
 
     @property
-    def dq_stage_cols(self) -> tuple[int, int]:
-        """(columns, row pitch in floats) of a consumer warpgroup's dQ_blk in `dq_writer`'s
-        shared tile: 64 rows of half the head dim (of all of it with 128 Q rows, the warpgroups
-        splitting the rows). The pitch is 8 or 24 modulo 32 words, so the 8-byte stores of a
-        half-warp (4 rows x 4 column pairs of the accumulator) hit 16 distinct bank pairs; and a
-        multiple of 4 floats, so each row starts 16-byte aligned for the bulk reduction."""
-        cols = self.head_dim if self.block_m == 128 else self.head_dim // 2
-        return cols, cols + (8 - cols) % 16
+    def dq_tile_cols(self) -> int:
+        """Columns of a consumer warpgroup's dQ_blk (64 rows): half the head dim, or all of it with
+        128 Q rows (the warpgroups then split the rows)."""
+        return self.head_dim if self.block_m == 128 else self.head_dim // 2
+
+    @property
+    def dq_tile_floats(self) -> int:
+        """Floats of one warpgroup's dQ_blk, in `dq_writer`'s shared tile and accumulator alike."""
+        return 64 * self.dq_tile_cols
 
     @property
     def dq_stage_floats(self) -> int:
-        return 2 * 64 * self.dq_stage_cols[1]
+        return 2 * self.dq_tile_floats
 
     @property
     def tx_bytes_kv(self) -> int:
@@ -343,17 +355,22 @@ def block_n_for(head_dim: int) -> int:
 
 def bwd_config_for(head_dim: int, dtype: str, causal: bool, *, dkv_fp32: bool = False,
                    local: bool = False, softcap: bool = False, gqa_loop: bool = False,
-                   varlen: bool = False, deterministic: bool = False, wide_q: bool = True) -> FlashSm90BwdConfig:
+                   varlen: bool = False, deterministic: bool = False, wide_q: bool = True,
+                   dq_writer: bool | None = None) -> FlashSm90BwdConfig:
     """The tile for a head dim: 64 Q rows per step (with `wide_q`, 128 up to D = 64, as
     FlashAttention-3 takes them there: half the steps, each twice the work between the
     consumers' meetings) against `block_n_for(head_dim)` keys per CTA; at D = 256 one dS^T / P^T
-    buffer each (two would need 232 KB of shared memory)."""
+    buffer each (two would need 232 KB of shared memory). dq_writer: None takes the writer warp
+    wherever it applies (not `head_split`, not `varlen`: 4-11% faster than the consumers'
+    reductions, and deterministic at 1.0-1.5x their non-deterministic time, H200 2026-12-06)."""
     split = head_dim not in _WHOLE_HEAD_DIMS
+    if dq_writer is None:
+        dq_writer = not split and not varlen
     return FlashSm90BwdConfig(head_dim=head_dim, dtype=dtype, causal=causal, local=local,
                               dkv_fp32=dkv_fp32, softcap=softcap, gqa_loop=gqa_loop, head_split=split,
                               block_m=128 if wide_q and head_dim <= 64 else 64,
                               block_n=block_n_for(head_dim), ds_buffers=1 if head_dim > 192 else 2,
-                              varlen=varlen, deterministic=deterministic).validate()
+                              varlen=varlen, deterministic=deterministic, dq_writer=dq_writer).validate()
 
 
 # ---- compile-only variants ------------------------------------------------------------------------
@@ -365,9 +382,10 @@ def build_variant(head_dim: int = 128, dtype: str = "bfloat16", causal: bool = F
     `varlen`, packed (1, H, T, D) views and int32 cu_seqlens)."""
     from cute_kernels.runtime import CompileJob, fake_stream, fake_tensor
 
-    # 64 Q rows unless the variant asks for 128 (its options are written against that tile)
-    config = replace(bwd_config_for(head_dim, dtype, causal, dkv_fp32=dkv_fp32, local=local, wide_q=False),
-                     **tile).validate()
+    # 64 Q rows and the consumers' own dQ reductions unless the variant asks for 128 rows or the
+    # writer warp (its options are written against that base)
+    config = replace(bwd_config_for(head_dim, dtype, causal, dkv_fp32=dkv_fp32, local=local, wide_q=False,
+                                    dq_writer=False), **tile).validate()
     return CompileJob(_entry(config), _fake_args(config, fake_tensor, fake_stream),
                       ("attention.sm90_flash_bwd", config))
 
@@ -475,8 +493,8 @@ BWD_VARIANT_CONFIGS["d96_float16_causal_local_gqa_loop_dq_writer"] = {
     "head_dim": 96, "dtype": "float16", "causal": True, "local": True, "gqa_loop": True, "dq_writer": True}
 BWD_VARIANT_CONFIGS["d64_bfloat16_causal_wide_q_dq_writer"] = {"head_dim": 64, "dtype": "bfloat16", "causal": True,
                                                                "block_m": 128, "dq_writer": True}
-BWD_VARIANT_CONFIGS["d128_bfloat16_causal_varlen_dq_writer"] = {"head_dim": 128, "dtype": "bfloat16",
-                                                                "causal": True, "varlen": True, "dq_writer": True}
+BWD_VARIANT_CONFIGS["d128_bfloat16_causal_deterministic_dq_writer"] = {
+    "head_dim": 128, "dtype": "bfloat16", "causal": True, "deterministic": True, "dq_writer": True}
 # 128 Q rows a step at head dims up to 64 (`wide_q`): dQ's rows split over the warpgroups.
 BWD_VARIANT_CONFIGS["d64_bfloat16_wide_q"] = {"head_dim": 64, "dtype": "bfloat16", "causal": False, "block_m": 128}
 BWD_VARIANT_CONFIGS["d64_float16_causal_local_gqa_loop_deterministic_wide_q"] = {
@@ -571,7 +589,7 @@ class _Launch:
     serves both settings); group: query heads per KV head; scale, offset, offset_lo: the
     kernel's runtime scalars (`launch_scalars`, `window_scalars`); softcap: the cap or None;
     sq_pad: Sq rounded up to
-    whole Q blocks; prep: whether the `sm90_bwd_prep` kernel runs (the option, and 32-bit
+    whole Q blocks (also the accumulator's rows per head with `dq_writer`, else Sq); prep: whether the `sm90_bwd_prep` kernel runs (the option, and 32-bit
     element offsets suffice); dkv_shape: (B, H, Sk, D) of the kernel's dK, dV (H: Hq for the
     fp32 per-query-head results, else Hkv)."""
 
@@ -582,6 +600,7 @@ class _Launch:
     softcap: float | None
     offset: int
     offset_lo: int
+    seqlen_q: int
     sq_pad: int
     prep: bool
     dkv_shape: tuple
@@ -650,7 +669,7 @@ def _launch_for(problem, config, deterministic: bool = False) -> _Launch:
     b, hq, sq, sk, d = problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k, problem.head_dim
     sq_pad = -(-sq // config.block_m) * config.block_m
     launch = _Launch(config=config, kernel_config=replace(config, prep_kernel=False), group=group, scale=scale,
-                     softcap=problem.softcap, offset=offset, offset_lo=offset_lo, sq_pad=sq_pad,
+                     softcap=problem.softcap, offset=offset, offset_lo=offset_lo, seqlen_q=sq, sq_pad=sq_pad,
                      prep=config.prep_kernel and b * hq * sq_pad * d < 2**31,
                      dkv_shape=(b, hq if config.dkv_fp32 else problem.heads_kv, sk, d))
     return _LAUNCHES.put(key, launch)
@@ -712,13 +731,13 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
         return _run_prepped(launch, _prep.prep_function(d, dout.dtype), _tvm_build(launch.kernel_config), dout, q,
                             k, v, rows_aligned(out), lse.contiguous().float(), problem.heads_kv)
     if launch.prep:  # flat D, lse2 and dQ accumulator, and the accumulator's (B, Hq, Sq_pad, D) view
-        d_rows, lse2, dq_flat, dq_acc = _prep.preprocess_flat(dout, out, lse, config.block_m, tvm)
+        d_rows, lse2, dq_flat, dq_acc = _prep.preprocess_flat(dout, out, lse, config.block_m, tvm, config.dq_writer)
     else:  # torch ops (also past the prep kernel's 32-bit element offsets)
         d_rows = torch.zeros((b, hq, sq_pad), dtype=torch.float32, device=q.device)
         d_rows[:, :, :sq] = (dout.float() * out.float()).sum(-1)
         lse2 = torch.full((b, hq, sq_pad), math.inf, dtype=torch.float32, device=q.device)
         lse2[:, :, :sq] = torch.where(torch.isneginf(lse), math.inf, lse.float() * LOG2_E)
-        dq_acc = torch.zeros((b, hq, sq, d), dtype=torch.float32, device=q.device)
+        dq_acc = torch.zeros((b, hq, sq_pad if config.dq_writer else sq, d), dtype=torch.float32, device=q.device)
         d_rows, lse2, dq_flat = d_rows.view(-1), lse2.view(-1), dq_acc.view(-1)
     dk_h, dv_h = _dkv_buffers(launch, q)
     if tvm:
@@ -769,11 +788,15 @@ def _dkv_buffers(launch: _Launch, q):
 
 def _post(launch: _Launch, dq_acc, dk_h, dv_h, dtype, heads_kv: int):
     """Post-processing: dQ to the inputs' dtype (one pass over the accumulator, which holds just
-    the Sq rows); GQA's per-query-head fp32 dK, dV summed over each group. Every result is stored
-    (B, S, H, D) as the forward's out (`api.new_out`)."""
+    the Sq rows, or `dq_writer`'s tiles: `dq_from_tiles`); GQA's per-query-head fp32 dK, dV
+    summed over each group. Every result is stored (B, S, H, D) as the forward's out
+    (`api.new_out`)."""
     from .api import new_out
 
-    dq = new_out(tuple(dq_acc.shape), dtype, dq_acc.device).copy_(dq_acc)
+    if launch.config.dq_writer:
+        dq = dq_from_tiles(dq_acc, launch.config, launch.seqlen_q, dtype)
+    else:
+        dq = new_out(tuple(dq_acc.shape), dtype, dq_acc.device).copy_(dq_acc)
     if not launch.config.dkv_fp32:
         return dq, dk_h, dv_h
     b, _, sk, d = launch.dkv_shape
@@ -783,11 +806,39 @@ def _post(launch: _Launch, dq_acc, dk_h, dv_h, dtype, heads_kv: int):
     return dq, dk, dv
 
 
+def dq_from_tiles(dq_acc, config: FlashSm90BwdConfig, seqlen_q: int, dtype):
+    """dQ (B, Hq, Sq, D) in `dtype`, stored (B, S, H, D) as `api.new_out`'s, from `dq_writer`'s
+    fp32 accumulator dq_acc (B, Hq, Sq_pad, D in size): per Q block two warpgroup tiles in
+    fragment order (`sm90_layouts.dq_tile_layout`: a tile is (k, warp, r8, c4, j, i) outer to
+    inner, holding row 16 warp + 8 j + r8 and column 8 k + 2 c4 + i of the warpgroup's 64 rows x
+    `dq_tile_cols`). One strided copy un-permutes and converts the whole Q blocks; a last
+    partial block goes through a block-sized buffer."""
+    import torch
+
+    from .api import new_out
+
+    b, hq, sq_pad, d = dq_acc.shape
+    bm = config.block_m
+    k, mb, whole = config.dq_tile_cols // 8, sq_pad // bm, seqlen_q // bm
+    tiles = dq_acc.view(b, hq, mb, 2, k, 4, 8, 4, 2, 2)
+    if bm == 128:  # warpgroup w holds rows 64 w + (0..63) of the block, every column
+        src, split = tiles.permute(0, 1, 2, 3, 5, 8, 6, 4, 7, 9), (2, 4, 2, 8, k, 4, 2)
+    else:  # warpgroup w holds the block's 64 rows, columns w D / 2 + (0..D / 2 - 1)
+        src, split = tiles.permute(0, 1, 2, 5, 8, 6, 3, 4, 7, 9), (4, 2, 8, 2, k, 4, 2)
+    dq = new_out((b, hq, seqlen_q, d), dtype, dq_acc.device)
+    if whole:
+        dq[:, :, :whole * bm].view(b, hq, whole, *split).copy_(src[:, :, :whole])
+    if whole < mb:
+        last = torch.empty((b, hq, 1, *split), dtype=dtype, device=dq_acc.device).copy_(src[:, :, whole:])
+        dq[:, :, whole * bm:].copy_(last.view(b, hq, bm, d)[:, :, :seqlen_q - whole * bm])
+    return dq
+
+
 def _run_prepped(launch: _Launch, prep_fn, fn, dout, q, k, v, out, lse, heads_kv: int):
     """The TVM-FFI backward with the prep kernel, every decision made: dout, q, k, v and out
     with rows aligned as they are (`rows_aligned` returns them), not requiring grad, lse
     contiguous fp32. What `backward` runs on that path and `backward_plan` replays."""
-    d_rows, lse2, dq_flat, dq_acc = _prep.run_prepped(prep_fn, dout, out, lse, launch.sq_pad)
+    d_rows, lse2, dq_flat, dq_acc = _prep.run_prepped(prep_fn, dout, out, lse, launch.sq_pad, launch.config.dq_writer)
     dk_h, dv_h = _dkv_buffers(launch, q)
     fn(q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h, launch.scale, launch.offset, launch.offset_lo, launch.group,
        launch.softcap, *_turns(launch, q))

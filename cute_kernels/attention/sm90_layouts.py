@@ -28,7 +28,7 @@ from cute_kernels.layouts import Layout, composition, left_inverse
 
 __all__ = ["FlashSm90Config", "config_for", "short_rows", "HEAD_DIMS", "BLOCK_M", "accumulator_value_layout",
            "a_value_layout", "derive_p_as_a", "p_as_a_layout", "mn_view_layout", "num_m_blocks",
-           "SMEM_LIMIT"]
+           "SMEM_LIMIT", "dq_tile_layout"]
 
 HEAD_DIMS = (64, 96, 128, 192, 256)
 _DTYPES = ("float16", "bfloat16")
@@ -229,6 +229,20 @@ def accumulator_value_layout(n: int) -> Layout:
     if n % 8 or not 8 <= n <= 256:
         raise ValueError(f"the accumulator needs N a multiple of 8 in [8, 256], got {n}")
     return _c_values(n)
+
+
+def dq_tile_layout(n: int) -> Layout:
+    """The m64nN accumulator of a warpgroup laid out flat in fragment order, as the backward's
+    `dq_writer` stages dQ_blk and keeps its fp32 accumulator: float f = (k * 128 + t) * 4 + e
+    holds value 4 k + e of thread t, so ((e (2, 2), t (4, 8, 4), k (N/8)) -> m + 64 n. Each
+    thread's 4 values of a column block (rows r, r + 8 x two adjacent columns) are one 16-byte
+    store and a warp's stores are 512 contiguous bytes (no bank conflicts), and the tile is one
+    contiguous bulk reduction; the host undoes the order when it converts the accumulator."""
+    from cute_kernels.layouts.atoms_sm90 import c_layout
+
+    acc = accumulator_value_layout(n)
+    threads = c_layout(n)[0]
+    return Layout((acc.shape[:2], threads.shape, n // 8), (acc.stride[:2], threads.stride, acc.stride[2]))
 
 
 def a_value_layout(n: int) -> Layout:

@@ -8,8 +8,8 @@ Sequence b holds rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q (Tq, Hq, D) and 
 `sm90_flash`, "auto"'s choice on Hopper, and `sm80_flash`) run one CTA per (q tile of
 max_seqlen_q, query head, sequence) and read their sequence's offsets from cu_seqlens on the
 device; `sm90_flash` launches the sequences longest first and reads them through ragged tensor
-maps (`attention.ragged`). The backward is `sm80_flash`'s (`sm90_flash`'s waits for its GPU
-tests: unverified path `sm90_bwd_varlen`).
+maps (`attention.ragged`). The backward is `sm90_flash`'s on Hopper (`sm80_flash`'s elsewhere,
+and for `seqused_k` or `deterministic=True`).
 
 Causal alignment is per sequence and named, as in `attention_forward`: "top_left" (row i sees
 keys j <= i) or "bottom_right" (j <= i + Sk_b - Sq_b, FlashAttention's varlen convention, where

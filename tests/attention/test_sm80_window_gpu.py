@@ -219,11 +219,8 @@ def check_empty_sequences(grads, lengths_q, lengths_k):
 
 @pytest.mark.parametrize("backward_rung", ["sm80_flash", "sm90_flash"])
 def test_varlen_backward_nan_stays_in_its_sequence(backward_rung):
-    """sm90_flash's varlen backward is the unverified path `sm90_bwd_varlen` (Hopper only)."""
-    import contextlib
-
+    """(sm90_flash's varlen backward runs on Hopper only.)"""
     from cute_kernels.attention.registry import KERNELS
-    from cute_kernels.runtime import unverified
 
     if backward_rung == "sm90_flash" and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm90_flash needs a Hopper (sm_90) GPU")
@@ -237,10 +234,8 @@ def test_varlen_backward_nan_stays_in_its_sequence(backward_rung):
     out = torch.empty_like(q)
     lse = torch.empty(2, 143, device="cuda")
     rung.varlen(q, k, v, cu, cu, 70, out, lse, problem)
-    on = unverified.allowing("sm90_bwd_varlen") if backward_rung == "sm90_flash" else contextlib.nullcontext()
-    with on:
-        dq, dk, dv = KERNELS[backward_rung].varlen_backward(torch.randn_like(q), q, k, v, out, lse, cu, cu, 70, 70,
-                                                            problem)
+    dq, dk, dv = KERNELS[backward_rung].varlen_backward(torch.randn_like(q), q, k, v, out, lse, cu, cu, 70, 70,
+                                                        problem)
     torch.cuda.synchronize()
     for g in (dq, dk, dv):
         assert not g[:40].isnan().any() and not g[110:].isnan().any()

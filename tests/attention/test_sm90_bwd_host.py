@@ -138,6 +138,9 @@ PROBLEMS = {
     "softcap_sinks": (_problem(causal="top_left", softcap=20.0, sinks=True), None),
     "deterministic": (_problem(hq=6, hkv=2, sq=150, sk=200, causal="bottom_right"),
                       bwd.bwd_config_for(64, "bfloat16", True, gqa_loop=True, deterministic=True)),
+    "dq_writer_deterministic": (_problem(hq=4, hkv=4, sq=150, sk=200, d=128),
+                                replace(bwd.bwd_config_for(128, "bfloat16", True, deterministic=True),
+                                        dq_writer=True)),
 }
 
 
@@ -171,9 +174,11 @@ def test_both_paths_pass_identical_arguments(host, name):
     sq_pad = -(-p.seqlen_q // bm) * bm
     flat = [x[1] for x in dict(tvm)["bwd"] if x[0] == "tensor" and len(x[1]) == 1]
     n = p.batch * p.heads_q * sq_pad
-    # D and lse2 padded to whole Q blocks, the dQ accumulator unpadded (Sq rows per head)
-    # (and a deterministic launch's counters: one per Q block of each (batch, query head))
-    assert flat == [(n,), (n,), (p.batch * p.heads_q * p.seqlen_q * p.head_dim,)] + [(n // bm,)] * len(counters)
+    # D and lse2 padded to whole Q blocks, the dQ accumulator unpadded (Sq rows per head; dq_writer's
+    # tiles: whole Q blocks) (and a deterministic launch's counters: one per Q block of each (batch,
+    # query head))
+    acc_rows = sq_pad if bwd._launch_for(p, config).config.dq_writer else p.seqlen_q
+    assert flat == [(n,), (n,), (p.batch * p.heads_q * acc_rows * p.head_dim,)] + [(n // bm,)] * len(counters)
     for a, b in zip(dsl_grads, tvm_grads):
         assert torch.equal(a, b)
 
@@ -241,9 +246,11 @@ def test_backward_plan_declines_what_backward_decides_per_call(host):
 
 @pytest.mark.parametrize("gqa", [False, True])
 def test_post_processing_turns_the_kernel_buffers_into_the_results(host, gqa):
+    """With the consumers' own dQ reductions (the writer warp's tiles: the next test)."""
     host.use_tvm_ffi(True)
     p = _problem(hq=4, hkv=2 if gqa else 4, sq=100, sk=90)
-    (dq, dk, dv), (dout, q, k, v, o, lse) = _launch(host, p)
+    config = bwd.bwd_config_for(64, "bfloat16", True, dkv_fp32=gqa, dq_writer=False)
+    (dq, dk, dv), (dout, q, k, v, o, lse) = _launch(host, p, config)
     _, args = host.launches[-1]
     dq_acc = args[6].view(p.batch, p.heads_q, -1, p.head_dim)
     assert dq_acc.shape[2] == 100  # Sq rows per head, no padding: converted in one contiguous pass
@@ -259,6 +266,35 @@ def test_post_processing_turns_the_kernel_buffers_into_the_results(host, gqa):
         else:
             assert grad.data_ptr() == per_head.data_ptr()
     assert dk.data_ptr() != dv.data_ptr()
+
+
+@pytest.mark.parametrize("d, sq, wide", [(128, 150, False), (64, 200, True), (96, 64, False)])
+def test_dq_writer_accumulator_is_converted_from_fragment_order(host, d, sq, wide):
+    """`dq_writer`: the prep pass zeroes an accumulator of whole Q blocks per head, which the
+    kernel fills with warpgroup tiles in fragment order; the conversion puts each value where
+    `sm90_layouts.dq_tile_layout` says its tile holds it, drops the padding rows and returns
+    dQ stored (B, S, H, D) as the other results."""
+    from cute_kernels.attention.sm90_layouts import dq_tile_layout
+
+    host.use_tvm_ffi(True)
+    p = _problem(b=2, hq=3, hkv=3, sq=sq, sk=90, d=d)
+    config = replace(bwd.bwd_config_for(d, "bfloat16", True, wide_q=wide), dq_writer=True)
+    (dq, _, _), (_, q, *_) = _launch(host, p, config)
+    (_, prep_args), (_, args) = host.launches
+    bm, cols = config.block_m, config.dq_tile_cols
+    blocks = -(-sq // bm)
+    acc = args[6]
+    assert acc.numel() == 2 * 3 * blocks * bm * d and prep_args[-1] == blocks * bm  # zeroed rows per head
+    tile = 64 * cols
+    layout = dq_tile_layout(cols)
+    pos = torch.tensor([layout(f) for f in range(tile)])
+    want = torch.empty(2 * 3, blocks * bm, d)
+    for t, chunk in enumerate(acc.view(-1, tile)):  # tiles in (batch x head, Q block, warpgroup) order
+        bh, m, w = t // (2 * blocks), t // 2 % blocks, t % 2
+        rows = m * bm + (64 * w if wide else 0) + pos % 64
+        want[bh, rows, (0 if wide else w * cols) + pos // 64] = chunk
+    assert dq.shape == q.shape and dq.dtype == q.dtype and dq.transpose(1, 2).is_contiguous()
+    assert torch.equal(dq, want.view(2, 3, -1, d)[:, :, :sq].to(q.dtype))
 
 
 def test_gqa_loop_writes_key_value_heads_directly(host):
@@ -431,8 +467,7 @@ def test_wide_head_dims_launch_the_head_split_kernel(host, d):
 
 @pytest.mark.parametrize("tvm", [True, False], ids=["tvm_ffi", "from_torch"])
 def test_varlen_backward_hands_the_kernel_packed_views_and_converts_its_buffers(host, tvm):
-    """The packed backward (unverified path `sm90_bwd_varlen` for routing; the function itself
-    is callable): first the dense prep pass over dO and O viewed (1, H, T, D) with Tq padded to
+    """The packed backward: first the dense prep pass over dO and O viewed (1, H, T, D) with Tq padded to
     whole Q blocks, then the kernel, which takes q, k, v, dO and the dK, dV buffers as (1, H, T,
     D) views and the prep's lse2, D and dQ accumulator; that fp32 (Hq, Tq, D) accumulator comes
     back transposed to (Tq, Hq, D), GQA's per-query-head fp32 dK, dV summed over each group;

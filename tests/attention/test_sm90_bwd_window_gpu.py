@@ -74,8 +74,9 @@ def _ids(c):
 
 @pytest.mark.parametrize("schedule", [{}, {"dq_tma_reduce": True, "early_dv": True, "defer_dkv_wait": True,
                                            "prep_kernel": True}, {"deterministic": True},
-                                      {"dq_writer": True, "early_dv": True, "defer_dkv_wait": True}],
-                         ids=["default", "all_options", "deterministic", "dq_writer"])
+                                      {"dq_writer": True, "early_dv": True, "defer_dkv_wait": True},
+                                      {"dq_writer": True, "deterministic": True}],
+                         ids=["default", "all_options", "deterministic", "dq_writer", "dq_writer_deterministic"])
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_window_gradients_match_float64(case, schedule):
     _check_window(case, schedule)
@@ -112,7 +113,8 @@ def _check_window(case, schedule):
     config = None
     if schedule:
         upper, local = mask_flags(problem)
-        base = bwd.bwd_config_for(d, str(dtype)[6:], upper, dkv_fp32=hq != hkv, local=local, wide_q=False)
+        base = bwd.bwd_config_for(d, str(dtype)[6:], upper, dkv_fp32=hq != hkv, local=local, wide_q=False,
+                                  dq_writer=False)  # the schedules name the writer
         config = bwd.FlashSm90BwdConfig(**{**base.__dict__, **schedule})
     poison_allocator()
     grads = bwd.backward(dout, q, k, v, out.to(dtype), lse.float(), problem, config=config)

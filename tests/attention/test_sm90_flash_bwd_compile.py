@@ -53,7 +53,7 @@ def test_variant_uses_wgmma_tma_and_reductions_without_spills(config):
         # (Sq, D, B * Hq) accumulator (rows past Sq clipped).
         assert count("UTMAREDG.3D.ADD") == d // 16 and count("REDG.E") == 0
     assert count("STSM") > 0 and count("USETMAXREG") == 2
-    c = bwd.bwd_config_for(d, "bfloat16", True, wide_q=False)  # the variants take 64 Q rows
+    c = bwd.bwd_config_for(d, "bfloat16", True, wide_q=False, dq_writer=False)  # as the variants
     assert kernel.dynamic_smem >= c.smem_bytes - 2048
 
 
@@ -164,7 +164,8 @@ def test_config_validation_is_clear():
     with pytest.raises(ValueError, match="block_m 128 takes head dims up to 64"):
         FlashSm90BwdConfig(block_m=128).validate()
     with pytest.raises(ValueError, match="dq_writer .* takes neither"):
-        FlashSm90BwdConfig(dq_writer=True, deterministic=True).validate()
+        FlashSm90BwdConfig(dq_writer=True, varlen=True).validate()
+    assert FlashSm90BwdConfig(dq_writer=True, deterministic=True).validate().dq_stage_floats == 2 * 64 * 64
 
 
 def test_the_default_tile_per_head_dim():
@@ -216,19 +217,20 @@ def test_wide_q_variant_takes_128_queries_a_step_without_spills(config):
 
 
 @pytest.mark.parametrize("config", ["d128_bfloat16_dq_writer", "d96_float16_causal_local_gqa_loop_dq_writer",
-                                    "d64_bfloat16_causal_wide_q_dq_writer", "d128_bfloat16_causal_varlen_dq_writer"])
-def test_dq_writer_variant_stages_dq_for_bulk_row_reductions(config):
-    """`dq_writer`: the consumers store dQ_blk with 8-byte shared stores (one per value pair) and
-    reduce nothing themselves; the writer warp issues the bulk reductions (two rows a lane per
-    warpgroup tile, unrolled over both tiles) and meets the consumers at named barriers."""
+                                    "d64_bfloat16_causal_wide_q_dq_writer",
+                                    "d128_bfloat16_causal_deterministic_dq_writer"])
+def test_dq_writer_variant_stages_dq_tiles_for_one_bulk_reduction_each(config):
+    """`dq_writer`: the consumers store dQ_blk in fragment order with 16-byte shared stores (one
+    per 4 values) and reduce nothing themselves; the writer warp issues one bulk reduction per
+    warpgroup tile (unrolled over both) and meets the consumers at named barriers. Deterministic:
+    the writer, not the consumers, polls the Q block's counter and counts with one release add."""
     _, kernel, count = _compiled(config)
     import cute_kernels.attention.sm90_flash_bwd as bwd
 
     d = int(config.split("_")[0][1:])
     c = bwd.FlashSm90BwdConfig(**bwd.BWD_VARIANT_CONFIGS[config])
-    cols, pitch = c.dq_stage_cols
-    assert pitch % 32 in (8, 24) and pitch % 4 == 0
-    assert count("UBLKRED.G.S.ADD.F32") == 4 and count("REDG.E.ADD.F32") == 0 and count("UTMAREDG") == 0
-    assert count("STS.64") == (c.block_m * d) // 256 // 2
+    assert count("UBLKRED.G.S.ADD.F32") == 2 and count("REDG.E.ADD.F32") == 0 and count("UTMAREDG") == 0
+    assert count("STS.128") == (c.block_m * d) // 256 // 4 and count("STS.64") == 0
     assert count("BAR.ARV") >= 4
+    assert count("REDG.E.ADD.S32.STRONG.GPU") == count("LDG.E.STRONG.GPU") == (1 if c.deterministic else 0)
     assert kernel.dynamic_smem >= c.smem_bytes - 2048

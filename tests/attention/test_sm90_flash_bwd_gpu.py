@@ -87,7 +87,7 @@ def _run(case, deterministic=False, **schedule):
     config = None
     if schedule:
         config = bwd.bwd_config_for(d, str(dtype).removeprefix("torch."), causal is not None, dkv_fp32=hq != hkv,
-                                    wide_q=False)
+                                    wide_q=False, dq_writer=False)  # the schedules name the writer
         config = bwd.FlashSm90BwdConfig(**{**config.__dict__, "deterministic": deterministic, **schedule})
     grads = bwd.backward(dout, q, k, v, out.to(dtype), lse, problem, deterministic=deterministic, config=config)
     torch.cuda.synchronize()
@@ -267,9 +267,11 @@ DETERMINISTIC_CASES = [(2, 4, 2, 257, 200, 128, "bottom_right", torch.bfloat16),
 
 
 @pytest.mark.parametrize("case", DETERMINISTIC_CASES, ids=lambda c: f"{c[1]}/{c[2]}x{c[3]}x{c[4]}xd{c[5]}-{c[6]}")
-@pytest.mark.parametrize("schedule", [{}, dict(gqa_loop=True, dkv_fp32=False), dict(defer_dkv_wait=True)],
-                         ids=["default", "gqa_loop", "defer"])
+@pytest.mark.parametrize("schedule", [{}, dict(gqa_loop=True, dkv_fp32=False), dict(defer_dkv_wait=True),
+                                      dict(dq_writer=True), dict(dq_writer=True, gqa_loop=True, dkv_fp32=False)],
+                         ids=["default", "gqa_loop", "defer", "dq_writer", "dq_writer_gqa_loop"])
 def test_deterministic_hopper_backward_repeats_bitwise_and_matches_float32(case, schedule):
+    """(With `dq_writer` the writer warp keeps the order and the accumulator is whole tiles.)"""
 
     if schedule.get("gqa_loop") and case[1] == case[2]:
         pytest.skip("gqa_loop needs GQA")

@@ -1,8 +1,8 @@
-"""sm90_flash's packed (varlen) backward (unverified path `sm90_bwd_varlen`) on an H100/H200,
+"""sm90_flash's packed (varlen) backward on an H100/H200,
 against the float32 references per sequence of `test_sm80_window_gpu` (every case there:
 empty and one-row sequences, Sq != Sk per sequence, both causal alignments, windows, GQA and
 D = 256, which takes the head-split kernel), NaN-poisoned memory; "auto" takes the Hopper
-backward only while the path is on; soft cap against sm80's. (A NaN in one sequence staying in
+backward; soft cap against sm80's. (A NaN in one sequence staying in
 it: `test_sm80_window_gpu.test_varlen_backward_nan_stays_in_its_sequence`, both rungs.)"""
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from .test_sm80_window_gpu import (VARLEN_CASES, _cu, check_empty_sequences, che
 
 pytestmark = pytest.mark.gpu
 
-_PATHS = ("sm90_bwd_varlen",)
-
 
 def _rungs():
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
@@ -40,8 +38,6 @@ def _problem(lengths_q, lengths_k, hq, hkv, d, causal, window, dtype, softcap=No
 @pytest.mark.parametrize("lengths_q, lengths_k, hq, hkv, d, causal, window, dtype", VARLEN_CASES,
                          ids=[f"case{i}" for i in range(len(VARLEN_CASES))])
 def test_varlen_backward_per_sequence(lengths_q, lengths_k, hq, hkv, d, causal, window, dtype):
-    from cute_kernels.runtime import unverified
-
     sm80, sm90 = _rungs()
     torch.manual_seed(sum(lengths_q) + d)
     cu_q, cu_k = _cu(lengths_q), _cu(lengths_k)
@@ -53,9 +49,8 @@ def test_varlen_backward_per_sequence(lengths_q, lengths_k, hq, hkv, d, causal, 
     sm80.varlen(q, k, v, cu_q, cu_k, max(lengths_q), out, lse, problem)
     dout = torch.randn_like(out)
     poison_allocator()
-    with unverified.allowing(*_PATHS):
-        assert sm90.supports_varlen_backward(problem) is None
-        grads = sm90.varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max(lengths_q), max(lengths_k), problem)
+    assert sm90.supports_varlen_backward(problem) is None
+    grads = sm90.varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max(lengths_q), max(lengths_k), problem)
     torch.cuda.synchronize()
     _, _, ref_grads = varlen_reference(q, k, v, dout, lengths_q, lengths_k, causal, window)
     for g, t in zip(grads, (q, k, v)):
@@ -65,8 +60,6 @@ def test_varlen_backward_per_sequence(lengths_q, lengths_k, hq, hkv, d, causal, 
 
 
 def test_softcap_matches_the_sm80_varlen_backward():
-    from cute_kernels.runtime import unverified
-
     sm80, sm90 = _rungs()
     lengths_q, lengths_k = (33, 1, 150), (60, 7, 150)
     torch.manual_seed(11)
@@ -79,21 +72,19 @@ def test_softcap_matches_the_sm80_varlen_backward():
     sm80.varlen(q, k, v, cu_q, cu_k, 150, out, lse, problem)
     dout = torch.randn_like(out)
     want = sm80.varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, 150, 150, problem)
-    with unverified.allowing(*_PATHS):
-        got = sm90.varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, 150, 150, problem)
+    got = sm90.varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, 150, 150, problem)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         err = ((g.float() - w.float()).norm() / w.float().norm()).item()
         assert not g.isnan().any() and err < 1e-2, f"{name}: {err:.3g}"
 
 
-def test_auto_takes_the_hopper_varlen_backward_only_while_the_path_is_on():
+def test_auto_takes_the_hopper_varlen_backward_but_not_for_seqused_k():
+    from dataclasses import replace
+
     from cute_kernels.attention.varlen import _varlen_backward_rung
-    from cute_kernels.runtime import unverified
 
     _rungs()
     problem = AttentionProblem(2, 4, 2, 90, 90, 128, 128, torch.bfloat16, "bottom_right", 0.1)
     views = [torch.empty(1, h, 180, 128, device="cuda", dtype=torch.bfloat16) for h in (4, 2, 2)]
-    with unverified.allowing("sm90_bwd_varlen", on=False):
-        assert _varlen_backward_rung("auto", views, problem, "test").name == "sm80_flash"
-    with unverified.allowing("sm90_bwd_varlen"):
-        assert _varlen_backward_rung("auto", views, problem, "test").name == "sm90_flash"
+    assert _varlen_backward_rung("auto", views, problem, "test").name == "sm90_flash"
+    assert _varlen_backward_rung("auto", views, replace(problem, seqused_k=True), "test").name == "sm80_flash"
