@@ -26,9 +26,9 @@ head, batch) (64 at head dims above 128: `head_split`, at the end) and is three 
                half of the head dim), scaled and stored to a shared tile in fragment order,
                which the producer warpgroup's second warp (the dQ writer) adds to an fp32
                accumulator of the same order in global memory with one bulk reduction
-               (`dq_writer`, the default up to D = 128; below). The consumers' own
+               (`dq_writer`, the default at D = 64, 96 and 128; below). The consumers' own
                8-byte `red.global.add.v2.f32` per value pair (two adjacent columns, so a
-               warp's reduction fills whole 32-byte sectors; above D = 128 and for packed
+               warp's reduction fills whole 32-byte sectors; the other head dims and packed
                sequences) and one TMA reduce-add per warpgroup
                (`FlashSm90BwdConfig.dq_tma_reduce`) are the alternatives
 
@@ -82,8 +82,9 @@ V with the 32-byte swizzle (`sm90_bwd_mainloop.split_atom`: dQ's head-dim split 
 whole atoms).
 
 FlashAttention-3's dQ warp and its 128-row Q blocks at D <= 64 (`block_m=128` the default up
-to D = 64 since 2026-12-06, 4-7% faster; `dq_writer` the default up to D = 128 since its flat
-form passed its GPU tests on an H200 the same day: docs/attention.md has the figures).
+to D = 64 since 2026-12-06, 4-7% faster; `dq_writer` the default at D = 64, 96 and 128 since its
+flat form passed its GPU tests there on an H200 the same day, `_WRITER_HEAD_DIMS`: the other
+whole head dims compile and wait for their GPU tests; docs/attention.md has the figures).
 `dq_writer`: each consumer warpgroup stores scale * dQ_blk to its shared tile in fragment order
 (`sm90_layouts.dq_tile_layout`: a thread's 4 values of a column block are one 16-byte store
 and a warp's stores 512 contiguous bytes) and arrives at a named barrier; the producer
@@ -160,6 +161,10 @@ HEAD_DIMS = tuple(range(16, 257, 16))
 # Head dims whose dK and dV accumulators of 64 keys fit one warpgroup's registers; the wider ones
 # need `head_split` (the two consumer warpgroups share 64 keys and split the head dim).
 _WHOLE_HEAD_DIMS = tuple(range(16, 129, 16))
+# Head dims where the dQ writer warp (`dq_writer`) is the default: those its GPU tests have run
+# at (H200, 2026-12-06). The others (16, 32, 48, 80, 112) compile without spills and have GPU
+# tests (`test_dq_writer_at_every_whole_head_dim`) that have not run yet.
+_WRITER_HEAD_DIMS = (64, 96, 128)
 _REGS = 65536
 _SMEM_LIMIT = 227 * 1024
 
@@ -361,11 +366,12 @@ def bwd_config_for(head_dim: int, dtype: str, causal: bool, *, dkv_fp32: bool = 
     FlashAttention-3 takes them there: half the steps, each twice the work between the
     consumers' meetings) against `block_n_for(head_dim)` keys per CTA; at D = 256 one dS^T / P^T
     buffer each (two would need 232 KB of shared memory). dq_writer: None takes the writer warp
-    wherever it applies (not `head_split`, not `varlen`: 4-11% faster than the consumers'
-    reductions, and deterministic at 1.0-1.5x their non-deterministic time, H200 2026-12-06)."""
+    at the head dims where it has run on a GPU (`_WRITER_HEAD_DIMS`; never `head_split` or
+    `varlen`): 4-11% faster than the consumers' reductions, and deterministic at 1.0-1.7x their
+    non-deterministic time (H200, 2026-12-06)."""
     split = head_dim not in _WHOLE_HEAD_DIMS
     if dq_writer is None:
-        dq_writer = not split and not varlen
+        dq_writer = head_dim in _WRITER_HEAD_DIMS and not varlen
     return FlashSm90BwdConfig(head_dim=head_dim, dtype=dtype, causal=causal, local=local,
                               dkv_fp32=dkv_fp32, softcap=softcap, gqa_loop=gqa_loop, head_split=split,
                               block_m=128 if wide_q and head_dim <= 64 else 64,
