@@ -1,138 +1,62 @@
 """Rung `sm90_flash`, backward: dQ, dK, dV with FlashAttention-2/3's algorithm on Hopper's
-TMA and warpgroup MMA.
-
-With P = exp(S * scale - lse) recomputed from the forward's log-sum-exp (natural log, fp32),
-D_i = sum_d dO[i, d] O[i, d], dP = dO V^T and dS = P * (dP - D):
+TMA and warpgroup MMA. With P = exp(S * scale - lse) recomputed from the forward's
+log-sum-exp, D_i = sum_d dO[i, d] O[i, d], dP = dO V^T and dS = P * (dP - D):
 
     dV = P^T dO        dK = scale * dS^T Q        dQ = scale * dS K
 
 One kernel, `FlashAttentionSm90Bwd` (`sm90_bwd_mainloop`; this module holds its config, the
-host entry point and the compile-only variants): a CTA owns `block_n` = 128 keys of one (query
-head, batch) (64 at head dims above 128: `head_split`, at the end) and is three warpgroups
-(`hopper.warp_roles`):
+host entry points and the compile-only variants). A CTA owns `block_n` = 128 keys of one
+(query head, batch) and is three warpgroups (`hopper.warp_roles`):
 
-    producer   warpgroup 0 gives registers back; one warp TMA-loads K and V once, then for
-               each Q block (`block_m` = 64 rows) that sees these keys, ascending: Q, dO and the
-               block's lse2 and D (1-D boxes) into an mbarrier pipeline of `stages` slots
-    consumers  warpgroups 1 and 2 each own 64 of the keys and compute, per Q block, in the
-               transposed frame (keys are wgmma's M): S^T = K Q^T and dP^T = V dO^T (wgmma SS,
-               two commit groups, so P^T is computed while dP^T is still running), P^T and
-               dS^T in fp32 registers (exp2 with the scale folded in; the sequence end, the
-               upper diagonal j <= i + offset and a window's lower bound j >= i + offset_lo
-               as selects), then dV += P^T dO and dK += dS^T Q with the
-               16-bit P^T and dS^T as register A operands (wgmma RS, the forward's P re-view).
-               dS^T is also written to shared memory (stmatrix, two alternating buffers), and
-               dQ_blk = dS K is one wgmma SS over both warpgroups' keys (each warpgroup takes
-               half of the head dim), scaled and stored to a shared tile in fragment order,
-               which the producer warpgroup's second warp (the dQ writer) adds to an fp32
-               accumulator of the same order in global memory with one bulk reduction
-               (`dq_writer`, the default at D = 64, 96 and 128; below). The consumers' own
-               8-byte `red.global.add.v2.f32` per value pair (two adjacent columns, so a
-               warp's reduction fills whole 32-byte sectors; the other head dims and packed
-               sequences) and one TMA reduce-add per warpgroup
-               (`FlashSm90BwdConfig.dq_tma_reduce`) are the alternatives
+    producer   one warp TMA-loads K and V once, then per Q block (`block_m` rows: 128 up to
+               D = 64, else 64) that sees these keys, ascending: Q, dO and the block's lse2
+               and D (1-D boxes) into an mbarrier pipeline of `stages` slots; with
+               `dq_writer` its second warp is the dQ writer (below)
+    consumers  each owns 64 of the keys: S^T = K Q^T and dP^T = V dO^T (wgmma SS, two commit
+               groups, so P^T is computed while dP^T runs), P^T and dS^T in fp32 registers
+               (masks as selects), dV += P^T dO and dK += dS^T Q with 16-bit P^T and dS^T as
+               register A operands; dS^T also goes to shared memory (stmatrix, two buffers),
+               and dQ_blk = dS K is one wgmma SS over both warpgroups' keys
 
-Sliding windows (`mask_rule`): the config's `causal` flag tests the upper bound (causality or
-a right window bound; runtime `causal_offset`), `local` the lower bound (runtime `offset_lo`),
-and with `local` the dK/dV CTA walks only Q blocks [m_block_min, m_block_max) of
-`block_info.m_block_range` (a key block no row sees walks none and writes zeros). Every
-visited block is masked (the kernel has no unmasked fast path).
+dQ_blk is added to an fp32 accumulator in one of three ways: by the dQ writer warp
+(`dq_writer`, the default at the head dims its GPU tests ran at, `_WRITER_HEAD_DIMS`, where
+Sq pads to whole Q blocks by at most an eighth, `writer_pads_little`): each consumer stores
+scale * dQ_blk to its shared tile in fragment order (`sm90_layouts.dq_tile_layout`: 16-byte
+stores, a warp's 512 contiguous bytes) and the writer adds the whole tile with one
+`cp.reduce.async.bulk ... add.f32` into an accumulator of the same order (whole Q blocks per
+head), which `dq_from_tiles` un-permutes; by the consumers' own `red.global.add.v2.f32` per
+value pair into a row-major accumulator of Sq rows (the other cases); or by one TMA
+reduce-add per warpgroup (`dq_tma_reduce`, slower). `deterministic` adds each Q block's
+dQ_blk in key-block order: a counter per (batch, query head, Q block) that the adding side
+(the writer warp, or the consumers) waits on, then advances; dQ is then the same bits on
+every run.
 
-Schedule options (`FlashSm90BwdConfig`): `dq_tma_reduce` (above), `early_dv` issues dV +=
-P^T dO before dS^T is computed, `defer_dkv_wait` lets the next step's S^T and dP^T queue
-behind this step's dV and dK, `stages` (3 fits at D = 128 without the TMA tile), all off by
-default; `prep_kernel` (on by default) computes D, lse2 and the zeroed dQ accumulator with the
-`sm90_bwd_prep` kernel instead of torch ops. Every option and the combinations the GPU tests
-parametrize ran correctly on an H200 (2026-11-30); only `prep_kernel` is promoted, on a
-component measurement (below): the others have not been timed yet.
+Windows (`mask_rule`): `causal` tests the upper bound (runtime `causal_offset`), `local` the
+lower (runtime `offset_lo`), and the CTA walks only the Q blocks of `block_info.m_block_range`.
+Soft cap: `sm90_bwd_mainloop`. GQA: fp32 dK, dV per query head summed on the host, or with
+`gqa_loop` (the default where its grid fills the GPU, `gqa_loop_fills`) one CTA per key/value
+head walking its group's query heads and summing dK, dV in registers. Head dims above 128
+(`head_split`): 64 keys a CTA shared by both consumers, which split S^T and dP^T by queries and
+dV, dK, dQ_blk by the head dim, P^T and dS^T through shared memory (one buffer each at 256).
 
-Epilogue: dV and scale * dK converted and stored from registers (rows past Sk skipped). With
-GQA each CTA writes its query head's share into fp32 buffers (B, Hq, Sk, D) that the host sums
-over the group (deterministic for dK/dV); with Hq == Hkv it writes dk/dv directly. With
-`gqa_loop` a CTA owns 128 keys of a key/value head and walks the Q blocks of each query head of
-its group in turn (one flat loop over (head, block), so the pipeline and the dS^T buffers run on
-across heads), summing dK and dV in its registers: no fp32 buffers (at B4 Hq32 Hkv8 S4096 D128,
-1 GiB of them) and no host sum, deterministic too, but `group` times fewer CTAs. It compiles
-without spills (168 registers, as the default) and has GPU tests
-(`test_gqa_loop_sums_the_group_in_the_kernel`) and a timing script
-(`scripts/attn_bwd_schedules.py`); the default takes it where its grid still fills the GPU
-(`gqa_loop_fills`, from that script's H200 figures).
+Pre-processing (D, lse in base 2 with empty rows' -inf mapped to +inf so their P is 0, both
+padded to whole Q blocks, and the zeroed dQ accumulator) is the `sm90_bwd_prep` kernel (torch
+ops otherwise); post-processing converts dQ to q's dtype in one copy. Rows and keys past the
+ends: TMA zero-fills the loads and lse2 of a missing row is +inf, so a tail needs no separate
+code path. Host path (`backward`): with TVM-FFI both kernels are built once per config from
+fake tensors and take the torch tensors on torch's current stream; config, scalars and padding
+are derived once per problem (`_Launch`), and `backward_plan` replays a warm call.
 
-Pre-processing (D and lse in base 2, empty rows' lse = -inf mapped to +inf so that their P is
-0, both padded to whole Q blocks, and the zeroed fp32 dQ accumulator of Sq rows per head, or whole
-Q blocks for `dq_writer`'s tiles) is the small `sm90_bwd_prep` kernel by default, torch ops
-otherwise; the conversion of dQ to q's dtype (post-processing) is one torch op over the
-accumulator (the row-major one contiguous; it was padded to whole
-Q blocks until 2026-12-02: the conversion of the sliced view ran torch's strided copy, 30 us at
-ViT-B/16's B64 H12 S197, and the prep zeroed the padding too). Rows and keys past the sequence
-ends: TMA zero-fills the loads, lse2 of a missing row is +inf (P = 0), keys past Sk are masked
-and dQ's reductions skip rows past Sq, so a tail needs no separate code path.
+Packed sequences (`varlen_backward`, `FlashSm90BwdConfig.varlen`): a CTA per (key block of the
+longest sequence, query head, sequence); Q, dO, K, V through ragged tensor maps, lse2, D and the
+(Hq, Tq, D) accumulator from the dense prep pass over the packed tensors viewed (1, H, T, D)
+(rows past a sequence, the next one's, are masked in P^T and dS^T). The lse2 / D boxes start at
+the 16-byte boundary at or below a block's first row (`FlashSm90BwdConfig.row_box`): a 1-D TMA
+box must start aligned, which stopped the first GPU run wherever a sequence began at a row not
+a multiple of 4.
 
-Host path (`backward`): with TVM-FFI both kernels are built once per config from fake tensors
-and take the torch tensors themselves on torch's current stream (like the forward's
-`launch_plan`); without it each tensor is wrapped with `from_torch`. Config, scalars and
-padding are derived once per problem (`_Launch`), so a warm call is the allocations (one
-buffer for D, lse2 and the dQ accumulator; one for GQA's fp32 dK, dV), two launches and the
-post-processing ops. Measurements, and the profile that led to the paired reductions and the
-prep kernel, are in docs/attention.md ("The Hopper backward").
-
-dQ is accumulated with fp32 reductions, so its rounding may vary run to run unless
-`deterministic`. Every multiple of 16 up to 256 runs here; D = 96 (Phi-3's) stores Q, dO, K and
-V with the 32-byte swizzle (`sm90_bwd_mainloop.split_atom`: dQ's head-dim split then falls on
-whole atoms).
-
-FlashAttention-3's dQ warp and its 128-row Q blocks at D <= 64 (`block_m=128` the default up
-to D = 64 since 2026-12-06, 4-7% faster; `dq_writer` the default at D = 64, 96 and 128 since its
-flat form passed its GPU tests there on an H200 the same day, `_WRITER_HEAD_DIMS`: the other
-whole head dims compile and wait for their GPU tests; docs/attention.md has the figures).
-`dq_writer`: each consumer warpgroup stores scale * dQ_blk to its shared tile in fragment order
-(`sm90_layouts.dq_tile_layout`: a thread's 4 values of a column block are one 16-byte store
-and a warp's stores 512 contiguous bytes) and arrives at a named barrier; the producer
-warpgroup's second warp waits there and adds the whole tile to the accumulator with one
-`cp.reduce.async.bulk ... add.f32` issued by lane 0 (whole 128-byte lines at the L2), then
-hands it back once the reduction has read it: the consumers never wait on global memory. The
-accumulator holds the tiles in the same order, per (batch, query head) pair, Q block and
-warpgroup (Sq padded to whole Q blocks, zeroed by the prep pass), and the post-processing
-un-permutes it in one strided copy (`dq_from_tiles`). With `deterministic` the writer warp
-keeps the key-block order (it waits for the Q block's counter, waits for its reductions to
-complete, then counts), so the consumers never wait for it. The first form of the writer
-reduced the row-major accumulator row by row (64 bulk operations of 256 bytes per tile) and
-was 1.3-2x slower than the consumers' reductions. `block_m=128`: S^T and dP^T of
-64 keys x 128 queries per warpgroup, dQ's rows split over the warpgroups (m64nD each): half the
-steps and barriers per key block. Not built: Q blocks of 80 rows at D = 128 (FA3's non-causal
-tile, which needs dQ^T = K^T dS^T on wgmma's 64-row M). Both consumers still meet at a named
-barrier every step (dS^T in shared memory), as FA3's do.
-
-Other head dims (2026-12-05; the default since their GPU tests passed on an H100, 2026-12-06,
-about twice sm80_flash's speed at 192 and 256). Every multiple of 16 up to 256 compiles for
-sm_90a without spills. Up to
-128 the layout is the default one: `split_atom` picks the swizzle whose rows half the head dim
-divides (no swizzle, 16-byte rows, at D = 80 and 112, whose halves of 40 and 56 columns are
-dQ's m64n40 and m64n56). Above 128 (`head_split`): a warpgroup's dK and dV of 64 keys x D take D fp32
-registers a thread, too many beside S^T and dP^T above D = 128. So the CTA takes 64 keys and
-both consumer warpgroups work on all of them: S^T and dP^T split by queries (m64n32 each), P^T
-and dS^T go to shared memory (stmatrix), and dV += P^T dO, dK += dS^T Q and dQ_blk = dS K split
-by the head dim (m64n(D/2), every operand from shared memory). A thread then holds D / 2
-registers of dK and dV, 32 of S^T and dP^T and D / 4 of dQ (which the compiler puts where S^T
-was): no spills at D = 256 (every `head_split` variant compiles for sm_90a with 168 launch
-registers and no local memory). Shared memory: K, V and two Q/dO stages of 64 x 256 take 192
-KiB, so D = 256 keeps one dS^T and one P^T buffer (`ds_buffers`), with a barrier before a
-step's writes ("both warpgroups are done reading the last step's"); D = 192 keeps two. This is
-FlashAttention-3's layout for these head dims in outline (its CTA takes 80 or 96 keys, with
-queries on M); the GPU tests (`test_head_split_*`) compare it with fp32 autograd and float64,
-and at D = 128 with the default layout's problems.
-
-Packed sequences (`varlen_backward`, `FlashSm90BwdConfig.varlen`; "auto"'s varlen backward on
-Hopper since its GPU tests passed on an H200, 2026-12-06, 2-2.5x sm80_flash's speed): a
-CTA per (key block of the longest sequence, query head, sequence); Q, dO, K and V through ragged
-tensor maps (`attention.ragged`), lse2, D and the dQ accumulator from the dense prep
-pass over the packed tensors viewed (1, H, T, D) (rows past a sequence, the next one's, are
-masked in P^T and dS^T), dQ summed into that flat (Hq, Tq, D) fp32 accumulator; a key block
-no query row sees (past its sequence's end: the grid covers the longest) loads no K/V. Its first
-GPU run (H100, 2026-12-06) stopped with an illegal instruction wherever a sequence started at a
-row that is not a multiple of 4: the lse2 / D boxes are 1-D TMA loads, which must start 16-byte
-aligned; they start at the boundary below (`FlashSm90BwdConfig.row_box`). dQ is summed by the
-consumers' reductions (the writer warp's tiles would need per-sequence padded offsets).
+docs/attention.md ("The Hopper backward") has the measurements, the schedule options tried and
+the history of each choice.
 """
 
 from __future__ import annotations
@@ -637,6 +561,17 @@ def gqa_loop_fills(problem, sms: int) -> bool:
     return problem.softcap is None and sms > 0 and ctas >= sms
 
 
+def writer_pads_little(seqlen_q: int, block_m: int) -> bool:
+    """Whether the default backward of Sq query rows takes the dQ writer warp (`dq_writer`),
+    whose accumulator holds whole Q blocks: where that pads Sq by at most an eighth. Short
+    sequences keep the consumers' reductions into Sq rows: at ViT-B/16's S197 (128-row blocks,
+    30% padding) the unpadded accumulator measured 8% faster than the padded one (H200,
+    2026-12-02), more than the writer gained at S2048; the writer's own short-sequence time is
+    not measured yet."""
+    pad = -(-seqlen_q // block_m) * block_m - seqlen_q
+    return 8 * pad <= seqlen_q
+
+
 def _sm_count() -> int:
     """The current CUDA device's SM count (0 without CUDA: the default keeps the fp32 buffers)."""
     import torch
@@ -670,6 +605,8 @@ def _launch_for(problem, config, deterministic: bool = False) -> _Launch:
         loop = group > 1 and gqa_loop_fills(problem, sms)
         config = bwd_config_for(problem.head_dim, dtype_name, upper, dkv_fp32=group > 1 and not loop, local=local,
                                 softcap=softcap, gqa_loop=loop, deterministic=deterministic)
+        if config.dq_writer and not writer_pads_little(problem.seqlen_q, config.block_m):
+            config = replace(config, dq_writer=False)
     scale, offset, _ = launch_scalars(problem)
     offset_lo, _ = window_scalars(problem)
     b, hq, sq, sk, d = problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k, problem.head_dim

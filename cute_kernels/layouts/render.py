@@ -306,38 +306,44 @@ def _svg(pic: _Picture) -> str:
     width = int(max(w * _CW, *titles) + 2 * _PAD)
     height = int(h * _CH + 2 * _PAD + _HEAD)
     # Shared attributes live in the style sheet and one cell shape (`<use>` of #c takes the
-    # cell's position and fill): a cell costs a short `use` and its text, which keeps pictures
-    # of a few hundred cells near 50 KB. Text is centred unless a class says otherwise.
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="monospace" font-size="10">',
-        "<style>text{text-anchor:middle}text.t{text-anchor:start}text.h{fill:#666}"
-        "text.r{text-anchor:end;fill:#666}</style>",
-        f'<defs><rect id="c" width="{_CW}" height="{_CH}" stroke="#000" stroke-width="0.5"/></defs>',
-        f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
-    ]
+    # cell's x and a fill class, each row of cells a group placed by its y): a cell costs a
+    # short `use` and its text, which keeps pictures of a few hundred cells near 45 KB. Text
+    # is centred unless a class says otherwise.
+    body, fills = [], {}
     if pic.title:
-        out.append(f'<text class="t" x="{_PAD}" y="{_PAD - 8}" font-size="12">{escape(pic.title)}</text>')
+        body.append(f'<text class="t" x="{_PAD}" y="{_PAD - 8}" font-size="12">{escape(pic.title)}</text>')
     for p in pic.panels:
         x0 = _PAD + p.x * _CW
         y0 = _PAD + _HEAD + p.y * _CH
         if p.title:
-            out.append(f'<text class="t" x="{x0:g}" y="{y0 - 16:g}" font-size="11">{escape(p.title)}</text>')
+            body.append(f'<text class="t" x="{x0:g}" y="{y0 - 16:g}" font-size="11">{escape(p.title)}</text>')
         for c in range(p.cols):
             name = escape(p.col_names[c]) if p.col_names else c
-            out.append(f'<text class="h" x="{x0 + (c + 0.5) * _CW:g}" y="{y0 - 4:g}">{name}</text>')
+            body.append(f'<text class="h" x="{x0 + (c + 0.5) * _CW:g}" y="{y0 - 4:g}">{name}</text>')
         for r in range(p.rows):
             name = escape(p.row_names[r]) if p.row_names else r
-            out.append(f'<text class="r" x="{x0 - 4:g}" y="{y0 + (r + 0.65) * _CH:g}">{name}</text>')
+            body.append(f'<g transform="translate(0 {y0 + r * _CH:g})">')
+            body.append(f'<text class="r" x="{x0 - 4:g}" y="{0.65 * _CH:g}">{name}</text>')
             for c in range(p.cols):
                 l1, l2, fill = p.cell(r, c)
-                x, y = x0 + c * _CW, y0 + r * _CH
-                out.append(f'<use href="#c" x="{x:g}" y="{y:g}" fill="{fill}"/>')
+                x = x0 + c * _CW
+                body.append(f'<use href="#c" x="{x:g}" class="{fills.setdefault(fill, f"f{len(fills)}")}"/>')
                 xm = f"{x + _CW / 2:g}"
                 if l2:
-                    out.append(f'<text x="{xm}" y="{y + 12:g}">{escape(l1)}<tspan x="{xm}" dy="11">{escape(l2)}</tspan></text>')
+                    body.append(f'<text x="{xm}" y="12">{escape(l1)}<tspan x="{xm}" dy="11">{escape(l2)}</tspan></text>')
                 else:
-                    out.append(f'<text x="{xm}" y="{y + 18:g}">{escape(l1)}</text>')
+                    body.append(f'<text x="{xm}" y="18">{escape(l1)}</text>')
+            body.append("</g>")
+    classes = "".join(f".{name}{{fill:{fill}}}" for fill, name in fills.items())
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="monospace" font-size="10">',
+        "<style>text{text-anchor:middle}text.t{text-anchor:start}text.h{fill:#666}"
+        f"text.r{{text-anchor:end;fill:#666}}{classes}</style>",
+        f'<defs><rect id="c" width="{_CW}" height="{_CH}" stroke="#000" stroke-width="0.5"/></defs>',
+        f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
+        *body,
+    ]
     out.append("</svg>")
     return "\n".join(out)
 

@@ -297,6 +297,17 @@ def test_dq_writer_accumulator_is_converted_from_fragment_order(host, d, sq, wid
     assert torch.equal(dq, want.view(2, 3, -1, d)[:, :, :sq].to(q.dtype))
 
 
+@pytest.mark.parametrize("sq, d, writer", [(2048, 128, True), (1000, 128, True), (2048, 64, True),
+                                           (197, 64, False), (257, 64, False), (130, 128, False), (2048, 256, False)])
+def test_default_takes_the_dq_writer_where_its_accumulator_pads_little(host, sq, d, writer):
+    """The dQ writer's accumulator holds whole Q blocks: the default takes it where that pads
+    Sq by at most an eighth (and at the head dims it has run at), else the consumers'
+    reductions into Sq rows."""
+    p = _problem(sq=sq, sk=sq, d=d)
+    assert bwd._launch_for(p, None).config.dq_writer is writer
+    assert bwd._launch_for(p, None, deterministic=True).config.dq_writer is writer
+
+
 def test_gqa_loop_writes_key_value_heads_directly(host):
     """With `gqa_loop` the kernel's dK, dV are the results themselves: (B, Hkv, Sk, D) in k's
     dtype, no fp32 per-query-head buffer and no group sum; the kernel is told the group size."""

@@ -69,7 +69,7 @@ def test_svg_is_valid_xml(obj):
     svg = render.to_svg(obj)
     root = ET.fromstring(svg)
     assert root.tag == f"{SVG_NS}svg"
-    cells = root.findall(f"{SVG_NS}use")  # one `use` of the cell shape per cell
+    cells = list(root.iter(f"{SVG_NS}use"))  # one `use` of the cell shape per cell, rows grouped
     assert len(cells) > 4 and all(c.get("href") == "#c" for c in cells)
     assert root.find(f"{SVG_NS}defs/{SVG_NS}rect").get("id") == "c"
     html = render.to_html(obj)
@@ -81,10 +81,9 @@ def test_svg_is_valid_xml(obj):
 def test_sw128_colours_by_bank():
     """Each row of the SW128 bf16 atom holds all eight bank groups once, in a row-specific order."""
     svg = render.to_svg(gmma_smem_atom("K_SW128", "bf16"))
-    fills = re.findall(r'<use href="#c" x="[^"]+" y="([^"]+)" fill="(#[0-9a-f]+)"', svg)
-    rows: dict[str, list[str]] = {}
-    for y, fill in fills:
-        rows.setdefault(y, []).append(fill)
+    classes = dict(re.findall(r"\.(f\d+)\{fill:(#[0-9a-f]+)\}", svg))  # fill class -> colour
+    rows = {y: [classes[c] for c in re.findall(r'<use href="#c" x="[^"]+" class="(f\d+)"', row)]
+            for y, row in re.findall(r'<g transform="translate\(0 ([^)]+)\)">(.*?)</g>', svg, re.S)}
     assert len(rows) == 8
     firsts = []
     for cells in rows.values():
