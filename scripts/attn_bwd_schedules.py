@@ -1,6 +1,7 @@
 """Issue 16's schedule options, timed side by side: the sm90_flash backward with its default
 config (dQ added by the writer warp, one bulk reduction per warpgroup tile) and with the
-options under test (the consumers' own dQ reductions, the deterministic dQ order with either;
+options under test (the consumers' own dQ reductions, the deterministic dQ order with either,
+the unmasked copy of the step for interior tiles;
 with GQA, dK and dV summed in
 the kernel (`gqa_loop`) and in per-query-head fp32 buffers), against cuDNN's SDPA backward and
 FA4's, on the same tensors in one process.
@@ -84,7 +85,8 @@ def main() -> int:
         base = bwd._launch_for(problem, None).config
         options = {"default": None, "consumer_red": replace(base, dq_writer=False),
                    "deterministic": replace(base, deterministic=True),
-                   "consumer_red_deterministic": replace(base, dq_writer=False, deterministic=True)}
+                   "consumer_red_deterministic": replace(base, dq_writer=False, deterministic=True),
+                   "unmasked_interior": replace(base, unmasked_interior=True)}
         if gqa:
             options["gqa_loop" if not base.gqa_loop else "per_head"] = replace(
                 base, gqa_loop=not base.gqa_loop, dkv_fp32=base.gqa_loop)

@@ -1,8 +1,12 @@
-"""Where a varlen forward's time goes, ours beside FlashAttention-4's `flash_attn_varlen_func`:
-host time per call, wall time per call, and each kernel's device time (torch.profiler).
+"""Where a varlen forward's (or with --backward, the backward's) time goes, ours beside
+FlashAttention-4's `flash_attn_varlen_func`: host time per call, wall time per call, and each
+kernel's device time (torch.profiler).
 
-    python3 scripts/varlen_profile.py [CASE ...]      (`bench.cases.VarlenCase` names; default:
-                                                      the attention_varlen suite's cases)
+    python3 scripts/varlen_profile.py [--backward] [CASE ...]   (`bench.cases.VarlenCase` names;
+                                                      default: the attention_varlen suite's cases)
+
+The backward runs through autograd from a retained graph (the `attention_varlen_bwd` suite's
+way: `ops.sdpa_varlen` for ours, the same offsets every call).
 
 Per case and rung with a varlen launch: host µs per call (calls issued back to back, the GPU
 left to catch up) and wall µs (with the wait), for the same offset tensors every call (what a
@@ -53,8 +57,47 @@ def kernel_us(fn, calls: int = 10) -> dict[str, float]:
     return dict(sorted(per.items(), key=lambda kv: -kv[1]))
 
 
+def _grad_fn(forward, x):
+    """A call of the backward through autograd for forward(q, k, v) -> out, from one retained graph."""
+    leaves = [x[n].detach().clone().requires_grad_() for n in ("q", "k", "v")]
+    out = forward(*leaves)
+    out = out[0] if isinstance(out, tuple) else out
+    dout = torch.randn_like(out)
+    return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
+
+
+def backward(cases) -> None:
+    from cute_kernels.ops import sdpa_varlen
+
+    for case in cases:
+        x = case.make_inputs("cuda")
+        cu, longest = x["cu_seqlens"], x["max_seqlen"]
+        causal = "bottom_right" if case.causal else None
+        print(case.name, "(backward)")
+        fns = {rung: _grad_fn(lambda q, k, v, rung=rung: sdpa_varlen(q, k, v, cu, cu, longest, longest, causal,
+                                                                     None, -1, -1, rung=rung), x)
+               for rung in ("sm90_flash", "sm80_flash")}
+        try:
+            from flash_attn.cute import flash_attn_varlen_func
+
+            fns["fa4"] = _grad_fn(lambda q, k, v: flash_attn_varlen_func(
+                q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest,
+                causal=case.causal), x)
+        except ImportError as err:
+            print(f"  fa4: not importable ({err})")
+        for name, fn in fns.items():
+            print(f"  {name}: host / wall µs per call %.1f / %.1f" % host_and_wall_us(fn))
+            for kernel, us in kernel_us(fn).items():
+                print(f"    {kernel:70s} {us:9.1f} µs")
+
+
 def main(names: list[str]) -> None:
+    bwd = "--backward" in names
+    names = [n for n in names if n != "--backward"]
     cases = [VarlenCase.parse(n) for n in names] if names else list(SUITES["attention_varlen"].cases)
+    if bwd:
+        backward(cases)
+        return
     for case in cases:
         x = case.make_inputs("cuda")
         q, k, v, cu, longest = (x[n] for n in ("q", "k", "v", "cu_seqlens", "max_seqlen"))

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["BlockRange", "n_block_range", "n_block_min", "m_block_range", "block_range", "visited_pairs",
-           "lpt_heads_per_group", "lpt_tile", "L2_KV_BUDGET"]
+           "tile_unmasked", "lpt_heads_per_group", "lpt_tile", "L2_KV_BUDGET"]
 
 
 def _ceil_div(a, b):
@@ -118,6 +118,25 @@ def visited_pairs(seqlen_q: int, seqlen_k: int, *, block_m: int, block_n: int, c
                         window_left=window_left, window_right=window_right)
         out += [(m, n, True) for n in r.masked] + [(m, n, False) for n in r.unmasked]
     return out
+
+
+def tile_unmasked(m_block, n_block, seqlen_q, seqlen_k, offset, offset_lo, *, block_m: int, block_n: int,
+                  causal: bool, local: bool, rows_masked: bool):
+    """Whether every (i, j) of the (Q block m, K/V block n) tile is allowed, so the tile needs
+    no mask: its columns exist (j < seqlen_k), with `causal` its last column is within the
+    first row's reach (j <= i + offset), with `local` its first column within the last row's
+    window (j >= i + offset_lo), and with `rows_masked` (packed sequences, whose rows past the
+    end are another sequence's) its rows exist. Without `rows_masked`, rows past seqlen_q are
+    left to the caller (the backward's lse2 = +inf there). A bool on Python ints, a Boolean on
+    the DSL's Int32 (`&` only)."""
+    ok = (n_block + 1) * block_n <= seqlen_k
+    if rows_masked:
+        ok = ok & ((m_block + 1) * block_m <= seqlen_q)
+    if causal:
+        ok = ok & ((n_block + 1) * block_n - 1 <= m_block * block_m + offset)
+    if local:
+        ok = ok & (n_block * block_n >= (m_block + 1) * block_m - 1 + offset_lo)
+    return ok
 
 
 def m_block_range(n_block, seqlen_q, offset, *, block_m: int, block_n: int, causal: bool, maximum=max,

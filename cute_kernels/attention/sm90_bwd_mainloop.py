@@ -564,18 +564,28 @@ class FlashAttentionSm90Bwd:
             pipe_kv.consumer_wait(hpipe.consumer_state(1))
         state = hpipe.consumer_state(c.stages)
         prev = state.clone()
+        operands = (mma_sdp0, mma_sdp, mma_dkv, mma_dq0, mma_dq, tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt,
+                    tdQrdS, tdQrKt, acc_s, acc_dp, acc_dv, acc_dk, acc_dq, r_p, r_ds, t_p, t_ds, s_mn, dp_mn,
+                    coord_s, coord_dq, thr_r2s, stmatrix, (sdS, sP), (ds_ready, smem_free), pipe_qdo, sLSE, sDrow,
+                    gdQacc, scale, scales, offsets, key_base)
         for t in cutlass.range(q_heads * m_count, unroll=1):
             h = t // m_count
-            state, prev = self.step(m_block_min + (t - h * m_count), t % c.ds_buffers, t > 0, state, prev,
-                              mma_sdp0, mma_sdp,
-                              mma_dkv, mma_dq0,
-                              mma_dq, tSrK,
-                              tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, acc_s, acc_dp, acc_dv, acc_dk,
-                              acc_dq, r_p, r_ds, t_p, t_ds, s_mn, dp_mn, coord_s, coord_dq, thr_r2s,
-                              stmatrix, (sdS, sP), (ds_ready, smem_free), pipe_qdo, sLSE, sDrow, gdQacc, scale,
-                              scales,
-                              offsets, key_base, (head_row + h, dq_row0 + h * dq_head_rows), seqlen_q, seqlen_k,
-                              dq_red, turns)
+            m = m_block_min + (t - h * m_count)
+            pair_rows = (head_row + h, dq_row0 + h * dq_head_rows)
+            if cutlass.const_expr(c.unmasked_interior):
+                # The same step without the mask where the whole tile is allowed; the test is
+                # uniform over the CTA, so both consumers take the same copy.
+                causal_offset, offset_lo = offsets
+                if block_info.tile_unmasked(m, n_block, seqlen_q, seqlen_k, causal_offset, offset_lo, block_m=bm,
+                                            block_n=bn, causal=c.causal, local=c.local, rows_masked=c.varlen):
+                    state, prev = self.step(m, t % c.ds_buffers, t > 0, state, prev, *operands, pair_rows, seqlen_q,
+                                            seqlen_k, dq_red, turns, masked=False)
+                else:
+                    state, prev = self.step(m, t % c.ds_buffers, t > 0, state, prev, *operands, pair_rows, seqlen_q,
+                                            seqlen_k, dq_red, turns)
+            else:
+                state, prev = self.step(m, t % c.ds_buffers, t > 0, state, prev, *operands, pair_rows, seqlen_q,
+                                        seqlen_k, dq_red, turns)
         if cutlass.const_expr(c.defer_dkv_wait):
             wgmma.wait_group(0)  # the last dV, dK GEMMs
             if q_heads * m_count > 0:
@@ -599,7 +609,7 @@ class FlashAttentionSm90Bwd:
              t_p, t_ds, s_mn, dp_mn, coord_s, coord_dq, thr_r2s, stmatrix, score_smem, barriers, pipe_qdo,
              sLSE, sDrow, gdQacc, scale: cutlass.Float32, scales,
              offsets, key_base: cutlass.Int32, head_rows, seqlen_q: cutlass.Int32,
-             seqlen_k: cutlass.Int32, dq_red, turns=None):
+             seqlen_k: cutlass.Int32, dq_red, turns=None, masked: bool = True):
         """Q block m against this CTA's keys; dS^T (and with head_split P^T) goes through smem
         buffer `buf` (score_smem: both buffers; barriers: "dS^T is written", "last step's
         buffer is free"). Returns the advanced pipeline state and this step's (whose slot a
@@ -609,7 +619,8 @@ class FlashAttentionSm90Bwd:
         sequence's first row). Varlen: rows past the sequence (whose lse2 and D are the next
         sequence's) are masked in P^T and dS^T. turns: the deterministic dQ's (counters, Q blocks
         per head, offset_lo, this CTA's key block, the consumers' barrier, whether this thread
-        waits and counts), or None."""
+        waits and counts), or None. masked: False where the tile needs no mask (the caller's
+        `block_info.tile_unmasked`): P^T and dS^T then skip the mask's tests and selects."""
         head_row, dq_row = head_rows
         c = self.config
         scale_log2, score_scale = scales
@@ -661,7 +672,9 @@ class FlashAttentionSm90Bwd:
                 if cutlass.const_expr(c.softcap):
                     x = softcap_tanh(x * score_scale)
                 p = cute.math.exp2(x * scale_log2 - sLSE[t_col + col_offs[j], stage], fastmath=True)
-                s_mn[r, j] = cutlass.select_(keep, p, cutlass.Float32(0.0))
+                if cutlass.const_expr(masked):
+                    p = cutlass.select_(keep, p, cutlass.Float32(0.0))
+                s_mn[r, j] = p
         r_p.store(acc_s.load().to(self.dtype))
         if cutlass.const_expr(c.ds_buffers == 1):
             # This warpgroup's reads of the last step's buffer are done (waited for above or at
@@ -690,7 +703,7 @@ class FlashAttentionSm90Bwd:
                     t = (cute.math.log2(p, fastmath=True) + sLSE[t_col + col_offs[j], stage]) * inv_scale_log2
                     ds = ds * cutlass.select_(p > cutlass.Float32(0.0), cutlass.Float32(1.0) - t * t,
                                               cutlass.Float32(0.0))
-                if cutlass.const_expr(c.varlen):
+                if cutlass.const_expr(c.varlen and masked):
                     # A masked row's D is another sequence's (maybe not finite): 0 * it is not 0.
                     ds = cutlass.select_(cutlass.Int32(col_offs[j]) < row_room, ds, cutlass.Float32(0.0))
                 dp_mn[r, j] = ds

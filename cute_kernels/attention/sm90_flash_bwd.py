@@ -32,7 +32,9 @@ dQ_blk in key-block order: a counter per (batch, query head, Q block) that the a
 every run.
 
 Windows (`mask_rule`): `causal` tests the upper bound (runtime `causal_offset`), `local` the
-lower (runtime `offset_lo`), and the CTA walks only the Q blocks of `block_info.m_block_range`.
+lower (runtime `offset_lo`), and the CTA walks only the Q blocks of `block_info.m_block_range`;
+with `unmasked_interior` the tiles that need no mask (`block_info.tile_unmasked`) run a copy of
+the step without it.
 Soft cap: `sm90_bwd_mainloop`. GQA: fp32 dK, dV per query head summed on the host, or with
 `gqa_loop` (the default where its grid fills the GPU, `gqa_loop_fills`) one CTA per key/value
 head walking its group's query heads and summing dK, dV in registers. Head dims above 128
@@ -130,7 +132,10 @@ class FlashSm90BwdConfig:
     (`sm90_layouts.dq_tile_layout`) and the producer warpgroup's second warp adds the whole tile to
     a fp32 accumulator of the same order with one bulk reduction (`hopper.tma.bulk_reduce_add_f32`),
     as FlashAttention-3's dQ warp does, instead of the consumers' `red.global` per value pair; with
-    `deterministic` that warp keeps the key-block order, off the consumers' path.
+    `deterministic` that warp keeps the key-block order, off the consumers' path;
+    unmasked_interior: a Q block whose tile with this CTA's keys needs no mask
+    (`block_info.tile_unmasked`) runs a copy of the step without the mask's tests and selects
+    (FlashAttention-3 masks only the boundary blocks).
     """
 
     head_dim: int = 128
@@ -154,6 +159,7 @@ class FlashSm90BwdConfig:
     varlen: bool = False
     deterministic: bool = False
     dq_writer: bool = False
+    unmasked_interior: bool = False
 
     def validate(self) -> "FlashSm90BwdConfig":
         if self.head_dim not in HEAD_DIMS:
@@ -162,7 +168,8 @@ class FlashSm90BwdConfig:
         if self.dtype not in _CUTLASS:
             raise ValueError(f"FlashSm90BwdConfig.dtype must be one of {tuple(_CUTLASS)}, got {self.dtype!r}")
         for name in ("causal", "local", "dkv_fp32", "dq_tma_reduce", "defer_dkv_wait", "early_dv", "prep_kernel",
-                     "softcap", "gqa_loop", "head_split", "varlen", "deterministic", "dq_writer"):
+                     "softcap", "gqa_loop", "head_split", "varlen", "deterministic", "dq_writer",
+                     "unmasked_interior"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FlashSm90BwdConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.gqa_loop and self.dkv_fp32:
@@ -425,6 +432,11 @@ BWD_VARIANT_CONFIGS["d64_bfloat16_causal_wide_q_dq_writer"] = {"head_dim": 64, "
                                                                "block_m": 128, "dq_writer": True}
 BWD_VARIANT_CONFIGS["d128_bfloat16_causal_deterministic_dq_writer"] = {
     "head_dim": 128, "dtype": "bfloat16", "causal": True, "deterministic": True, "dq_writer": True}
+# A copy of the step without the mask for the tiles that need none (`unmasked_interior`).
+BWD_VARIANT_CONFIGS["d128_bfloat16_causal_dq_writer_unmasked_interior"] = {
+    "head_dim": 128, "dtype": "bfloat16", "causal": True, "dq_writer": True, "unmasked_interior": True}
+BWD_VARIANT_CONFIGS["d64_float16_causal_local_varlen_unmasked_interior"] = {
+    "head_dim": 64, "dtype": "float16", "causal": True, "local": True, "varlen": True, "unmasked_interior": True}
 # 128 Q rows a step at head dims up to 64 (`wide_q`): dQ's rows split over the warpgroups.
 BWD_VARIANT_CONFIGS["d64_bfloat16_wide_q"] = {"head_dim": 64, "dtype": "bfloat16", "causal": False, "block_m": 128}
 BWD_VARIANT_CONFIGS["d64_float16_causal_local_gqa_loop_deterministic_wide_q"] = {
@@ -518,9 +530,9 @@ class _Launch:
     kernel_config: the compiled kernel's (prep_kernel is host-side only, so one compiled kernel
     serves both settings); group: query heads per KV head; scale, offset, offset_lo: the
     kernel's runtime scalars (`launch_scalars`, `window_scalars`); softcap: the cap or None;
-    sq_pad: Sq rounded up to
-    whole Q blocks (also the accumulator's rows per head with `dq_writer`, else Sq); prep: whether the `sm90_bwd_prep` kernel runs (the option, and 32-bit
-    element offsets suffice); dkv_shape: (B, H, Sk, D) of the kernel's dK, dV (H: Hq for the
+    seqlen_q: Sq; sq_pad: Sq rounded up to whole Q blocks (also the accumulator's rows per head
+    with `dq_writer`, else Sq); prep: whether the `sm90_bwd_prep` kernel runs (the option, and
+    32-bit element offsets suffice); dkv_shape: (B, H, Sk, D) of the kernel's dK, dV (H: Hq for the
     fp32 per-query-head results, else Hkv)."""
 
     config: FlashSm90BwdConfig

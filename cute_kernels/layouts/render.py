@@ -330,7 +330,8 @@ def _svg(pic: _Picture) -> str:
                 body.append(f'<use href="#c" x="{x:g}" class="{fills.setdefault(fill, f"f{len(fills)}")}"/>')
                 xm = f"{x + _CW / 2:g}"
                 if l2:
-                    body.append(f'<text x="{xm}" y="12">{escape(l1)}<tspan x="{xm}" dy="11">{escape(l2)}</tspan></text>')
+                    body.append(f'<text x="{xm}" y="12">{escape(l1)}'
+                                f'<tspan x="{xm}" dy="11">{escape(l2)}</tspan></text>')
                 else:
                     body.append(f'<text x="{xm}" y="18">{escape(l1)}</text>')
             body.append("</g>")

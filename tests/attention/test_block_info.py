@@ -168,3 +168,29 @@ def test_windowed_m_block_range_covers_the_q_blocks_seeing_a_key_block(sq, sk, b
             if (n + 1) * bn <= sk and (hi - 1) * bm < sq:
                 # tight at the end too when no key of the block lies past the sequence end
                 assert seeing[-1] == hi - 1
+
+
+@given(
+    sq=st.integers(1, 90), sk=st.integers(1, 90), bm=st.sampled_from([16, 32]), bn=st.sampled_from([16, 32]),
+    offset=st.integers(-40, 40), width=st.integers(0, 60), causal=st.booleans(), local=st.booleans(),
+    rows_masked=st.booleans(),
+)
+def test_tile_unmasked_is_exactly_the_tiles_whose_every_pair_is_allowed(sq, sk, bm, bn, offset, width, causal,
+                                                                         local, rows_masked):
+    """`tile_unmasked` against every (i, j) of every tile: the key exists, j <= i + offset with
+    `causal`, j >= i + offset - width with `local`; every row exists with `rows_masked` (else
+    rows past sq count as the rest of the tile's rows do)."""
+    from cute_kernels.attention.block_info import tile_unmasked
+
+    offset_lo = offset - width
+
+    def ok(i, j):
+        return (j < sk and (not causal or j <= i + offset) and (not local or j >= i + offset_lo)
+                and (not rows_masked or i < sq))
+
+    for m in range(-(-sq // bm)):
+        for n in range(-(-sk // bn)):
+            want = all(ok(i, j) for i in range(m * bm, (m + 1) * bm) for j in range(n * bn, (n + 1) * bn))
+            got = tile_unmasked(m, n, sq, sk, offset, offset_lo, block_m=bm, block_n=bn, causal=causal,
+                                local=local, rows_masked=rows_masked)
+            assert got == want, (m, n)

@@ -75,8 +75,10 @@ def _ids(c):
 @pytest.mark.parametrize("schedule", [{}, {"dq_tma_reduce": True, "early_dv": True, "defer_dkv_wait": True,
                                            "prep_kernel": True}, {"deterministic": True},
                                       {"dq_writer": True, "early_dv": True, "defer_dkv_wait": True},
-                                      {"dq_writer": True, "deterministic": True}],
-                         ids=["default", "all_options", "deterministic", "dq_writer", "dq_writer_deterministic"])
+                                      {"dq_writer": True, "deterministic": True},
+                                      {"dq_writer": True, "unmasked_interior": True}],
+                         ids=["default", "all_options", "deterministic", "dq_writer", "dq_writer_deterministic",
+                              "unmasked_interior"])
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_window_gradients_match_float64(case, schedule):
     _check_window(case, schedule)

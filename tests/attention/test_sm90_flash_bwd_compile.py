@@ -186,6 +186,28 @@ def test_the_default_tile_per_head_dim():
     assert bwd_config_for(64, "bfloat16", True, deterministic=True).dq_writer
 
 
+@pytest.mark.parametrize("config", ["d128_bfloat16_causal_dq_writer_unmasked_interior",
+                                    "d64_float16_causal_local_varlen_unmasked_interior"])
+def test_unmasked_interior_variant_holds_a_second_step_without_the_mask(config):
+    """`unmasked_interior`: the step twice, behind one branch on `block_info.tile_unmasked` (so
+    twice the MMAs and exponentials of the plain variant), the second copy without the mask's
+    selects; no spills."""
+    report, _, count = _compiled(config)
+    import cute_kernels.attention.sm90_flash_bwd as bwd
+
+    c = bwd.FlashSm90BwdConfig(**bwd.BWD_VARIANT_CONFIGS[config])
+    d = c.head_dim
+    # per step: S^T and dP^T (D/16 k-steps each), dV and dK (block_m/16 each), dQ_blk (128/16 over the keys)
+    per_step = 2 * d // 16 + 2 * c.block_m // 16 + 128 // 16
+    assert count("HGMMA.") == 2 * per_step and count("MUFU.EX2") == 2 * (64 * c.block_m // 128)
+    assert report.spill_load_bytes == report.spill_store_bytes == 0
+    from cute_kernels.runtime import compile_variant
+
+    masked_only = compile_variant("attention.sm90_flash_bwd", {**bwd.BWD_VARIANT_CONFIGS[config],
+                                                               "unmasked_interior": False})
+    assert count("FSEL") == masked_only.kernels[0].sass.opcodes.get("FSEL", 0)  # the copy selects nothing
+
+
 @pytest.mark.parametrize("config", ["d128_bfloat16_causal_deterministic", "d64_float16_local_gqa_loop_deterministic"])
 def test_deterministic_variant_waits_for_its_turn_and_counts_itself(config):
     """`deterministic`: before a step's dQ reductions one thread polls the Q block's counter

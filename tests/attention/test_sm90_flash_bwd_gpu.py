@@ -114,7 +114,8 @@ def _check(dout, grads, ref, dtype):
 SCHEDULES = [dict(dq_tma_reduce=True), dict(early_dv=True), dict(defer_dkv_wait=True), dict(prep_kernel=False),
              dict(dq_tma_reduce=True, early_dv=True, defer_dkv_wait=True, prep_kernel=True),
              dict(stages=3, early_dv=True, defer_dkv_wait=True, prep_kernel=True),
-             dict(dq_writer=True), dict(dq_writer=True, early_dv=True, defer_dkv_wait=True)]
+             dict(dq_writer=True), dict(dq_writer=True, early_dv=True, defer_dkv_wait=True),
+             dict(unmasked_interior=True), dict(unmasked_interior=True, dq_writer=True, deterministic=True)]
 SCHEDULE_CASES = [(1, 4, 2, 200, 333, 128, "bottom_right", torch.bfloat16),
                   (2, 2, 2, 131, 131, 64, None, torch.float16),
                   (1, 2, 2, 300, 300, 128, "top_left", torch.float16),

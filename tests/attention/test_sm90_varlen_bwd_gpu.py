@@ -59,6 +59,20 @@ def test_varlen_backward_per_sequence(lengths_q, lengths_k, hq, hkv, d, causal, 
     check_empty_sequences(grads, lengths_q, lengths_k)
 
 
+@pytest.mark.parametrize("case", [0, 3, len(VARLEN_CASES) - 1])
+def test_unmasked_interior_tiles_match_the_masked_kernel(monkeypatch, case):
+    """`unmasked_interior` on the packed launch: the tiles whose rows and keys all exist inside
+    the mask take the step without it; the gradients are those of the per-sequence reference."""
+    from dataclasses import replace
+
+    from cute_kernels.attention import sm90_flash_bwd
+
+    real = sm90_flash_bwd._varlen_config
+    monkeypatch.setattr(sm90_flash_bwd, "_VARLEN_CONFIGS", {})
+    monkeypatch.setattr(sm90_flash_bwd, "_varlen_config", lambda p: replace(real(p), unmasked_interior=True))
+    test_varlen_backward_per_sequence(*VARLEN_CASES[case])
+
+
 def test_softcap_matches_the_sm80_varlen_backward():
     sm80, sm90 = _rungs()
     lengths_q, lengths_k = (33, 1, 150), (60, 7, 150)
