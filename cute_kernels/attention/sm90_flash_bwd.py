@@ -206,10 +206,13 @@ class FlashSm90BwdConfig:
         if self.deterministic and (self.dq_tma_reduce or self.varlen):
             raise ValueError("FlashSm90BwdConfig: deterministic orders the dQ reductions from registers of the "
                              "dense launch; it takes neither dq_tma_reduce nor varlen")
-        if self.dq_writer and (self.dq_tma_reduce or self.head_split or self.varlen):
+        if self.dq_writer and (self.dq_tma_reduce or self.varlen):
             raise ValueError("FlashSm90BwdConfig: dq_writer (dQ staged in shared memory, added by a producer warp) "
-                             "takes neither dq_tma_reduce, head_split (no shared memory left for the tile) nor "
-                             "varlen (its accumulator is whole Q-block tiles per head)")
+                             "takes neither dq_tma_reduce nor varlen (its accumulator is whole Q-block tiles per "
+                             "head)")
+        if self.dq_writer and self.head_split and self.smem_bytes > _SMEM_LIMIT:
+            raise ValueError(f"FlashSm90BwdConfig: dq_writer's tiles ({4 * self.dq_stage_floats} bytes) do not fit "
+                             f"beside head_split's buffers at head dim {self.head_dim} (up to 192 they do)")
         if self.ds_buffers not in (1, 2):
             raise ValueError(f"FlashSm90BwdConfig.ds_buffers must be 1 or 2, got {self.ds_buffers!r}")
         if self.stages not in (1, 2, 3):
@@ -430,6 +433,8 @@ BWD_VARIANT_CONFIGS["d96_float16_causal_local_gqa_loop_dq_writer"] = {
     "head_dim": 96, "dtype": "float16", "causal": True, "local": True, "gqa_loop": True, "dq_writer": True}
 BWD_VARIANT_CONFIGS["d64_bfloat16_causal_wide_q_dq_writer"] = {"head_dim": 64, "dtype": "bfloat16", "causal": True,
                                                                "block_m": 128, "dq_writer": True}
+BWD_VARIANT_CONFIGS["d192_bfloat16_causal_split_dq_writer"] = {"head_dim": 192, "dtype": "bfloat16", "causal": True,
+                                                               "dq_writer": True}
 BWD_VARIANT_CONFIGS["d128_bfloat16_causal_deterministic_dq_writer"] = {
     "head_dim": 128, "dtype": "bfloat16", "causal": True, "deterministic": True, "dq_writer": True}
 # A copy of the step without the mask for the tiles that need none (`unmasked_interior`).

@@ -165,6 +165,8 @@ def test_config_validation_is_clear():
         FlashSm90BwdConfig(block_m=128).validate()
     with pytest.raises(ValueError, match="dq_writer .* takes neither"):
         FlashSm90BwdConfig(dq_writer=True, varlen=True).validate()
+    with pytest.raises(ValueError, match="do not fit beside head_split"):
+        FlashSm90BwdConfig(head_dim=256, head_split=True, block_n=64, ds_buffers=1, dq_writer=True).validate()
     assert FlashSm90BwdConfig(dq_writer=True, deterministic=True).validate().dq_stage_floats == 2 * 64 * 64
 
 
@@ -244,7 +246,8 @@ def test_wide_q_variant_takes_128_queries_a_step_without_spills(config):
 
 @pytest.mark.parametrize("config", ["d128_bfloat16_dq_writer", "d96_float16_causal_local_gqa_loop_dq_writer",
                                     "d64_bfloat16_causal_wide_q_dq_writer",
-                                    "d128_bfloat16_causal_deterministic_dq_writer"])
+                                    "d128_bfloat16_causal_deterministic_dq_writer",
+                                    "d192_bfloat16_causal_split_dq_writer"])
 def test_dq_writer_variant_stages_dq_tiles_for_one_bulk_reduction_each(config):
     """`dq_writer`: the consumers store dQ_blk in fragment order with 16-byte shared stores (one
     per 4 values) and reduce nothing themselves; the writer warp issues one bulk reduction per
@@ -254,7 +257,7 @@ def test_dq_writer_variant_stages_dq_tiles_for_one_bulk_reduction_each(config):
     import cute_kernels.attention.sm90_flash_bwd as bwd
 
     d = int(config.split("_")[0][1:])
-    c = bwd.FlashSm90BwdConfig(**bwd.BWD_VARIANT_CONFIGS[config])
+    c = bwd.build_variant(**bwd.BWD_VARIANT_CONFIGS[config]).key[1]  # the compiled config (head_split above 128)
     assert count("UBLKRED.G.S.ADD.F32") == 2 and count("REDG.E.ADD.F32") == 0 and count("UTMAREDG") == 0
     assert count("STS.128") == (c.block_m * d) // 256 // 4 and count("STS.64") == 0
     assert count("BAR.ARV") >= 4
