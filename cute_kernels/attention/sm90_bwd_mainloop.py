@@ -348,6 +348,8 @@ class FlashAttentionSm90Bwd:
         head_row = batch * mQ.shape[2] + q_head0
         rows_base = head_row * sq_pad
         dq_rows = (head_row * seqlen_q, seqlen_q)
+        # dq_writer: (the first query head's first tile block, tile blocks per head, its pair index)
+        dq_tiles = (head_row * (sq_pad // bm), sq_pad // bm, head_row)
         seq = None
         gdK, gdV = mdK[None, None, head, batch], mdV[None, None, head, batch]
         if cutlass.const_expr(c.varlen):
@@ -363,6 +365,11 @@ class FlashAttentionSm90Bwd:
             causal_offset, offset_lo = causal_offset + base, offset_lo + base
             seq = (offset_q, seqlen_q, sq_pad)
             dq_rows = (q_head0 * total_q + offset_q, total_q)
+            if cutlass.const_expr(c.dq_writer):
+                # FlashAttention-3's padded offsets: sequence b's tiles start at block
+                # (first row + b bm) // bm of its head's ceil((Tq + B bm) / bm) (`varlen_tile_rows`)
+                head_blocks = (total_q + (mCuSeqlensQ.shape[0] - 1) * bm + bm - 1) // bm
+                dq_tiles = (q_head0 * head_blocks + (offset_q + batch * bm) // bm, head_blocks, q_head0)
             gdK = cute.domain_offset((offset_k, 0), mdK[None, None, head, 0])
             gdV = cute.domain_offset((offset_k, 0), mdV[None, None, head, 0])
             # The producer's lse2 / D boxes start at the 16-byte boundary at or below the
@@ -397,8 +404,8 @@ class FlashAttentionSm90Bwd:
                     writer_turns = None
                     if cutlass.const_expr(mTurns is not None):
                         writer_turns = (mTurns, sq_pad // bm, offset_lo, n_block, None, cute.arch.lane_idx() == 0)
-                    self.write_dq(storage.sdQ.data_ptr(), mdQacc, m_block_min, m_count, q_heads,
-                                  (head_row, sq_pad // bm), writer_turns)
+                    self.write_dq(storage.sdQ.data_ptr(), mdQacc, m_block_min, m_count, q_heads, dq_tiles,
+                                  writer_turns)
         else:
             self.roles.become_consumer()
             self.consume((tma_dq, mdQ3, sdQ, sdQ_full, storage.sdQ.data_ptr()), mma_sdp0, mma_sdp, mma_dkv, mma_dq0,
@@ -842,13 +849,15 @@ class FlashAttentionSm90Bwd:
         issued by lane 0, handing a tile back once its reduction has read it. The accumulator
         holds the tiles in the order of the shared ones: (batch, query head) pair, Q block,
         warpgroup, each `dq_tile_floats` in fragment order (the host un-permutes it). tiles:
-        (the first query head's pair index, Q blocks per head). turns: the deterministic dQ's
+        (the first query head's first tile block, tile blocks from one head's to the next's, its
+        (batch, query head) pair index); packed sequences: the sequence's first block of its
+        head's padded rows. turns: the deterministic dQ's
         (counters, Q blocks per head, offset_lo, key block, None, whether this lane waits and
         counts), or None: lane 0 waits for the Q block's turn before its reductions, and counts
         once they have completed."""
         c = self.config
         tile = c.dq_tile_floats
-        head_row, m_blocks = tiles
+        first_block, m_blocks, head_row = tiles
         lane = cute.arch.lane_idx()
         empty, full = _dq_stage_barriers()
         for t in cutlass.range(q_heads * m_count, unroll=1):
@@ -862,7 +871,7 @@ class FlashAttentionSm90Bwd:
             if cutlass.const_expr(turns is not None):
                 turn = self.wait_turn(turns, head_row + h, m)
                 cute.arch.fence_proxy("async.global")  # the reductions below come after the acquire
-            g = gdQacc.iterator + cutlass.Int64((head_row + h) * m_blocks + m) * (2 * tile)
+            g = gdQacc.iterator + cutlass.Int64(first_block + h * m_blocks + m) * (2 * tile)
             for w in cutlass.range_constexpr(2):
                 full[w].arrive_and_wait()
                 if lane == 0:

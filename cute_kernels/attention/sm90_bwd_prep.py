@@ -159,10 +159,12 @@ def preprocess(dout, out, lse, block_m: int, *, tvm_ffi: bool | None = None):
     return d_rows, lse2, dq_acc
 
 
-def preprocess_flat(dout, out, lse, block_m: int, tvm_ffi: bool, acc_padded: bool = False):
+def preprocess_flat(dout, out, lse, block_m: int, tvm_ffi: bool, acc_rows: int | None = None):
     """`preprocess`'s (D, lse2, dq_flat, dq_acc), dq_flat the accumulator's flat view: what the
-    backward kernel takes, without re-viewing per call. acc_padded: the accumulator holds
-    `padded` rows per (batch, head) (`dq_writer`'s tiles), dq_acc (B, H, padded, D)."""
+    backward kernel takes, without re-viewing per call. acc_rows: the accumulator's rows per
+    (batch, head), at most `padded` (Sq rounded up to `block_m`): None for Sq, `padded` for
+    `dq_writer`'s tiles, 0 for none (the packed writer's accumulator is the caller's); dq_acc
+    (B, H, acc_rows, D)."""
     if block_m % 4:
         raise ValueError(f"preprocess: block_m must be a multiple of 4 (16-byte aligned buffers), got {block_m}")
     b, h, sq, d = dout.shape
@@ -170,8 +172,8 @@ def preprocess_flat(dout, out, lse, block_m: int, tvm_ffi: bool, acc_padded: boo
     lse = lse.contiguous().float()
     if tvm_ffi:
         return run_prepped(prep_function(d, dout.dtype), rows_aligned(dout), rows_aligned(out), lse, padded,
-                           acc_padded)
-    acc_rows = padded if acc_padded else sq
+                           acc_rows)
+    acc_rows = sq if acc_rows is None else acc_rows
     d_rows, lse2, dq_flat = _buffers(b, h, acc_rows, d, padded, dout.device)
     from cute_kernels.runtime import compile_kernel, current_stream, from_torch
 
@@ -184,7 +186,7 @@ def preprocess_flat(dout, out, lse, block_m: int, tvm_ffi: bool, acc_padded: boo
     kernel = _kernel_for(d, str(dout.dtype).removeprefix("torch."))
     fn = compile_kernel(kernel, *args, stream, key=("attention.sm90_bwd_prep", 4, d, str(dout.dtype)))
     fn(*args, stream)
-    return d_rows, lse2, dq_flat, dq_flat.view(b, h, acc_rows, d)
+    return d_rows, lse2, dq_flat, dq_flat[:b * h * acc_rows * d].view(b, h, acc_rows, d)
 
 
 def _buffers(b: int, h: int, acc_rows: int, d: int, padded: int, device):
@@ -193,7 +195,8 @@ def _buffers(b: int, h: int, acc_rows: int, d: int, padded: int, device):
     import torch
 
     n = b * h * padded
-    buf = torch.empty(2 * n + b * h * acc_rows * d, dtype=torch.float32, device=device)
+    # (acc_rows 0: a 4-float stand-in, so no launch argument is an empty tensor)
+    buf = torch.empty(2 * n + (b * h * acc_rows * d or 4), dtype=torch.float32, device=device)
     return buf[:n], buf[n:2 * n], buf[2 * n:]
 
 
@@ -206,16 +209,16 @@ def prep_function(head_dim: int, dtype):
     return fn
 
 
-def run_prepped(fn, dout, out, lse, padded: int, acc_padded: bool = False):
+def run_prepped(fn, dout, out, lse, padded: int, acc_rows: int | None = None):
     """`preprocess_flat`'s TVM-FFI launch with `fn` (`prep_function`) on dout and out whose rows
     are aligned as they are (`rows_aligned` returns them) and a contiguous fp32 lse, padding Sq
-    to `padded` rows (the accumulator too with `acc_padded`): what a warm backward replays with
-    its decisions already made."""
+    to `padded` rows (the accumulator's `acc_rows` as `preprocess_flat`'s): what a warm
+    backward replays with its decisions already made."""
     b, h, sq, d = dout.shape
-    acc_rows = padded if acc_padded else sq
+    acc_rows = sq if acc_rows is None else acc_rows
     d_rows, lse2, dq_flat = _buffers(b, h, acc_rows, d, padded, dout.device)
     fn(dout, out, lse.view(-1), d_rows, lse2, dq_flat, sq, padded, acc_rows)
-    return d_rows, lse2, dq_flat, dq_flat.view(b, h, acc_rows, d)
+    return d_rows, lse2, dq_flat, dq_flat[:b * h * acc_rows * d].view(b, h, acc_rows, d)
 
 
 # ---- compile-only variants ------------------------------------------------------------------------

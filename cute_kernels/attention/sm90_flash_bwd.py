@@ -52,7 +52,8 @@ are derived once per problem (`_Launch`), and `backward_plan` replays a warm cal
 Packed sequences (`varlen_backward`, `FlashSm90BwdConfig.varlen`): a CTA per (key block of the
 longest sequence, query head, sequence); Q, dO, K, V through ragged tensor maps, lse2, D and the
 (Hq, Tq, D) accumulator from the dense prep pass over the packed tensors viewed (1, H, T, D)
-(rows past a sequence, the next one's, are masked in P^T and dS^T). The lse2 / D boxes start at
+(rows past a sequence, the next one's, are masked in P^T and dS^T); with `dq_writer` the tiles go
+to each sequence's own whole Q blocks (`varlen_tile_rows`). The lse2 / D boxes start at
 the 16-byte boundary at or below a block's first row (`FlashSm90BwdConfig.row_box`): a 1-D TMA
 box must start aligned, which stopped the first GPU run wherever a sequence began at a row not
 a multiple of 4.
@@ -206,10 +207,9 @@ class FlashSm90BwdConfig:
         if self.deterministic and (self.dq_tma_reduce or self.varlen):
             raise ValueError("FlashSm90BwdConfig: deterministic orders the dQ reductions from registers of the "
                              "dense launch; it takes neither dq_tma_reduce nor varlen")
-        if self.dq_writer and (self.dq_tma_reduce or self.varlen):
+        if self.dq_writer and self.dq_tma_reduce:
             raise ValueError("FlashSm90BwdConfig: dq_writer (dQ staged in shared memory, added by a producer warp) "
-                             "takes neither dq_tma_reduce nor varlen (its accumulator is whole Q-block tiles per "
-                             "head)")
+                             "and dq_tma_reduce are two ways of adding dQ: take one")
         if self.dq_writer and self.head_split and self.smem_bytes > _SMEM_LIMIT:
             raise ValueError(f"FlashSm90BwdConfig: dq_writer's tiles ({4 * self.dq_stage_floats} bytes) do not fit "
                              f"beside head_split's buffers at head dim {self.head_dim} (up to 192 they do)")
@@ -435,6 +435,8 @@ BWD_VARIANT_CONFIGS["d64_bfloat16_causal_wide_q_dq_writer"] = {"head_dim": 64, "
                                                                "block_m": 128, "dq_writer": True}
 BWD_VARIANT_CONFIGS["d192_bfloat16_causal_split_dq_writer"] = {"head_dim": 192, "dtype": "bfloat16", "causal": True,
                                                                "dq_writer": True}
+BWD_VARIANT_CONFIGS["d128_bfloat16_causal_varlen_dq_writer"] = {"head_dim": 128, "dtype": "bfloat16",
+                                                                "causal": True, "varlen": True, "dq_writer": True}
 BWD_VARIANT_CONFIGS["d128_bfloat16_causal_deterministic_dq_writer"] = {
     "head_dim": 128, "dtype": "bfloat16", "causal": True, "deterministic": True, "dq_writer": True}
 # A copy of the step without the mask for the tiles that need none (`unmasked_interior`).
@@ -691,7 +693,7 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
         return _run_prepped(launch, _prep.prep_function(d, dout.dtype), _tvm_build(launch.kernel_config), dout, q,
                             k, v, rows_aligned(out), lse.contiguous().float(), problem.heads_kv)
     if launch.prep:  # flat D, lse2 and dQ accumulator, and the accumulator's (B, Hq, Sq_pad, D) view
-        d_rows, lse2, dq_flat, dq_acc = _prep.preprocess_flat(dout, out, lse, config.block_m, tvm, config.dq_writer)
+        d_rows, lse2, dq_flat, dq_acc = _prep.preprocess_flat(dout, out, lse, config.block_m, tvm, _acc_rows(launch))
     else:  # torch ops (also past the prep kernel's 32-bit element offsets)
         d_rows = torch.zeros((b, hq, sq_pad), dtype=torch.float32, device=q.device)
         d_rows[:, :, :sq] = (dout.float() * out.float()).sum(-1)
@@ -713,6 +715,12 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
                             key=("attention.sm90_flash_bwd", launch.kernel_config))
         fn(*args, stream, _softcap_arg(launch), *turns)
     return _post(launch, dq_acc, dk_h, dv_h, q.dtype, problem.heads_kv)
+
+
+def _acc_rows(launch: _Launch) -> int | None:
+    """The prep pass's accumulator rows per (batch, head): whole Q blocks for the writer's tiles,
+    else Sq (None)."""
+    return launch.sq_pad if launch.config.dq_writer else None
 
 
 def _tvm_build(config: FlashSm90BwdConfig):
@@ -798,7 +806,7 @@ def _run_prepped(launch: _Launch, prep_fn, fn, dout, q, k, v, out, lse, heads_kv
     """The TVM-FFI backward with the prep kernel, every decision made: dout, q, k, v and out
     with rows aligned as they are (`rows_aligned` returns them), not requiring grad, lse
     contiguous fp32. What `backward` runs on that path and `backward_plan` replays."""
-    d_rows, lse2, dq_flat, dq_acc = _prep.run_prepped(prep_fn, dout, out, lse, launch.sq_pad, launch.config.dq_writer)
+    d_rows, lse2, dq_flat, dq_acc = _prep.run_prepped(prep_fn, dout, out, lse, launch.sq_pad, _acc_rows(launch))
     dk_h, dv_h = _dkv_buffers(launch, q)
     fn(q, k, v, dout, lse2, d_rows, dq_flat, dk_h, dv_h, launch.scale, launch.offset, launch.offset_lo, launch.group,
        launch.softcap, *_turns(launch, q))
@@ -868,8 +876,12 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     # The dense backward's prep pass over the (1, H, T, D) views: lse2 (base 2, +inf for rows that
     # saw no key) and D, (Hq, Tq padded to whole Q blocks) each, and the zeroed (Hq, Tq, D) fp32
     # dQ accumulator, in one launch that reads dO and O once.
+    writer = config.dq_writer
     d_rows, lse2, dq_flat, _ = _prep.preprocess_flat(packed(dout), packed(out), lse.unsqueeze(0), config.block_m,
-                                                     tvm_ffi_available())
+                                                     tvm_ffi_available(), 0 if writer else None)
+    if writer:  # the writer's tiles: every sequence's whole Q blocks, per head (`varlen_tile_rows`)
+        tile_rows = varlen_tile_rows(tq, problem.batch, config.block_m)
+        dq_flat = torch.zeros(hq * tile_rows * d, dtype=torch.float32, device=q.device)
     dkv_heads, dkv_dtype = (hq, torch.float32) if config.dkv_fp32 else (hkv, q.dtype)
     # Every key row is written: the grid covers the longest sequence's key blocks, and a block no
     # row sees stores zeros.
@@ -898,12 +910,36 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
         fn = compile_kernel(_entry(config), *args, stream, *tail,
                             key=("attention.sm90_flash_bwd", "varlen", config))
         fn(*args, stream, *tail)
-    dq = torch.empty_like(q).copy_(dq_flat.view(hq, tq, d).transpose(0, 1))  # converted and transposed at once
+    if writer:  # un-permuted to (rows, Hq, D), then each token's row gathered
+        rows = dq_from_tiles(dq_flat.view(1, hq, tile_rows, d), config, tile_rows, q.dtype)[0].transpose(0, 1)
+        dq = rows.index_select(0, varlen_token_rows(cu_seqlens_q, tq, config.block_m))
+    else:
+        dq = torch.empty_like(q).copy_(dq_flat.view(hq, tq, d).transpose(0, 1))  # converted and transposed at once
     dk, dv = dkv[0], dkv[1]
     if config.dkv_fp32:
         dk = dk.view(tk, hkv, group, d).sum(2).to(q.dtype)
         dv = dv.view(tk, hkv, group, d).sum(2).to(q.dtype)
     return dq, dk, dv
+
+
+def varlen_tile_rows(total_q: int, sequences: int, block_m: int) -> int:
+    """Rows per head of the packed `dq_writer` accumulator: FlashAttention-3's padded offsets put
+    sequence b's whole Q blocks from row (cu_q[b] + b block_m) // block_m * block_m, each
+    sequence's blocks its own (the next sequence starts at least ceil(len_b / block_m) blocks
+    later), all within ceil((Tq + B block_m) / block_m) blocks."""
+    return -(-(total_q + sequences * block_m) // block_m) * block_m
+
+
+def varlen_token_rows(cu_seqlens_q, total_q: int, block_m: int):
+    """Each packed query row's row in the writer's accumulator (`varlen_tile_rows`), int64 on
+    the offsets' device, computed there (no host read)."""
+    import torch
+
+    cu = cu_seqlens_q.long()
+    n = cu.numel() - 1
+    seq = torch.repeat_interleave(torch.arange(n, device=cu.device), cu[1:] - cu[:-1], output_size=total_q)
+    first = (cu[:-1] + torch.arange(n, device=cu.device) * block_m) // block_m * block_m
+    return torch.arange(total_q, device=cu.device) - cu[seq] + first[seq]
 
 
 # problem -> the varlen config (bounded, as `_LAUNCHES`: problems vary with every batch's lengths).

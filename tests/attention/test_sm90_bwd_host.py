@@ -13,6 +13,8 @@ import re
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("cutlass")
@@ -539,10 +541,11 @@ def test_varlen_backward_hands_the_kernel_packed_views_and_converts_its_buffers(
 def _stub_prep(monkeypatch):
     """The prep pass as buffers of its shapes, launching nothing (on CPU tensors a TVM-FFI
     function refuses to run)."""
-    def prep_buffers(dout, out, lse, block_m, tvm_ffi):
+    def prep_buffers(dout, out, lse, block_m, tvm_ffi, acc_rows=None):
         b, h, sq, dh = dout.shape
         rows = -(-sq // block_m) * block_m
-        return torch.zeros(b * h * rows), torch.zeros(b * h * rows), torch.zeros(b * h * sq * dh), None
+        acc = sq if acc_rows is None else acc_rows
+        return torch.zeros(b * h * rows), torch.zeros(b * h * rows), torch.zeros(b * h * acc * dh), None
 
     monkeypatch.setattr(prep, "preprocess_flat", prep_buffers)
 
@@ -656,3 +659,48 @@ def test_deterministic_backward_orders_dq_on_hopper(host):
     bwd.backward(dout, q, k, v, o, lse, p)  # not deterministic: the plain entry, no counters
     ((name, args),) = [x for x in host.launches if x[0] == "bwd"]
     assert not isinstance(args[-1], torch.Tensor) or args[-1].dtype != torch.int32
+
+
+@given(lengths=st.lists(st.integers(0, 300), min_size=1, max_size=12), block_m=st.sampled_from([64, 128]))
+def test_varlen_writer_rows_give_each_sequence_its_own_whole_q_blocks(lengths, block_m):
+    """The packed writer's accumulator rows: each sequence's tokens are consecutive rows from a
+    block boundary, its whole Q blocks overlap no other sequence's, and all fit the head's rows."""
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    tq = int(cu[-1])
+    rows = bwd.varlen_token_rows(cu, tq, block_m).tolist()
+    total = bwd.varlen_tile_rows(tq, len(lengths), block_m)
+    spans = []
+    for b, n in enumerate(lengths):
+        mine = rows[int(cu[b]):int(cu[b + 1])]
+        if n:
+            assert mine == list(range(mine[0], mine[0] + n)) and mine[0] % block_m == 0
+            spans.append((mine[0], mine[0] + -(-n // block_m) * block_m))
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])) and all(end <= total for _, end in spans)
+
+
+def test_varlen_writer_converts_its_tiles_into_each_sequence_rows(host, monkeypatch):
+    """With `dq_writer` the packed backward hands the kernel a zeroed tile accumulator of
+    `varlen_tile_rows` rows per head (the prep pass zeroes none) and returns, for each token,
+    the row `varlen_token_rows` gives it, un-permuted from fragment order."""
+    host.use_tvm_ffi(True)
+    real = bwd._varlen_config
+    monkeypatch.setattr(bwd, "_VARLEN_CONFIGS", {})
+    monkeypatch.setattr(bwd, "_varlen_config", lambda p: replace(real(p), dq_writer=True))
+    lengths = (70, 0, 130)
+    hq, d = 2, 64
+    tq = sum(lengths)
+    p = AttentionProblem(batch=3, heads_q=hq, heads_kv=hq, seqlen_q=130, seqlen_k=130, head_dim=d, head_dim_v=d,
+                         dtype=torch.bfloat16, causal="bottom_right", scale=0.3)
+    g = torch.Generator().manual_seed(2)
+    q, dout, out, k, v = (torch.randn(tq, hq, d, generator=g).to(torch.bfloat16) for _ in range(5))
+    cu = torch.tensor([0, 70, 70, 200], dtype=torch.int32)
+    dq, _, _ = bwd.varlen_backward(dout, q, k, v, out, torch.randn(hq, tq, generator=g), cu, cu, 130, 130, p)
+    (_, prep_args), (_, args) = host.launches
+    config = bwd._varlen_config(p)
+    rows = bwd.varlen_tile_rows(tq, 3, config.block_m)
+    assert _unwrap(prep_args[5]).numel() == 4 and getattr(prep_args[8], "value", prep_args[8]) == 0  # zeroes none
+    acc = _unwrap(args[6])
+    assert acc.numel() == hq * rows * d
+    full = bwd.dq_from_tiles(acc.view(1, hq, rows, d), config, rows, torch.float32)[0]  # (Hq, rows, D)
+    want = full[:, bwd.varlen_token_rows(cu, tq, config.block_m)].transpose(0, 1).to(q.dtype)
+    assert dq.shape == q.shape and dq.is_contiguous() and torch.equal(dq, want)

@@ -163,8 +163,8 @@ def test_config_validation_is_clear():
         FlashSm90BwdConfig(block_m=80).validate()
     with pytest.raises(ValueError, match="block_m 128 takes head dims up to 64"):
         FlashSm90BwdConfig(block_m=128).validate()
-    with pytest.raises(ValueError, match="dq_writer .* takes neither"):
-        FlashSm90BwdConfig(dq_writer=True, varlen=True).validate()
+    with pytest.raises(ValueError, match="two ways of adding dQ"):
+        FlashSm90BwdConfig(dq_writer=True, dq_tma_reduce=True).validate()
     with pytest.raises(ValueError, match="do not fit beside head_split"):
         FlashSm90BwdConfig(head_dim=256, head_split=True, block_n=64, ds_buffers=1, dq_writer=True).validate()
     assert FlashSm90BwdConfig(dq_writer=True, deterministic=True).validate().dq_stage_floats == 2 * 64 * 64
@@ -247,7 +247,7 @@ def test_wide_q_variant_takes_128_queries_a_step_without_spills(config):
 @pytest.mark.parametrize("config", ["d128_bfloat16_dq_writer", "d96_float16_causal_local_gqa_loop_dq_writer",
                                     "d64_bfloat16_causal_wide_q_dq_writer",
                                     "d128_bfloat16_causal_deterministic_dq_writer",
-                                    "d192_bfloat16_causal_split_dq_writer"])
+                                    "d192_bfloat16_causal_split_dq_writer", "d128_bfloat16_causal_varlen_dq_writer"])
 def test_dq_writer_variant_stages_dq_tiles_for_one_bulk_reduction_each(config):
     """`dq_writer`: the consumers store dQ_blk in fragment order with 16-byte shared stores (one
     per 4 values) and reduce nothing themselves; the writer warp issues one bulk reduction per

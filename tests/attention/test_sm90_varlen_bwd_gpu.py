@@ -59,17 +59,23 @@ def test_varlen_backward_per_sequence(lengths_q, lengths_k, hq, hkv, d, causal, 
     check_empty_sequences(grads, lengths_q, lengths_k)
 
 
-@pytest.mark.parametrize("case", [0, 3, len(VARLEN_CASES) - 1])
-def test_unmasked_interior_tiles_match_the_masked_kernel(monkeypatch, case):
-    """`unmasked_interior` on the packed launch: the tiles whose rows and keys all exist inside
-    the mask take the step without it; the gradients are those of the per-sequence reference."""
+@pytest.mark.parametrize("case", range(len(VARLEN_CASES)), ids=[f"case{i}" for i in range(len(VARLEN_CASES))])
+@pytest.mark.parametrize("options", [dict(unmasked_interior=True), dict(dq_writer=True),
+                                     dict(dq_writer=True, unmasked_interior=True)],
+                         ids=["unmasked_interior", "dq_writer", "both"])
+def test_packed_options_match_the_per_sequence_reference(monkeypatch, case, options):
+    """The options on the packed launch: `unmasked_interior` (tiles whose rows and keys all exist
+    inside the mask skip it) and `dq_writer` (dQ through the writer warp into every sequence's
+    own whole Q blocks, `sm90_flash_bwd.varlen_tile_rows`, gathered back per token)."""
     from dataclasses import replace
 
     from cute_kernels.attention import sm90_flash_bwd
 
+    if options.get("dq_writer") and VARLEN_CASES[case][4] > 192:
+        pytest.skip("the dQ writer's tiles fit beside head_split's buffers up to D = 192")
     real = sm90_flash_bwd._varlen_config
     monkeypatch.setattr(sm90_flash_bwd, "_VARLEN_CONFIGS", {})
-    monkeypatch.setattr(sm90_flash_bwd, "_varlen_config", lambda p: replace(real(p), unmasked_interior=True))
+    monkeypatch.setattr(sm90_flash_bwd, "_varlen_config", lambda p: replace(real(p), **options))
     test_varlen_backward_per_sequence(*VARLEN_CASES[case])
 
 
