@@ -34,8 +34,7 @@ every run.
 Windows (`mask_rule`): `causal` tests the upper bound (runtime `causal_offset`), `local` the
 lower (runtime `offset_lo`), and the CTA walks only the Q blocks of `block_info.m_block_range`;
 with `unmasked_interior` the tiles that need no mask (`block_info.tile_unmasked`) run a copy of
-the step without it.
-Soft cap: `sm90_bwd_mainloop`. GQA: fp32 dK, dV per query head summed on the host, or with
+the step without it. Soft cap: `sm90_bwd_mainloop`. GQA: fp32 dK, dV per query head summed on the host, or with
 `gqa_loop` (the default where its grid fills the GPU, `gqa_loop_fills`) one CTA per key/value
 head walking its group's query heads and summing dK, dV in registers. Head dims above 128
 (`head_split`): 64 keys a CTA shared by both consumers, which split S^T and dP^T by queries and
@@ -300,9 +299,9 @@ def bwd_config_for(head_dim: int, dtype: str, causal: bool, *, dkv_fp32: bool = 
     FlashAttention-3 takes them there: half the steps, each twice the work between the
     consumers' meetings) against `block_n_for(head_dim)` keys per CTA; at D = 256 one dS^T / P^T
     buffer each (two would need 232 KB of shared memory). dq_writer: None takes the writer warp
-    at the head dims where it has run on a GPU (`_WRITER_HEAD_DIMS`; never `head_split` or
-    `varlen`): 4-11% faster than the consumers' reductions, and deterministic at 1.0-1.7x their
-    non-deterministic time (H200, 2026-12-06)."""
+    at the head dims where it has run on a GPU (`_WRITER_HEAD_DIMS`; not for `varlen` until its
+    GPU tests run there): 4-11% faster than the consumers' reductions, and deterministic at
+    1.1-1.8x its non-deterministic time against their 1.4-2.4x (H200, 2026-12-06)."""
     split = head_dim not in _WHOLE_HEAD_DIMS
     if dq_writer is None:
         dq_writer = head_dim in _WRITER_HEAD_DIMS and not varlen
