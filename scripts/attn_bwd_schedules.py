@@ -1,10 +1,9 @@
 """Issue 16's schedule options, timed side by side: the sm90_flash backward with its default
 config (dQ added by the writer warp, one bulk reduction per warpgroup tile) and with the
 options under test (the consumers' own dQ reductions, the deterministic dQ order with either,
-the unmasked copy of the step for interior tiles;
-with GQA, dK and dV summed in
-the kernel (`gqa_loop`) and in per-query-head fp32 buffers), against cuDNN's SDPA backward and
-FA4's, on the same tensors in one process.
+the unmasked copy of the step for interior tiles; with GQA, dK and dV summed in the kernel
+(`gqa_loop`) and in per-query-head fp32 buffers), against cuDNN's SDPA backward and FA4's, on
+the same tensors in one process.
 
     python3 scripts/attn_bwd_schedules.py [--out FILE.json] [--cases 0,1,6]
 

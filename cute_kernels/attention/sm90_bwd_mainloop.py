@@ -579,17 +579,17 @@ class FlashAttentionSm90Bwd:
             h = t // m_count
             m = m_block_min + (t - h * m_count)
             pair_rows = (head_row + h, dq_row0 + h * dq_head_rows)
+            unmasked = False
             if cutlass.const_expr(c.unmasked_interior):
                 # The same step without the mask where the whole tile is allowed; the test is
                 # uniform over the CTA, so both consumers take the same copy.
                 causal_offset, offset_lo = offsets
-                if block_info.tile_unmasked(m, n_block, seqlen_q, seqlen_k, causal_offset, offset_lo, block_m=bm,
-                                            block_n=bn, causal=c.causal, local=c.local, rows_masked=c.varlen):
-                    state, prev = self.step(m, t % c.ds_buffers, t > 0, state, prev, *operands, pair_rows, seqlen_q,
-                                            seqlen_k, dq_red, turns, masked=False)
-                else:
-                    state, prev = self.step(m, t % c.ds_buffers, t > 0, state, prev, *operands, pair_rows, seqlen_q,
-                                            seqlen_k, dq_red, turns)
+                unmasked = block_info.tile_unmasked(m, n_block, seqlen_q, seqlen_k, causal_offset, offset_lo,
+                                                    block_m=bm, block_n=bn, causal=c.causal, local=c.local,
+                                                    rows_masked=c.varlen)
+            if unmasked:
+                state, prev = self.step(m, t % c.ds_buffers, t > 0, state, prev, *operands, pair_rows, seqlen_q,
+                                        seqlen_k, dq_red, turns, masked=False)
             else:
                 state, prev = self.step(m, t % c.ds_buffers, t > 0, state, prev, *operands, pair_rows, seqlen_q,
                                         seqlen_k, dq_red, turns)

@@ -698,7 +698,7 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
         d_rows[:, :, :sq] = (dout.float() * out.float()).sum(-1)
         lse2 = torch.full((b, hq, sq_pad), math.inf, dtype=torch.float32, device=q.device)
         lse2[:, :, :sq] = torch.where(torch.isneginf(lse), math.inf, lse.float() * LOG2_E)
-        dq_acc = torch.zeros((b, hq, sq_pad if config.dq_writer else sq, d), dtype=torch.float32, device=q.device)
+        dq_acc = torch.zeros((b, hq, _acc_rows(launch), d), dtype=torch.float32, device=q.device)
         d_rows, lse2, dq_flat = d_rows.view(-1), lse2.view(-1), dq_acc.view(-1)
     dk_h, dv_h = _dkv_buffers(launch, q)
     if tvm:
@@ -716,10 +716,9 @@ def backward(dout, q, k, v, out, lse, problem, *, deterministic: bool = False, c
     return _post(launch, dq_acc, dk_h, dv_h, q.dtype, problem.heads_kv)
 
 
-def _acc_rows(launch: _Launch) -> int | None:
-    """The prep pass's accumulator rows per (batch, head): whole Q blocks for the writer's tiles,
-    else Sq (None)."""
-    return launch.sq_pad if launch.config.dq_writer else None
+def _acc_rows(launch: _Launch) -> int:
+    """The dQ accumulator's rows per (batch, head): whole Q blocks for the writer's tiles, else Sq."""
+    return launch.sq_pad if launch.config.dq_writer else launch.seqlen_q
 
 
 def _tvm_build(config: FlashSm90BwdConfig):
@@ -911,7 +910,7 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
         fn(*args, stream, *tail)
     if writer:  # un-permuted to (rows, Hq, D), then each token's row gathered
         rows = dq_from_tiles(dq_flat.view(1, hq, tile_rows, d), config, tile_rows, q.dtype)[0].transpose(0, 1)
-        dq = rows.index_select(0, varlen_token_rows(cu_seqlens_q, tq, config.block_m))
+        dq = rows.index_select(0, _token_rows(cu_seqlens_q, tq, config.block_m, offsets))
     else:
         dq = torch.empty_like(q).copy_(dq_flat.view(hq, tq, d).transpose(0, 1))  # converted and transposed at once
     dk, dv = dkv[0], dkv[1]
@@ -939,6 +938,21 @@ def varlen_token_rows(cu_seqlens_q, total_q: int, block_m: int):
     seq = torch.repeat_interleave(torch.arange(n, device=cu.device), cu[1:] - cu[:-1], output_size=total_q)
     first = (cu[:-1] + torch.arange(n, device=cu.device) * block_m) // block_m * block_m
     return torch.arange(total_q, device=cu.device) - cu[seq] + first[seq]
+
+
+# (offsets, block_m, device) -> varlen_token_rows: a model's layers pass the same batch.
+_TOKEN_ROWS = WarmCache("attention.sm90_flash_bwd.varlen_token_rows", 64)
+
+
+def _token_rows(cu_seqlens_q, total_q: int, block_m: int, offsets):
+    """`varlen_token_rows`, kept per batch where the host read its offsets (`varlen.HostOffsets`),
+    so the layers of a step after the first launch nothing for it."""
+    if offsets is None:
+        return varlen_token_rows(cu_seqlens_q, total_q, block_m)
+    from cute_kernels.runtime.lasting import lasting
+
+    return memo(_TOKEN_ROWS, (offsets, block_m, cu_seqlens_q.device), lasting, cu_seqlens_q.device,
+                varlen_token_rows, cu_seqlens_q, total_q, block_m)
 
 
 # problem -> the varlen config (bounded, as `_LAUNCHES`: problems vary with every batch's lengths).

@@ -704,3 +704,11 @@ def test_varlen_writer_converts_its_tiles_into_each_sequence_rows(host, monkeypa
     full = bwd.dq_from_tiles(acc.view(1, hq, rows, d), config, rows, torch.float32)[0]  # (Hq, rows, D)
     want = full[:, bwd.varlen_token_rows(cu, tq, config.block_m)].transpose(0, 1).to(q.dtype)
     assert dq.shape == q.shape and dq.is_contiguous() and torch.equal(dq, want)
+    # With the host's offsets the rows are built once per batch and kept.
+    from cute_kernels.attention.varlen import HostOffsets
+
+    monkeypatch.setattr(bwd, "_TOKEN_ROWS", {})
+    offsets = HostOffsets(cu_q=(0, 70, 70, 200), cu_k=(0, 70, 70, 200), seqused_k=None)
+    kept = bwd._token_rows(cu, tq, config.block_m, offsets)
+    assert bwd._token_rows(cu, tq, config.block_m, offsets) is kept
+    assert torch.equal(kept, bwd.varlen_token_rows(cu, tq, config.block_m))

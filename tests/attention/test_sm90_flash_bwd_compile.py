@@ -197,7 +197,7 @@ def test_unmasked_interior_variant_holds_a_second_step_without_the_mask(config):
     report, _, count = _compiled(config)
     import cute_kernels.attention.sm90_flash_bwd as bwd
 
-    c = bwd.FlashSm90BwdConfig(**bwd.BWD_VARIANT_CONFIGS[config])
+    c = bwd.build_variant(**bwd.BWD_VARIANT_CONFIGS[config]).key[1]  # the compiled config
     d = c.head_dim
     # per step: S^T and dP^T (D/16 k-steps each), dV and dK (block_m/16 each), dQ_blk (128/16 over the keys)
     per_step = 2 * d // 16 + 2 * c.block_m // 16 + 128 // 16
