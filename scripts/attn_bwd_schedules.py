@@ -1,7 +1,7 @@
 """Issue 16's schedule options, timed side by side: the sm90_flash backward with its default
-config (dQ added by the writer warp, one bulk reduction per warpgroup tile) and with the
-options under test (the consumers' own dQ reductions, the deterministic dQ order with either,
-the unmasked copy of the step for interior tiles; with GQA, dK and dV summed in the kernel
+config and with the options under test (dQ added the other way: by the writer warp, one bulk
+reduction per warpgroup tile, or by the consumers' own reductions; the deterministic dQ order
+with either; the unmasked copy of the step for interior tiles; with GQA, dK and dV summed in the kernel
 (`gqa_loop`) and in per-query-head fp32 buffers), against cuDNN's SDPA backward and FA4's, on
 the same tensors in one process.
 
@@ -24,7 +24,8 @@ CASES = [  # B, Hq, Hkv, S, D, causal
     (4, 32, 32, 2048, 128, False), (4, 32, 32, 2048, 128, True), (8, 16, 16, 2048, 64, False),
     (8, 16, 16, 2048, 64, True), (2, 16, 16, 4096, 128, True), (2, 16, 16, 2048, 96, False),
     (4, 32, 8, 4096, 128, True), (4, 32, 8, 4096, 128, False), (2, 32, 4, 2048, 64, True),
-    (64, 12, 12, 197, 64, False),
+    (64, 12, 12, 197, 64, False), (8, 16, 16, 2048, 32, True), (4, 16, 16, 2048, 80, False),
+    (2, 16, 16, 2048, 192, True), (32, 16, 16, 1024, 128, True),
 ]
 
 
@@ -82,9 +83,10 @@ def main() -> int:
         out, lse = attention_forward(q, k, v, causal=align, enable_gqa=gqa)
         problem = check_inputs(q, k, v, causal=align, scale=None, enable_gqa=gqa)
         base = bwd._launch_for(problem, None).config
-        options = {"default": None, "consumer_red": replace(base, dq_writer=False),
+        other = "consumer_red" if base.dq_writer else "dq_writer"  # the dQ path the default does not take
+        options = {"default": None, other: replace(base, dq_writer=not base.dq_writer),
                    "deterministic": replace(base, deterministic=True),
-                   "consumer_red_deterministic": replace(base, dq_writer=False, deterministic=True),
+                   f"{other}_deterministic": replace(base, dq_writer=not base.dq_writer, deterministic=True),
                    "unmasked_interior": replace(base, unmasked_interior=True)}
         if gqa:
             options["gqa_loop" if not base.gqa_loop else "per_head"] = replace(

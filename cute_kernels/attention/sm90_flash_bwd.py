@@ -19,9 +19,9 @@ host entry points and the compile-only variants). A CTA owns `block_n` = 128 key
                and dQ_blk = dS K is one wgmma SS over both warpgroups' keys
 
 dQ_blk is added to an fp32 accumulator in one of three ways: by the dQ writer warp
-(`dq_writer`, the default at the head dims its GPU tests ran at, `_WRITER_HEAD_DIMS`, where
-Sq pads to whole Q blocks by at most an eighth, `writer_pads_little`): each consumer stores
-scale * dQ_blk to its shared tile in fragment order (`sm90_layouts.dq_tile_layout`: 16-byte
+(`dq_writer`, the default wherever its tiles fit in shared memory, up to D = 208, and Sq pads
+to whole Q blocks by at most an eighth, `writer_pads_little`; an option for packed sequences):
+each consumer stores scale * dQ_blk to its shared tile in fragment order (`sm90_layouts.dq_tile_layout`: 16-byte
 stores, a warp's 512 contiguous bytes) and the writer adds the whole tile with one
 `cp.reduce.async.bulk ... add.f32` into an accumulator of the same order (whole Q blocks per
 head), which `dq_from_tiles` un-permutes; by the consumers' own `red.global.add.v2.f32` per
@@ -87,10 +87,6 @@ HEAD_DIMS = tuple(range(16, 257, 16))
 # Head dims whose dK and dV accumulators of 64 keys fit one warpgroup's registers; the wider ones
 # need `head_split` (the two consumer warpgroups share 64 keys and split the head dim).
 _WHOLE_HEAD_DIMS = tuple(range(16, 129, 16))
-# Head dims where the dQ writer warp (`dq_writer`) is the default: those its GPU tests have run
-# at (H200, 2026-12-06). The others (16, 32, 48, 80, 112) compile without spills and have GPU
-# tests (`test_dq_writer_at_every_whole_head_dim`) that have not run yet.
-_WRITER_HEAD_DIMS = (64, 96, 128)
 _REGS = 65536
 _SMEM_LIMIT = 227 * 1024
 
@@ -135,7 +131,8 @@ class FlashSm90BwdConfig:
     `deterministic` that warp keeps the key-block order, off the consumers' path;
     unmasked_interior: a Q block whose tile with this CTA's keys needs no mask
     (`block_info.tile_unmasked`) runs a copy of the step without the mask's tests and selects
-    (FlashAttention-3 masks only the boundary blocks).
+    (FlashAttention-3 masks only the boundary blocks); an option: it measured between 4% slower
+    and 6% faster (H100, 2026-12-06).
     """
 
     head_dim: int = 128
@@ -299,17 +296,21 @@ def bwd_config_for(head_dim: int, dtype: str, causal: bool, *, dkv_fp32: bool = 
     FlashAttention-3 takes them there: half the steps, each twice the work between the
     consumers' meetings) against `block_n_for(head_dim)` keys per CTA; at D = 256 one dS^T / P^T
     buffer each (two would need 232 KB of shared memory). dq_writer: None takes the writer warp
-    at the head dims where it has run on a GPU (`_WRITER_HEAD_DIMS`; not for `varlen` until its
-    GPU tests run there): 4-11% faster than the consumers' reductions, and deterministic at
-    1.1-1.8x its non-deterministic time against their 1.4-2.4x (H200, 2026-12-06)."""
+    wherever its tiles fit beside head_split's buffers (up to D = 208), except for `varlen`:
+    4-22% faster than the consumers' reductions from D = 32 to 192, and deterministic at
+    1.1-1.8x its non-deterministic time against their 1.4-2.7x (H200 and H100, 2026-12-06;
+    packed sequences measured 5% faster on two batches and 6% slower on a third, so they keep
+    the consumers' reductions)."""
     split = head_dim not in _WHOLE_HEAD_DIMS
-    if dq_writer is None:
-        dq_writer = head_dim in _WRITER_HEAD_DIMS and not varlen
-    return FlashSm90BwdConfig(head_dim=head_dim, dtype=dtype, causal=causal, local=local,
-                              dkv_fp32=dkv_fp32, softcap=softcap, gqa_loop=gqa_loop, head_split=split,
-                              block_m=128 if wide_q and head_dim <= 64 else 64,
-                              block_n=block_n_for(head_dim), ds_buffers=1 if head_dim > 192 else 2,
-                              varlen=varlen, deterministic=deterministic, dq_writer=dq_writer).validate()
+    config = FlashSm90BwdConfig(head_dim=head_dim, dtype=dtype, causal=causal, local=local,
+                                dkv_fp32=dkv_fp32, softcap=softcap, gqa_loop=gqa_loop, head_split=split,
+                                block_m=128 if wide_q and head_dim <= 64 else 64,
+                                block_n=block_n_for(head_dim), ds_buffers=1 if head_dim > 192 else 2,
+                                varlen=varlen, deterministic=deterministic,
+                                dq_writer=not varlen if dq_writer is None else dq_writer)
+    if dq_writer is None and config.dq_writer and config.smem_bytes > _SMEM_LIMIT:
+        config = replace(config, dq_writer=False)
+    return config.validate()
 
 
 # ---- compile-only variants ------------------------------------------------------------------------
@@ -583,9 +584,8 @@ def writer_pads_little(seqlen_q: int, block_m: int) -> bool:
     """Whether the default backward of Sq query rows takes the dQ writer warp (`dq_writer`),
     whose accumulator holds whole Q blocks: where that pads Sq by at most an eighth. Short
     sequences keep the consumers' reductions into Sq rows: at ViT-B/16's S197 (128-row blocks,
-    30% padding) the unpadded accumulator measured 8% faster than the padded one (H200,
-    2026-12-02), more than the writer gained at S2048; the writer's own short-sequence time is
-    not measured yet."""
+    30% padding) the writer measured 20% slower than them (0.270 against 0.225 ms, B64 H12 D64,
+    H100, 2026-12-06)."""
     pad = -(-seqlen_q // block_m) * block_m - seqlen_q
     return 8 * pad <= seqlen_q
 

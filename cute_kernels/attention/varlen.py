@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from cute_kernels.runtime.plan_cache import WarmCache, memo
 from cute_kernels.runtime.tensor_memo import TensorMemo
 
 from .api import _CAUSAL, AttentionProblem
@@ -321,7 +322,7 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
         # No query row or no key: out does not depend on q, k, v.
         grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
     else:
-        rung = _varlen_backward_rung(kernel, [t.permute(1, 0, 2).unsqueeze(0) for t in (q, k, v)], problem, who)
+        rung = _backward_rung(kernel, q, k, v, problem, who)
         options = {"deterministic": True} if deterministic and _accepts(rung.varlen_backward, "deterministic") else {}
         if _accepts(rung.varlen_backward, "offsets"):
             options["offsets"] = offsets
@@ -353,6 +354,22 @@ def _varlen_backward_reason(rung, problem) -> str | None:
     `supports_varlen_backward` where it has one, else its `supports_backward`."""
     check = getattr(rung, "supports_varlen_backward", None) or getattr(rung, "supports_backward", None)
     return None if check is None else check(problem)
+
+
+# (kernel, problem, device, capability function, q/k/v strides and 16-byte alignment) -> the
+# rung: what `_varlen_backward_rung` decides on, so a model's layers and steps ask it once.
+# A plan cache: `dispatch.clear_cache` (a rung added or reloaded) forgets it.
+_BACKWARD_RUNGS = WarmCache("attention.varlen.backward_rungs", 64, kind="plan")
+
+
+def _backward_rung(kernel: str, q, k, v, problem, who: str):
+    """`_varlen_backward_rung` for the (T, H, D) tensors, remembered (`_BACKWARD_RUNGS`)."""
+    from .dispatch import device_capability
+
+    key = (kernel, problem, q.device, device_capability,
+           *((t.stride(), t.data_ptr() % 16) for t in (q, k, v)))
+    return memo(_BACKWARD_RUNGS, key, lambda: _varlen_backward_rung(
+        kernel, [t.permute(1, 0, 2).unsqueeze(0) for t in (q, k, v)], problem, who))
 
 
 def _varlen_backward_rung(kernel: str, views, problem, who: str):

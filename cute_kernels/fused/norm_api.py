@@ -214,8 +214,6 @@ def _check_backward(op, dy, s, weight, rstd, mean, dsum, kind, has_bias):
 
 
 def _backward_plan(dy, s, weight, rstd, mean, dsum, kind, offset, has_bias, weight_grad):
-    from cute_kernels.runtime import unverified
-
     from .dispatch import norm_backward_prefetch, norm_tiling
     from .norms import NormBackward, NormConfig, backward_args
     from .tiling import min_blocks_per_sm
@@ -241,8 +239,7 @@ def _backward_plan(dy, s, weight, rstd, mean, dsum, kind, offset, has_bias, weig
             return _composed_backward_plan(kind, offset, has_bias, weight_grad)
     want_w = weight is not None and weight_grad
     want_b = has_bias and weight_grad
-    prefetch = unverified.enabled("norm_backward_prefetch") and \
-        norm_backward_prefetch(tiling, dt, wdt, bias=has_bias, residual=fuse_dsum)
+    prefetch = norm_backward_prefetch(tiling, dt, wdt, bias=has_bias, residual=fuse_dsum)
     config = NormConfig(kind, tiling, dt, weight_dtype=wdt,
                         residual_dtype=dtype_name(dsum.dtype) if fuse_dsum else None,
                         has_bias=has_bias, offset=offset, has_dsum=fuse_dsum,

@@ -30,6 +30,7 @@ from torch import Tensor
 from cute_kernels.attention.features import check_sinks, check_softcap, sinks_gradient
 from cute_kernels.attention.mask_rule import canonical_window
 from cute_kernels.runtime import eager
+from cute_kernels.runtime.eager import detached
 
 from . import attention_reference as reference
 from .fallback import UNSUPPORTED, check_fallback, device_guard, note_fallback, on_cuda, raise_unsupported
@@ -70,12 +71,6 @@ def _entry(op: str):
             )
         _found[op] = fn
     return fn
-
-
-def _detached(*tensors):
-    """The tensors without autograd history: the op bodies run below autograd, but their inputs
-    still carry requires_grad, which DLPack export (and so TVM-FFI) refuses."""
-    return tuple(t.detach() for t in tensors)
 
 
 def _check_causal(op: str, causal) -> None:
@@ -140,7 +135,7 @@ def _sdpa(q, k, v, causal, scale, enable_gqa, window_left, window_right, rung, f
         features["sinks"] = sinks.detach()
     try:
         with device_guard(q):
-            return _entry("sdpa")(*_detached(q, k, v), causal=causal, scale=scale, enable_gqa=enable_gqa,
+            return _entry("sdpa")(*detached(q, k, v), causal=causal, scale=scale, enable_gqa=enable_gqa,
                                   window_size=window, kernel=rung, **features)
     except UNSUPPORTED as err:
         if fallback != "torch":
@@ -239,7 +234,7 @@ def _sdpa_backward(grad_out, q, k, v, out, lse, causal, scale, enable_gqa, windo
         features["sinks"] = sinks.detach()
     try:
         with device_guard(q):
-            grads = _entry("sdpa_backward")(*_detached(grad_out, q, k, v, out, lse), causal=causal, scale=scale,
+            grads = _entry("sdpa_backward")(*detached(grad_out, q, k, v, out, lse), causal=causal, scale=scale,
                                             enable_gqa=enable_gqa, window_size=window, kernel=rung, **features)
     except UNSUPPORTED as err:
         if fallback != "torch":
@@ -300,7 +295,7 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
         features["sinks"] = sinks.detach()
     try:
         with device_guard(q):
-            return _entry(op)(*_detached(q, k, v, cu_seqlens_q, cu_seqlens_k), max_seqlen_q, max_seqlen_k,
+            return _entry(op)(*detached(q, k, v, cu_seqlens_q, cu_seqlens_k), max_seqlen_q, max_seqlen_k,
                               causal=causal, scale=scale, window_size=window, kernel=rung, **features)
     except UNSUPPORTED as err:
         if fallback != "torch":
@@ -379,7 +374,7 @@ def sdpa_varlen_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
         features["sinks"] = sinks.detach()
     try:
         with device_guard(q):
-            grads = _entry(op)(*_detached(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k), max_seqlen_q,
+            grads = _entry(op)(*detached(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k), max_seqlen_q,
                                max_seqlen_k, causal=causal, scale=scale, window_size=window, kernel=rung, **features)
     except UNSUPPORTED as err:
         if fallback != "torch":
@@ -417,7 +412,7 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tenso
         return reference.paged_decode(q, k_cache, v_cache, block_table, seqlens_k, scale)
     try:
         with device_guard(q):
-            return _entry("paged_decode")(*_detached(q, k_cache, v_cache, block_table, seqlens_k), scale=scale,
+            return _entry("paged_decode")(*detached(q, k_cache, v_cache, block_table, seqlens_k), scale=scale,
                                           kernel=rung)
     except UNSUPPORTED as err:
         if fallback != "torch":

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from cute_kernels.runtime.eager import EagerOp, Plan
+from cute_kernels.runtime.eager import EagerOp, Plan, detached
 
 from . import fused as fused_ops
 
@@ -41,12 +41,6 @@ def _same_device(t) -> bool:
     """False for a CUDA tensor on another device than the current one (the op's body switches
     devices; a plan does not)."""
     return not (t.is_cuda and t.device.index != torch.cuda.current_device())
-
-
-def _detached(*tensors):
-    """The saved tensors a backward hands the kernel layer, without autograd history (one kernel
-    plan per signature, whether or not the caller's tensors required grad)."""
-    return tuple(t.detach() if t is not None and t.requires_grad else t for t in tensors)
 
 
 class NormPlan(Plan):
@@ -97,7 +91,7 @@ def _norm_backward_kernel(dy, s, weight, rstd, mean, dsum, kind, offset, has_bia
     the kernel, so its gradient does too)."""
     from cute_kernels.fused import norm_backward
 
-    dy, s, weight, rstd, mean, dsum = _detached(dy, s, weight, rstd, mean, dsum)
+    dy, s, weight, rstd, mean, dsum = detached(dy, s, weight, rstd, mean, dsum)
     return norm_backward(dy, s, weight, rstd, mean, kind=kind, offset=offset, dsum=dsum, has_bias=has_bias,
                          weight_grad=weight_grad)
 
@@ -127,7 +121,7 @@ class SoftmaxPlan(Plan):
     def backward(self, ctx, dy):
         from cute_kernels.fused import softmax_backward
 
-        y, dy = _detached(*ctx.saved_tensors, dy)
+        y, dy = detached(*ctx.saved_tensors, dy)
         return softmax_backward(y, dy if dy.dtype == y.dtype else dy.to(y.dtype)), None, None
 
     def backward_op(self, ctx, dy):
@@ -163,7 +157,7 @@ class SwigluPlan(Plan):
     def backward(self, ctx, dout):
         from cute_kernels.fused import swiglu_backward
 
-        gate, up, dout = _detached(*ctx.saved_tensors, dout)
+        gate, up, dout = detached(*ctx.saved_tensors, dout)
         dg, du = swiglu_backward(dout if dout.dtype == gate.dtype else dout.to(gate.dtype), gate, up,
                                  interleaved=ctx.interleaved)
         return dg, (None if ctx.interleaved else du), None, None

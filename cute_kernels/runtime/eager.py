@@ -76,7 +76,7 @@ from . import compile_ahead, plan_cache
 from .plan_cache import PlanCache
 
 __all__ = ["EagerOp", "EagerFunction", "Plan", "USE_OP", "direct_state", "call_key", "autocast_args",
-           "register_autocast", "transparent_mode", "op_body", "inside"]
+           "register_autocast", "transparent_mode", "op_body", "inside", "detached"]
 
 _C = torch._C
 _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
@@ -168,6 +168,14 @@ def op_body(op):
     without create_graph) and so needs none of what the dispatcher adds. `op` itself where torch
     keeps no such function."""
     return getattr(op, "_init_fn", None) or op
+
+
+def detached(*tensors) -> tuple:
+    """The tensors without autograd history, for the kernel layer (DLPack export refuses a tensor
+    that requires grad). Only those that require grad are replaced: the others keep their
+    identity, which the kernel layer's memos of tensor contents key on (`TensorMemo`: a varlen
+    batch's offsets read to the host once for every layer, not once per call). None passes."""
+    return tuple(t.detach() if t is not None and t.requires_grad else t for t in tensors)
 
 
 class Plan:

@@ -232,6 +232,24 @@ def test_head_split_gradients_match_float32_autograd(case, schedule):
     _check(*_run(case, **schedule))
 
 
+@pytest.mark.parametrize("case", [(1, 4, 2, 250, 333, 144, "bottom_right", torch.bfloat16),
+                                  (2, 2, 2, 256, 257, 176, None, torch.float16),
+                                  (1, 2, 1, 190, 300, 208, "top_left", torch.bfloat16)],
+                         ids=lambda c: f"{c[1]}/{c[2]}x{c[3]}x{c[4]}xd{c[5]}-{c[6]}")
+def test_default_takes_the_dq_writer_where_it_fits_beside_head_split(case):
+    """Above D = 128 the default takes the writer warp wherever its tiles fit beside
+    head_split's buffers (up to D = 208; SPLIT_CASES run 160 and 192) and Sq pads little,
+    plain and deterministic."""
+    b, hq, hkv, sq, sk, d, causal, dtype = case
+    problem = check_inputs(*(torch.empty(b, h, s, d, device="cuda", dtype=dtype) for h, s in
+                             ((hq, sq), (hkv, sk), (hkv, sk))), causal=causal, scale=None, enable_gqa=hq != hkv)
+    assert _sm90()._launch_for(problem, None).config.dq_writer
+    _check(*_run(case))
+    dout, grads, ref, dtype = _run(case, deterministic=True)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
+        assert not got.isnan().any() and rel_err(got, want, 1e-3 * dout.float().norm()) < TOL[dtype], name
+
+
 WRITER_CASES = [c for c in SPLIT_CASES if c[5] < 128] + [(2, 4, 2, 130, 200, 16, None, torch.float16),
                                                          (1, 4, 4, 257, 257, 48, "top_left", torch.bfloat16)]
 
@@ -239,8 +257,8 @@ WRITER_CASES = [c for c in SPLIT_CASES if c[5] < 128] + [(2, 4, 2, 130, 200, 16,
 @pytest.mark.parametrize("case", WRITER_CASES, ids=lambda c: f"{c[1]}/{c[2]}x{c[3]}x{c[4]}xd{c[5]}-{c[6]}")
 @pytest.mark.parametrize("block_m", [64, 128], ids=["q64", "q128"])
 def test_dq_writer_at_every_whole_head_dim(case, block_m):
-    """The dQ writer warp at the head dims it is not yet the default at (16-48 with 64 or 128 Q
-    rows, 80 and 112 with 64: `sm90_flash_bwd._WRITER_HEAD_DIMS`), plain and deterministic."""
+    """The dQ writer warp at every head dim without head_split (16-64 with 64 or 128 Q rows,
+    80-128 with 64), plain and deterministic."""
     if block_m == 128 and case[5] > 64:
         pytest.skip("128 Q rows take head dims up to 64")
     _check(*_run(case, dq_writer=True, block_m=block_m))

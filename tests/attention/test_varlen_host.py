@@ -128,3 +128,23 @@ def test_offsets_are_read_once_per_tensor_objects_while_their_contents_last(monk
         varlen.checked_varlen_inputs(q, k, v, cu_q, cu_k, 8, 14, causal=None, scale=None)
     with pytest.raises(ValueError, match="max_seqlen_q = 8"):  # an error is never kept
         varlen.checked_varlen_inputs(q, k, v, cu_q, cu_k, 8, 14, causal=None, scale=None)
+
+
+def test_the_backward_rung_is_decided_once_per_problem_and_layout(monkeypatch):
+    """A model's layers hand the backward the same problem on tensors of the same layouts: the
+    rung is chosen once (`varlen._BACKWARD_RUNGS`); other strides or alignment choose again."""
+    asked = []
+    monkeypatch.setattr(varlen, "_varlen_backward_rung", lambda kernel, views, problem, who: asked.append(
+        tuple(t.stride() for t in views)) or kernel)
+    varlen._BACKWARD_RUNGS.clear()
+    problem = AttentionProblem(3, 4, 2, 7, 14, 128, 128, torch.bfloat16, "bottom_right", 0.125)
+    q = torch.randn(12, 4, 128, dtype=torch.bfloat16)
+    k, v = (torch.randn(20, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        assert varlen._backward_rung("auto", q, k, v, problem, "t") == "auto"
+    assert asked == [((512, 128, 512, 1), (256, 128, 256, 1), (256, 128, 256, 1))]  # (1, H, T, D) views
+    wide = torch.randn(12, 4, 256, dtype=torch.bfloat16)[..., :128]
+    varlen._backward_rung("auto", wide, k, v, problem, "t")
+    varlen._backward_rung("sm80_flash", q, k, v, problem, "t")
+    assert len(asked) == 3
+    varlen._BACKWARD_RUNGS.clear()

@@ -1,8 +1,8 @@
 """RMSNorm / LayerNorm kernels on the GPU against float64 references: rows of 1, odd widths
 (scalar access), non-contiguous rows, residual fused, mixed weight dtype, Gemma's offset, no
 weight, every gradient; NaN/Inf as torch's; the module and autograd path; the prefetching
-backward (`runtime.unverified`, "norm_backward_prefetch") against the plain loop, and the dense
-forward (the default) against the plain build."""
+backward (the default where it fits) against the plain loop, and the dense forward (the
+default) against the plain build."""
 
 from __future__ import annotations
 
@@ -186,13 +186,14 @@ PREFETCH_CASES = [
 
 
 @pytest.mark.parametrize("kind, rows, width, dtype, wdt, bias, residual, row_pad", PREFETCH_CASES)
-def test_prefetching_backward_matches_the_plain_loop_and_float64(kind, rows, width, dtype, wdt, bias, residual,
-                                                                 row_pad):
+def test_prefetching_backward_matches_the_plain_loop_and_float64(monkeypatch, kind, rows, width, dtype, wdt, bias,
+                                                                 residual, row_pad):
     """`NormConfig.prefetch` (the next row block loaded while this one computes) changes where
     values wait, not what is computed: float64's values, and the plain loop's within a few ulp."""
+    from cute_kernels.fused import dispatch
     from cute_kernels.fused.dispatch import norm_backward_prefetch, norm_tiling
     from cute_kernels.fused.host import dtype_name
-    from cute_kernels.runtime import unverified
+    from cute_kernels.runtime import plan_cache
 
     x, w, b, r = _inputs(kind, rows, width, dtype, wdt, bias, residual, row_pad, seed=rows)
     y, s, rstd, mean = norm_forward(x, w, b, r, kind=kind, eps=1e-5)
@@ -202,9 +203,14 @@ def test_prefetching_backward_matches_the_plain_loop_and_float64(kind, rows, wid
     dsum = randn(rows, width, dtype=dtype) if residual else None
     results = {}
     for on in (False, True):
-        with unverified.allowing("norm_backward_prefetch", on=on):
-            poison(((rows, width), dtype))
-            results[on] = norm_backward(dy, normed, w, rstd, mean, kind=kind, dsum=dsum, has_bias=bias)
+        # the plain loop where the prefetching one is the default: its admission refused
+        monkeypatch.setattr(dispatch, "norm_backward_prefetch", norm_backward_prefetch if on else
+                            (lambda *a, **k: False))
+        plan_cache.invalidate()  # the plan kept for this signature was made with the other loop
+        poison(((rows, width), dtype))
+        results[on] = norm_backward(dy, normed, w, rstd, mean, kind=kind, dsum=dsum, has_bias=bias)
+    monkeypatch.undo()
+    plan_cache.invalidate()
     torch.cuda.synchronize()
     tiling = norm_tiling(width, dtype_name(dtype), dtype_name(wdt), bias=bias, residual=residual, backward=True)
     assert norm_backward_prefetch(tiling, dtype_name(dtype), dtype_name(wdt), bias=bias, residual=residual), \

@@ -381,3 +381,25 @@ def test_missing_varlen_backward_kernel_is_named(monkeypatch):
     got = ops.sdpa_varlen_backward(out, q, k, v, out, lse, cu_q, cu_k, 5, 5, fallback="torch")
     want = reference.varlen_backward(out, q, k, v, cu_q, cu_k)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_varlen_ops_read_the_same_offsets_to_the_host_once(monkeypatch):
+    """The ops hand the kernel layer the caller's offset tensors themselves (only tensors that
+    require grad are detached), so its memo of their host values holds across a model's layers
+    and its backward: one device read (a wait for the queue), not one per call. On CPU the entry
+    reads and checks the offsets before it refuses the device."""
+    from cute_kernels.attention import varlen
+
+    reads = []
+    real = varlen._checked_offsets
+    monkeypatch.setattr(varlen, "_checked_offsets", lambda *a: reads.append(a[0]) or real(*a))
+    varlen._OFFSETS.clear()
+    q, k, v, cu_q, cu_k = _varlen_inputs()
+    q, k, v = (t.float().requires_grad_() for t in (q, k, v))
+    out, lse = q.detach()[:, :, :16], torch.zeros(4, 8)
+    for _ in range(3):
+        with pytest.raises(ValueError, match="CUDA"):
+            ops.sdpa_varlen(q, k, v, cu_q, cu_k, 5, 5)
+        with pytest.raises(ValueError, match="CUDA"):
+            ops.sdpa_varlen_backward(out, q, k, v, out, lse, cu_q, cu_k, 5, 5)
+    assert [r is cu_q for r in reads] == [True]
