@@ -708,6 +708,15 @@ class Sm90FlashRung:
 
         return varlen_backward(*args, offsets=offsets)
 
+    def varlen_backward_plan(self, dout, q, k, v, out, lse, problem, *, deterministic: bool = False):
+        """The warm replay of `varlen_backward` for tensors of these layouts, or None (the
+        deterministic call goes to sm80_flash); see `sm90_flash_bwd.varlen_backward_plan`."""
+        if deterministic:
+            return None
+        from .sm90_flash_bwd import varlen_backward_plan
+
+        return varlen_backward_plan(dout, q, k, v, out, lse, problem)
+
     def backward_plan(self, dout, q, k, v, out, lse, problem, *, deterministic: bool = False):
         """The warm replay of `backward` for tensors of these layouts, or None; see
         `sm90_flash_bwd.backward_plan`."""

@@ -854,22 +854,74 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     (`sm90_flash.launch_order`), else in order."""
     import torch
 
-    from cute_kernels.runtime import current_stream, from_torch
-
-    from .problem_checks import bottom_right_flag, varlen_window_scalars
-
     _check_supported(problem)
     if problem.seqused_k:
         raise ValueError("sm90_flash varlen backward: seqused_k is not taken (sm80_flash's varlen backward is)")
     if max_seqlen_q == 0 or max_seqlen_k == 0 or 0 in (q.shape[0], q.shape[1], k.shape[0], problem.batch):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    group = problem.heads_q // problem.heads_kv
     config = memo(_VARLEN_CONFIGS, problem, _varlen_config, problem)
     # Detached: DLPack export refuses tensors that require grad (detached aliases share storage).
     q, k, v, dout, out = (rows_aligned(t).detach() for t in (q, k, v, dout, out))
-    lse = lse.detach()
+    return _varlen_run(config, _varlen_launcher(config), problem, dout, q, k, v, out, lse.detach(), cu_seqlens_q,
+                       cu_seqlens_k, max_seqlen_k, offsets)
+
+
+def varlen_backward_plan(dout, q, k, v, out, lse, problem):
+    """The warm replay of `varlen_backward` for tensors of these layouts, or None:
+    `replay(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, offsets) -> (dq,
+    dk, dv)` for tensors with the same shapes, strides, dtypes and 16-byte alignment (the
+    caller's plan signature fixes them), none requiring grad, and offsets the caller validated
+    for them (`varlen.HostOffsets`). It launches what `varlen_backward` launches, having decided
+    once what that decides per call. None where `varlen_backward` takes another path: no
+    TVM-FFI, an empty problem, seqused_k, an operand it would copy."""
+    import functools
+
+    if not tvm_ffi_available() or problem.seqused_k or 0 in (q.shape[0], q.shape[1], k.shape[0], problem.batch,
+                                                             problem.seqlen_q, problem.seqlen_k):
+        return None
+    _check_supported(problem)
+    if any(rows_aligned(t) is not t for t in (dout, q, k, v, out)):
+        return None
+    config = memo(_VARLEN_CONFIGS, problem, _varlen_config, problem)
+    return functools.partial(_varlen_run, config, _varlen_launcher(config), problem)
+
+
+def _varlen_launcher(config: FlashSm90BwdConfig):
+    """`launch(tensors, scalars, softcap, varlen_args)` of the packed backward's kernel: the
+    TVM-FFI build of `config` on the torch tensors, else the DSL path (each tensor wrapped,
+    `compile_kernel` per call, torch's current stream passed)."""
+    if tvm_ffi_available():
+        fn = _tvm_build(config)
+        return lambda tensors, scalars, softcap, varlen_args: fn(*tensors, *scalars, softcap, *varlen_args)
+
+    def launch(tensors, scalars, softcap, varlen_args):
+        from cute_kernels.runtime import current_stream, from_torch
+
+        wrap4 = lambda t: from_torch(t, assumed_align=16, leading_dim=3)  # noqa: E731
+        wrap1 = lambda t, align=16: from_torch(t, assumed_align=align, leading_dim=0)  # noqa: E731
+        args = (*map(wrap4, tensors[:4]), *map(wrap1, tensors[4:7]), *map(wrap4, tensors[7:]),
+                cutlass.Float32(scalars[0]), *map(cutlass.Int32, scalars[1:]))
+        tail = (None if softcap is None else cutlass.Float32(softcap), *(wrap1(t, 4) for t in varlen_args[:3]),
+                *map(cutlass.Int32, varlen_args[3:]))
+        stream = current_stream()
+        fn = compile_kernel(_entry(config), *args, stream, *tail, key=("attention.sm90_flash_bwd", "varlen", config))
+        fn(*args, stream, *tail)
+
+    return launch
+
+
+def _varlen_run(config: FlashSm90BwdConfig, launch, problem, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                max_seqlen_k: int, offsets):
+    """What `varlen_backward` runs once it has decided: the prep pass, the kernel (`launch`, a
+    `_varlen_launcher`), dQ's conversion and GQA's sums, on tensors that do not require grad,
+    with rows aligned as they are."""
+    import torch
+
+    from .problem_checks import bottom_right_flag, varlen_window_scalars
+
     tq, hq, d = q.shape
     tk, hkv, _ = k.shape
+    group = hq // hkv
     packed = lambda t: t.permute(1, 0, 2).unsqueeze(0)  # noqa: E731  (T, H, D) -> (1, H, T, D)
     # The dense backward's prep pass over the (1, H, T, D) views: lse2 (base 2, +inf for rows that
     # saw no key) and D, (Hq, Tq padded to whole Q blocks) each, and the zeroed (Hq, Tq, D) fp32
@@ -892,22 +944,8 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     else:
         order = torch.arange(problem.batch, dtype=torch.int32, device=q.device)
     tensors = (packed(q), packed(k), packed(v), packed(dout), lse2, d_rows, dq_flat, packed(dkv[0]), packed(dkv[1]))
-    scalars = (problem.scale, window_right, -window_left, group)
-    varlen_args = (cu_seqlens_q, cu_seqlens_k, order, max_seqlen_k, bottom_right_flag(problem))
-    if tvm_ffi_available():
-        fn = _tvm_build(config)
-        fn(*tensors, *scalars, problem.softcap, *varlen_args)
-    else:
-        wrap4 = lambda t: from_torch(t, assumed_align=16, leading_dim=3)  # noqa: E731
-        wrap1 = lambda t, align=16: from_torch(t, assumed_align=align, leading_dim=0)  # noqa: E731
-        args = (*map(wrap4, tensors[:4]), *map(wrap1, tensors[4:7]), *map(wrap4, tensors[7:]),
-                cutlass.Float32(scalars[0]), *map(cutlass.Int32, scalars[1:]))
-        softcap = None if problem.softcap is None else cutlass.Float32(problem.softcap)
-        tail = (softcap, *(wrap1(t, 4) for t in varlen_args[:3]), *map(cutlass.Int32, varlen_args[3:]))
-        stream = current_stream()
-        fn = compile_kernel(_entry(config), *args, stream, *tail,
-                            key=("attention.sm90_flash_bwd", "varlen", config))
-        fn(*args, stream, *tail)
+    launch(tensors, (problem.scale, window_right, -window_left, group), problem.softcap,
+           (cu_seqlens_q, cu_seqlens_k, order, max_seqlen_k, bottom_right_flag(problem)))
     if writer:  # un-permuted to (rows, Hq, D), then each token's row gathered
         rows = dq_from_tiles(dq_flat.view(1, hq, tile_rows, d), config, tile_rows, q.dtype)[0].transpose(0, 1)
         dq = rows.index_select(0, _token_rows(cu_seqlens_q, tq, config.block_m, offsets))

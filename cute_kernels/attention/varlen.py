@@ -42,7 +42,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cute_kernels.runtime.plan_cache import WarmCache, memo
+from cute_kernels.runtime import unverified
+from cute_kernels.runtime.plan_cache import PlanCache, WarmCache, memo, plain_tensors, tensor_signature
 from cute_kernels.runtime.tensor_memo import TensorMemo
 
 from .api import _CAUSAL, AttentionProblem
@@ -203,12 +204,17 @@ def checked_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
     offsets = _OFFSETS.get((cu_seqlens_q, cu_seqlens_k, seqused_k), (tq, tk, max_seqlen_q, max_seqlen_k, q.device),
                            lambda: _checked_offsets(cu_seqlens_q, cu_seqlens_k, seqused_k, tq, tk, max_seqlen_q,
                                                     max_seqlen_k, q.device, who))
-    if q.device.type != "cuda":
-        raise ValueError(f"{who}: tensors are on '{q.device}'; the cute_kernels attention kernels run on CUDA "
-                         "devices only")
+    _require_cuda(q, who)
     problem = AttentionProblem(len(offsets.cu_q) - 1, hq, hk, max_seqlen_q, max_seqlen_k, d, dv, q.dtype, causal,
                                float(scale), left, right, softcap, sinks is not None, seqused_k is not None)
     return problem, offsets
+
+
+def _require_cuda(q, who: str) -> None:
+    """ValueError unless q is on a CUDA device (the host-path tests stand in for it on CPU)."""
+    if q.device.type != "cuda":
+        raise ValueError(f"{who}: tensors are on '{q.device}'; the cute_kernels attention kernels run on CUDA "
+                         "devices only")
 
 
 # The offsets validated per (cu_seqlens_q, cu_seqlens_k, seqused_k) objects while their contents
@@ -314,6 +320,14 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
                                   "(`attention.paged_prefill.packed_keys`, differentiable) and pass them packed")
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
+    tensors = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    sig = None
+    if sinks is None and seqused_k is None and unverified.enabled("varlen_backward_plan"):
+        sig = _backward_signature(tensors, max_seqlen_q, max_seqlen_k, causal, scale, window_size, kernel,
+                                  deterministic, softcap)
+        plan = None if sig is None else _BACKWARD_PLANS.get(sig)
+        if plan is not None:
+            return plan(*tensors)
     problem, offsets = checked_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                              causal=causal, scale=scale, window_size=window_size, who=who,
                                              given={"out": out, "dout": dout, "lse": lse}, softcap=softcap,
@@ -330,9 +344,56 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
             options["seqused_k"] = seqused_k
         grads = tuple(rung.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                            max_seqlen_k, problem, **options))
+        replay = None if sig is None else _backward_replay(rung, problem, bool(options.get("deterministic")),
+                                                           tensors[:6], (max_seqlen_q, max_seqlen_k), who)
+        if replay is not None:
+            _BACKWARD_PLANS.put(sig, replay)
     if sinks is not None:
         grads = (*grads, sinks_gradient(dout, out, lse, sinks, packed=True))
     return grads
+
+
+# signature -> replay of warm `attention_varlen_backward` calls (the unverified path
+# `varlen_backward_plan`).
+_BACKWARD_PLANS = PlanCache("attention.varlen_backward")
+
+
+def _backward_signature(tensors, *options):
+    """The plan key of an `attention_varlen_backward` call, or None: each tensor's
+    `tensor_signature` (cu_seqlens' shapes fix the number of sequences) and every other argument
+    by class and value. What the offsets hold is not in it: a replay gets them checked from
+    `_OFFSETS`, which reads them again when their contents change."""
+    if not plain_tensors(*tensors):
+        return None
+    try:
+        key = (*map(tensor_signature, tensors), *((o.__class__, o) for o in options))
+        hash(key)
+    except (TypeError, RuntimeError):
+        return None
+    return key
+
+
+def _backward_replay(rung, problem, deterministic: bool, tensors: tuple, max_seqlens: tuple, who: str):
+    """What a warm `attention_varlen_backward` call runs, or None where the rung keeps no replay
+    (`varlen_backward_plan`): the offsets checked (`_OFFSETS`, as `checked_varlen_inputs` keeps
+    them), then the rung's replay. The signature it is stored under fixes every layout and which
+    tensors require grad."""
+    plan_for = getattr(rung, "varlen_backward_plan", None)
+    fast = None if plan_for is None else plan_for(*(t.detach() for t in tensors), problem,
+                                                  deterministic=deterministic)
+    if fast is None:
+        return None
+    detach = any(t.requires_grad for t in tensors)
+    rows = (tensors[1].shape[0], tensors[2].shape[0], *max_seqlens, tensors[1].device)
+    max_k = max_seqlens[1]
+
+    def replay(dout, q, k, v, out, lse, cu_q, cu_k):
+        offsets = _OFFSETS.get((cu_q, cu_k, None), rows, lambda: _checked_offsets(cu_q, cu_k, None, *rows, who))
+        if detach:
+            dout, q, k, v, out, lse = (t.detach() for t in (dout, q, k, v, out, lse))
+        return fast(dout, q, k, v, out, lse, cu_q, cu_k, max_k, offsets)
+
+    return replay
 
 
 def _accepts(fn, name: str) -> bool:

@@ -34,6 +34,8 @@ PATHS: dict[str, str] = {
                      "in background worker processes while the program runs (`runtime.compile_ahead`)",
     "linear_ce_wide_chunk": "fused linear + cross-entropy takes tokens in chunks of up to 256 MiB of logits "
                             "(`fused.linear_ce.default_chunk`) instead of Liger's x-sized chunks",
+    "varlen_backward_plan": "a warm `attention_varlen_backward` call replays a plan stored under its signature "
+                            "(the rung's `varlen_backward_plan`: its decisions made once), not the checked path",
 }
 
 

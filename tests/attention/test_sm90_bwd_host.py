@@ -538,6 +538,56 @@ def test_varlen_backward_hands_the_kernel_packed_views_and_converts_its_buffers(
     torch.testing.assert_close(dk.float(), per_head.view(tk, hkv, hq, d).sum(2).to(torch.bfloat16).float())
 
 
+def test_varlen_backward_plan_replays_the_checked_call(host, monkeypatch):
+    """The unverified path `varlen_backward_plan`: a warm `attention_varlen_backward` call with
+    the first call's signature launches what that checked call launched (fresh values), checks
+    nothing again but the offsets (read again when their contents change, refused when wrong),
+    compiles and wraps nothing, and returns the same results."""
+    from cute_kernels.attention import dispatch, varlen
+    from cute_kernels.runtime import plan_cache, unverified
+
+    host.use_tvm_ffi(True)
+    monkeypatch.setattr(varlen, "_require_cuda", lambda q, who: None)
+    monkeypatch.setattr(dispatch, "device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(plan_cache, "PLAN_DEVICES", frozenset({"cuda", "cpu"}))
+    for name in ("_BACKWARD_PLANS", "_BACKWARD_RUNGS"):
+        monkeypatch.setattr(varlen, name, WarmCache(name))
+    monkeypatch.setattr(varlen, "_OFFSETS", varlen.TensorMemo("test.offsets"))
+    checked, real = [], varlen.checked_varlen_inputs
+    monkeypatch.setattr(varlen, "checked_varlen_inputs", lambda *a, **kw: checked.append(1) or real(*a, **kw))
+    g = torch.Generator().manual_seed(2)
+    hq, hkv, d, tq, tk = 4, 2, 64, 9, 13
+    fresh = lambda: ((torch.randn(tq, hq, d, generator=g).to(torch.bfloat16) for _ in range(3)),  # noqa: E731
+                     (torch.randn(tk, hkv, d, generator=g).to(torch.bfloat16) for _ in range(2)))
+    cu_q = torch.tensor([0, 3, 3, 9], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 7, 13], dtype=torch.int32)
+
+    def call():
+        (q, dout, out), (k, v) = fresh()
+        lse = torch.randn(hq, tq, generator=g)
+        host.launches.clear(), host.compiles.clear()
+        grads = varlen.attention_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, 6, 6, causal="bottom_right",
+                                                 scale=0.3, kernel="sm90_flash")
+        return grads, [(n, _describe(a)) for n, a in host.launches]
+
+    with unverified.allowing("varlen_backward_plan"):
+        first, launches = call()
+        assert [n for n, _ in launches] == ["prep", "bwd"] and checked == [1]
+        for _ in range(2):
+            again, replayed = call()
+            assert replayed == launches and host.compiles == [] and host.wrapped == [] and checked == [1]
+            for a, b in zip(again, first):  # the recorders write the same values (`_Host.kernel`)
+                assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+        cu_q.copy_(torch.tensor([0, 4, 4, 9]))  # new contents, same layout: read again, still valid
+        _, replayed = call()
+        assert replayed == launches and checked == [1]
+        cu_k[3] = 99  # past the keys: refused before any launch
+        with pytest.raises(ValueError, match="cu_seqlens_k"):
+            call()
+        assert host.launches == []
+    assert len(varlen._BACKWARD_PLANS) == 1
+
+
 def _stub_prep(monkeypatch):
     """The prep pass as buffers of its shapes, launching nothing (on CPU tensors a TVM-FFI
     function refuses to run)."""

@@ -108,3 +108,33 @@ def test_auto_takes_the_hopper_varlen_backward_but_not_for_seqused_k():
     views = [torch.empty(1, h, 180, 128, device="cuda", dtype=torch.bfloat16) for h in (4, 2, 2)]
     assert _varlen_backward_rung("auto", views, problem, "test").name == "sm90_flash"
     assert _varlen_backward_rung("auto", views, replace(problem, seqused_k=True), "test").name == "sm80_flash"
+
+
+@pytest.mark.parametrize("case", [0, 1, 2], ids=["case0", "case1", "case2"])
+def test_warm_calls_replay_the_stored_plan(case):
+    """The unverified path `varlen_backward_plan`: `attention_varlen_backward` calls after the
+    first replay the plan stored under their signature, on fresh values each call, against the
+    per-sequence reference."""
+    from cute_kernels.attention import varlen
+    from cute_kernels.runtime import unverified
+
+    _rungs()
+    lengths_q, lengths_k, hq, hkv, d, causal, _, dtype = VARLEN_CASES[case]
+    cu_q, cu_k = _cu(lengths_q), _cu(lengths_k)
+    max_q, max_k = max(lengths_q), max(lengths_k)
+    with unverified.allowing("varlen_backward_plan"):
+        for seed in range(3):
+            torch.manual_seed(seed)
+            q = torch.randn(sum(lengths_q), hq, d, device="cuda", dtype=dtype)
+            k, v = (torch.randn(sum(lengths_k), hkv, d, device="cuda", dtype=dtype) for _ in range(2))
+            out, lse = varlen.attention_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal,
+                                                       kernel="sm90_flash")
+            dout = torch.randn_like(out)
+            poison_allocator()
+            grads = varlen.attention_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal=causal,
+                                                     kernel="sm90_flash", deterministic=False)
+            torch.cuda.synchronize()
+            _, _, ref_grads = varlen_reference(q, k, v, dout, lengths_q, lengths_k, causal, (None, None))
+            check_grads(grads, ref_grads, dout, dtype)
+            check_empty_sequences(grads, lengths_q, lengths_k)
+        assert len(varlen._BACKWARD_PLANS) >= 1
