@@ -18,27 +18,28 @@ host entry points and the compile-only variants). A CTA owns `block_n` = 128 key
                register A operands; dS^T also goes to shared memory (stmatrix, two buffers),
                and dQ_blk = dS K is one wgmma SS over both warpgroups' keys
 
-dQ_blk is added to an fp32 accumulator in one of three ways: by the dQ writer warp
-(`dq_writer`, the default wherever its tiles fit in shared memory, up to D = 208, and Sq pads
-to whole Q blocks by at most an eighth, `writer_pads_little`; an option for packed sequences):
-each consumer stores scale * dQ_blk to its shared tile in fragment order (`sm90_layouts.dq_tile_layout`: 16-byte
-stores, a warp's 512 contiguous bytes) and the writer adds the whole tile with one
-`cp.reduce.async.bulk ... add.f32` into an accumulator of the same order (whole Q blocks per
-head), which `dq_from_tiles` un-permutes; by the consumers' own `red.global.add.v2.f32` per
-value pair into a row-major accumulator of Sq rows (the other cases); or by one TMA
-reduce-add per warpgroup (`dq_tma_reduce`, slower). `deterministic` adds each Q block's
-dQ_blk in key-block order: a counter per (batch, query head, Q block) that the adding side
-(the writer warp, or the consumers) waits on, then advances; dQ is then the same bits on
-every run.
+dQ_blk is added to an fp32 accumulator in one of three ways: by the dQ writer warp (`dq_writer`,
+the default wherever its tiles fit in shared memory, up to D = 208, and Sq pads to whole Q
+blocks by at most an eighth, `writer_pads_little`; an option for packed sequences): each
+consumer stores scale * dQ_blk to its shared tile in fragment order
+(`sm90_layouts.dq_tile_layout`: 16-byte stores, a warp's 512 contiguous bytes) and the writer
+adds the whole tile with one `cp.reduce.async.bulk ... add.f32` into an accumulator of the same
+order (whole Q blocks per head), which `dq_from_tiles` un-permutes; by the consumers' own
+`red.global.add.v2.f32` per value pair into a row-major accumulator of Sq rows (the other
+cases); or by one TMA reduce-add per warpgroup (`dq_tma_reduce`, slower). `deterministic` adds
+each Q block's dQ_blk in key-block order: a counter per (batch, query head, Q block) that the
+adding side (the writer warp, or the consumers) waits on, then advances; dQ is then the same
+bits on every run.
 
 Windows (`mask_rule`): `causal` tests the upper bound (runtime `causal_offset`), `local` the
 lower (runtime `offset_lo`), and the CTA walks only the Q blocks of `block_info.m_block_range`;
 with `unmasked_interior` the tiles that need no mask (`block_info.tile_unmasked`) run a copy of
-the step without it. Soft cap: `sm90_bwd_mainloop`. GQA: fp32 dK, dV per query head summed on the host, or with
-`gqa_loop` (the default where its grid fills the GPU, `gqa_loop_fills`) one CTA per key/value
-head walking its group's query heads and summing dK, dV in registers. Head dims above 128
-(`head_split`): 64 keys a CTA shared by both consumers, which split S^T and dP^T by queries and
-dV, dK, dQ_blk by the head dim, P^T and dS^T through shared memory (one buffer each at 256).
+the step without it. Soft cap: `sm90_bwd_mainloop`. GQA: fp32 dK, dV per query head summed on
+the host, or with `gqa_loop` (the default where its grid fills the GPU, `gqa_loop_fills`) one
+CTA per key/value head walking its group's query heads and summing dK, dV in registers. Head
+dims above 128 (`head_split`): 64 keys a CTA shared by both consumers, which split S^T and dP^T
+by queries and dV, dK, dQ_blk by the head dim, P^T and dS^T through shared memory (one buffer
+each at 256).
 
 Pre-processing (D, lse in base 2 with empty rows' -inf mapped to +inf so their P is 0, both
 padded to whole Q blocks, and the zeroed dQ accumulator) is the `sm90_bwd_prep` kernel (torch
@@ -208,7 +209,7 @@ class FlashSm90BwdConfig:
                              "and dq_tma_reduce are two ways of adding dQ: take one")
         if self.dq_writer and self.head_split and self.smem_bytes > _SMEM_LIMIT:
             raise ValueError(f"FlashSm90BwdConfig: dq_writer's tiles ({4 * self.dq_stage_floats} bytes) do not fit "
-                             f"beside head_split's buffers at head dim {self.head_dim} (up to 192 they do)")
+                             f"beside head_split's buffers at head dim {self.head_dim} (up to 208 they do)")
         if self.ds_buffers not in (1, 2):
             raise ValueError(f"FlashSm90BwdConfig.ds_buffers must be 1 or 2, got {self.ds_buffers!r}")
         if self.stages not in (1, 2, 3):

@@ -303,8 +303,8 @@ def test_dq_writer_accumulator_is_converted_from_fragment_order(host, d, sq, wid
                                            (197, 64, False), (257, 64, False), (130, 128, False), (2048, 256, False)])
 def test_default_takes_the_dq_writer_where_its_accumulator_pads_little(host, sq, d, writer):
     """The dQ writer's accumulator holds whole Q blocks: the default takes it where that pads
-    Sq by at most an eighth (and at the head dims it has run at), else the consumers'
-    reductions into Sq rows."""
+    Sq by at most an eighth (and its tiles fit: not at D = 256), else the consumers' reductions
+    into Sq rows."""
     p = _problem(sq=sq, sk=sq, d=d)
     assert bwd._launch_for(p, None).config.dq_writer is writer
     assert bwd._launch_for(p, None, deterministic=True).config.dq_writer is writer
